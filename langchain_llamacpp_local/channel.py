@@ -1,0 +1,62 @@
+"""A per-request reply channel between the worker thread and sync or async callers.
+
+The worker never blocks on a caller: it appends and wakes. A sync caller waits
+on a condition variable; an async caller waits on an ``asyncio.Event`` set
+through ``call_soon_threadsafe``, so the event loop is never blocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from typing import Any
+
+_END = object()
+
+
+class Channel:
+    """Single-producer, single-consumer queue of reply items."""
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._cond = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def bind_loop(self) -> None:
+        """Attach the running event loop so ``aget`` can be awaited from it."""
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+
+    def put(self, item: Any) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify()
+        loop, event = self._loop, self._event
+        if loop is not None and event is not None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening
+                pass
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Next item; raises ``TimeoutError`` if none arrives within ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._items:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError
+                self._cond.wait(remaining)
+            return self._items.popleft()
+
+    async def aget(self) -> Any:
+        assert self._event is not None, "bind_loop() first"
+        while True:
+            self._event.clear()
+            with self._cond:
+                if self._items:
+                    return self._items.popleft()
+            await self._event.wait()

@@ -1,0 +1,702 @@
+"""``ChatLlamaCpp``: a LangChain chat model running a local GGUF model in-process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models.model_profile import ModelProfile
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from typing_extensions import Self
+
+from .errors import RequestCancelledError
+from .gguf_meta import read_gguf_metadata
+from .sampling import SamplingParams
+from .templates import convert_messages
+from .tool_parsers import StreamDelta
+from .worker import CacheOptions, ChatJob, Done, ModelInfo, ModelWorker, get_worker
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_MAX_CTX = 8192
+_PARSED_KEY = "_llamacpp_parsed"
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "penalty_last_n",
+    "seed",
+)
+_CALL_KWARGS = {
+    *_SAMPLING_FIELDS,
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "reasoning",
+    "max_tokens",
+    "chat_template",
+    "chat_template_kwargs",
+    "logprobs",
+    "top_logprobs",
+    "cache_prompt",
+    "timeout",
+    "model",
+    "strict",
+    "ls_structured_output_format",
+}
+
+
+class ChatLlamaCpp(BaseChatModel):
+    """Chat model that runs a GGUF model in-process with llama.cpp.
+
+    Requests go to one worker thread per loaded model, which keeps a persistent
+    context: each turn decodes only the tokens that are not already in the KV
+    cache (reported as ``usage_metadata["input_token_details"]["cache_read"]``).
+    The weights load on first use (or :meth:`load`), and instances with the same
+    file and load settings share one model.
+
+    Setup:
+        ``pip install langchain-llamacpp-local``
+
+    Example:
+        .. code-block:: python
+
+            from langchain_llamacpp_local import ChatLlamaCpp
+
+            llm = ChatLlamaCpp(model_path="model.gguf", temperature=0)
+            llm.invoke("Hello!")
+            for chunk in llm.stream("Tell me a story"):
+                print(chunk.content, end="")
+    """
+
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
+
+    # ------------------------------------------------------------------ loading
+    model_path: str
+    """Path of the GGUF model file."""
+    model_name: str | None = Field(default=None, alias="model")
+    """Name reported in ``response_metadata`` and traces (default: the GGUF's ``general.name``)."""
+    n_ctx: int | None = None
+    """Context window in tokens (default: the model's trained context, capped at 8192)."""
+    n_batch: int = 512
+    """Maximum tokens per ``llama_decode`` call while reading a prompt."""
+    n_ubatch: int | None = None
+    """Physical micro-batch size (default: ``n_batch``)."""
+    n_threads: int | None = None
+    """Threads for generation (default: all cores)."""
+    n_threads_batch: int | None = None
+    """Threads for prompt processing (default: ``n_threads``)."""
+    n_gpu_layers: int = 0
+    """Layers to offload to the GPU (-1: all). Needs a GPU build of llama-cpp-python."""
+    flash_attn: bool | None = None
+    """Flash attention: True/False, or None to let llama.cpp decide."""
+    type_k: str | None = None
+    """KV cache type for keys (``f16``, ``q8_0``, ``q4_0``...; default f16)."""
+    type_v: str | None = None
+    """KV cache type for values (quantized V needs flash attention)."""
+    swa_full: bool = False
+    """Keep the full KV cache for sliding-window layers. Off saves memory; state
+    checkpoints keep prefix reuse exact without it."""
+    use_mmap: bool = True
+    """Memory-map the model file."""
+    use_mlock: bool = False
+    """Lock the model in RAM."""
+    rope_freq_base: float = 0.0
+    """RoPE base frequency; 0 uses the model's own value."""
+    rope_freq_scale: float = 0.0
+    """RoPE frequency scale; 0 uses the model's own value."""
+    n_slots: int = 4
+    """Conversations kept live in the context at once (llama.cpp ``n_seq_max``).
+
+    Slots share the context's KV memory; a request goes to the slot sharing the
+    longest prefix with it, and concurrent requests run together in one batch."""
+    prompt_cache_bytes: int = 1024 * 1024 * 1024
+    """Host-RAM budget for conversations evicted from the slots (0 disables it)."""
+    checkpoint_max_count: int = 16
+    """Most state checkpoints kept per conversation (recurrent/hybrid/SWA models)."""
+    checkpoint_max_bytes: int = 256 * 1024 * 1024
+    """Byte budget for the checkpoints of one conversation."""
+    checkpoint_min_step: int = 512
+    """Minimum spacing in tokens between periodic checkpoints."""
+
+    # ------------------------------------------------------------------ sampling
+    seed: int = -1
+    """Sampling seed; -1 picks a random one."""
+    temperature: float = 0.8
+    """Sampling temperature; 0 is greedy."""
+    top_p: float = 0.95
+    """Nucleus sampling threshold."""
+    top_k: int = 40
+    """Sample from the k most likely tokens (0: all)."""
+    min_p: float = 0.05
+    """Drop tokens below this fraction of the top token's probability."""
+    repeat_penalty: float = 1.0
+    """Penalty for repeated tokens (1.0: off)."""
+    presence_penalty: float = 0.0
+    """OpenAI-style presence penalty."""
+    frequency_penalty: float = 0.0
+    """OpenAI-style frequency penalty."""
+    penalty_last_n: int = 64
+    """How many recent tokens the penalties look at (-1: the whole context)."""
+    max_tokens: int | None = 256
+    """Most tokens to generate; None generates until the model stops or the context is full."""
+    stop: list[str] | None = None
+    """Stop strings; generation ends before the first one and it is not returned."""
+
+    # ------------------------------------------------------------------ prompting
+    chat_template: str | None = None
+    """Jinja chat template, or the name of a built-in one (``chatml``, ``gemma``,
+    ``llama3``, ``mistral``, ``phi3``), overriding the GGUF's template."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables for the chat template, e.g. ``{"enable_thinking": False}``."""
+    reasoning: bool | None = None
+    """True: move ``<think>`` blocks into ``additional_kwargs["reasoning_content"]``;
+    False: ask the template not to think and strip stray blocks; None: leave text as is."""
+    logprobs: bool = False
+    """Return the log-probability of each generated token in ``response_metadata``."""
+    top_logprobs: int = 0
+    """Also return this many most likely alternatives per token."""
+    timeout: float | None = None
+    """Seconds a call may take (queueing included) before it is cancelled."""
+    streaming: bool = False
+    """Kept for compatibility with langchain-community: ``invoke`` always streams internally."""
+
+    _worker: ModelWorker | None = PrivateAttr(default=None)
+    _closed: bool = PrivateAttr(default=False)
+    _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
+
+    # ------------------------------------------------------------------ setup
+
+    @model_validator(mode="after")
+    def _check_settings(self) -> Self:
+        if self.n_ctx is not None and self.n_ctx <= 0:
+            raise ValueError("n_ctx must be positive")
+        if self.n_batch <= 0:
+            raise ValueError("n_batch must be positive")
+        if not 1 <= self.n_slots <= 256:
+            raise ValueError("n_slots must be between 1 and 256")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise ValueError("max_tokens must be positive or None")
+        self._sampling()  # validates the sampling fields
+        return self
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        n_ctx = self.n_ctx
+        if n_ctx is None:
+            try:
+                meta = read_gguf_metadata(self.model_path, ["*.context_length"])
+                trained = next(iter(meta.values()), None)
+                n_ctx = min(int(trained), _DEFAULT_MAX_CTX) if trained else None
+            except (OSError, ValueError):
+                n_ctx = None
+        profile: ModelProfile = {
+            "text_inputs": True,
+            "text_outputs": True,
+            "image_inputs": False,
+            "tool_calling": True,
+            "tool_choice": True,
+            "tool_call_streaming": True,
+            "structured_output": True,
+            "temperature": True,
+            "open_weights": True,
+            "mid_conversation_system_messages": True,
+        }
+        if n_ctx:
+            profile["max_input_tokens"] = n_ctx
+        return profile
+
+    @property
+    def _llm_type(self) -> str:
+        return "llamacpp-local"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "n_ctx": self.n_ctx,
+            **{k: getattr(self, k) for k in _SAMPLING_FIELDS},
+            "max_tokens": self.max_tokens,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="llamacpp",
+            ls_model_name=kwargs.get("model") or self._display_name(),
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+        )
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None:
+            params["ls_max_tokens"] = max_tokens
+        ls_stop = stop or kwargs.get("stop") or self.stop
+        if ls_stop:
+            params["ls_stop"] = ls_stop
+        return params
+
+    def _display_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        if self._worker is not None and self._worker.info is not None:
+            return self._worker.info.model_name
+        return Path(self.model_path).stem
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _load_config(self) -> Any:
+        from .engine import LoadConfig
+
+        return LoadConfig(
+            model_path=str(Path(self.model_path).expanduser().resolve()),
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch,
+            n_threads=self.n_threads,
+            n_threads_batch=self.n_threads_batch,
+            n_gpu_layers=self.n_gpu_layers,
+            flash_attn=self.flash_attn,
+            type_k=self.type_k,
+            type_v=self.type_v,
+            swa_full=self.swa_full,
+            n_seq_max=self.n_slots,
+            use_mmap=self.use_mmap,
+            use_mlock=self.use_mlock,
+            rope_freq_base=self.rope_freq_base,
+            rope_freq_scale=self.rope_freq_scale,
+        )
+
+    def load(self) -> Self:
+        """Load the model now (otherwise the first call does); returns ``self``."""
+        worker = self._worker
+        if worker is None or not worker.alive:
+            progress = _log_progress(self.model_path) if self.verbose else None
+            if self.verbose:
+                _enable_native_log()
+            self._worker = get_worker(
+                self._load_config(),
+                CacheOptions(
+                    checkpoint_max_count=self.checkpoint_max_count,
+                    checkpoint_max_bytes=self.checkpoint_max_bytes,
+                    checkpoint_min_step=self.checkpoint_min_step,
+                    prompt_cache_bytes=self.prompt_cache_bytes,
+                ),
+                progress,
+            )
+            self._closed = False
+        return self
+
+    @property
+    def model_info(self) -> ModelInfo:
+        """Facts about the loaded model (loads it if needed)."""
+        info = self.load()._worker.info  # type: ignore[union-attr]
+        assert info is not None
+        return info
+
+    def close(self) -> None:
+        """Cancel this instance's running calls and release its hold on the model.
+
+        The model is freed when no instance uses it any more; a later call loads it again.
+        """
+        for cancel in list(self._inflight):
+            cancel.set()
+        self._worker = None
+        self._closed = True
+
+    def __enter__(self) -> Self:
+        return self.load()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def _sampling(self, overrides: dict[str, Any] | None = None) -> SamplingParams:
+        values = {k: getattr(self, k) for k in _SAMPLING_FIELDS}
+        if overrides:
+            values.update({k: v for k, v in overrides.items() if k in _SAMPLING_FIELDS})
+        return SamplingParams(**values)
+
+    def _make_job(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> ChatJob:
+        unknown = set(kwargs) - _CALL_KWARGS
+        if unknown:
+            raise TypeError(f"unexpected keyword arguments for ChatLlamaCpp: {sorted(unknown)}")
+        kwargs.pop("ls_structured_output_format", None)
+        stops = list(stop if stop is not None else (kwargs.get("stop") or self.stop or []))
+        template_kwargs = dict(self.chat_template_kwargs or {})
+        template_kwargs.update(kwargs.get("chat_template_kwargs") or {})
+        timeout = kwargs.get("timeout", self.timeout)
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None and max_tokens <= 0:
+            raise ValueError("max_tokens must be positive or None")
+        return ChatJob(
+            messages=convert_messages(messages),
+            sampling=self._sampling(kwargs),
+            max_tokens=max_tokens,
+            stop=stops,
+            tools=kwargs.get("tools"),
+            tool_choice=kwargs.get("tool_choice"),
+            parallel_tool_calls=kwargs.get("parallel_tool_calls"),
+            response_format=kwargs.get("response_format"),
+            chat_template=kwargs.get("chat_template", self.chat_template),
+            chat_template_kwargs=template_kwargs,
+            reasoning=kwargs.get("reasoning", self.reasoning),
+            logprobs=bool(kwargs.get("logprobs", self.logprobs)),
+            top_logprobs=int(kwargs.get("top_logprobs", self.top_logprobs) or 0),
+            cache_prompt=bool(kwargs.get("cache_prompt", True)),
+            deadline=None if timeout is None else time.monotonic() + timeout,
+        )
+
+    def _submit(self, job: ChatJob) -> None:
+        self.load()
+        assert self._worker is not None
+        self._inflight.add(job.cancel)
+        self._worker.submit(job)
+
+    def _replies(self, job: ChatJob) -> Iterator[tuple[str, Any]]:
+        """Reply items of a submitted job; cancels it if the consumer goes away."""
+        finished = False
+        try:
+            while True:
+                remaining = None if job.deadline is None else job.deadline - time.monotonic()
+                try:
+                    item = job.channel.get(timeout=max(remaining, 0) if remaining is not None else None)
+                except TimeoutError:
+                    job.cancel.set()
+                    raise TimeoutError("ChatLlamaCpp call timed out") from None
+                kind, value = item
+                if kind == "error":
+                    finished = True
+                    raise value
+                yield kind, value
+                if kind == "done":
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                job.cancel.set()
+
+    async def _areplies(self, job: ChatJob) -> AsyncIterator[tuple[str, Any]]:
+        finished = False
+        try:
+            while True:
+                remaining = None if job.deadline is None else job.deadline - time.monotonic()
+                try:
+                    if remaining is None:
+                        item = await job.channel.aget()
+                    else:
+                        with anyio.fail_after(max(remaining, 0)):
+                            item = await job.channel.aget()
+                except TimeoutError:
+                    job.cancel.set()
+                    raise TimeoutError("ChatLlamaCpp call timed out") from None
+                kind, value = item
+                if kind == "error":
+                    finished = True
+                    raise value
+                yield kind, value
+                if kind == "done":
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                job.cancel.set()
+
+    def _chunk(self, kind: str, value: Any) -> ChatGenerationChunk:
+        if kind == "delta":
+            return ChatGenerationChunk(message=_delta_message(value))
+        done: Done = value
+        meta: dict[str, Any] = {
+            "model_name": done.model_name,
+            "model_provider": "llamacpp",
+            "finish_reason": done.finish_reason,
+            "timings": done.timings,
+        }
+        if done.logprobs is not None:
+            meta["logprobs"] = {"content": done.logprobs}
+        msg = AIMessageChunk(
+            content="", usage_metadata=done.usage, response_metadata=meta  # type: ignore[arg-type]
+        )
+        info: dict[str, Any] = {"finish_reason": done.finish_reason}
+        if done.parsed is not None:
+            info[_PARSED_KEY] = done.parsed
+        return ChatGenerationChunk(message=msg, generation_info=info)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        job = self._make_job(messages, stop, kwargs)
+        self._submit(job)
+        for kind, value in self._replies(job):
+            chunk = self._chunk(kind, value)
+            if run_manager and kind == "delta":
+                run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+            yield chunk
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        job = self._make_job(messages, stop, kwargs)
+        job.channel.bind_loop()
+        self._submit(job)
+        async for kind, value in self._areplies(job):
+            chunk = self._chunk(kind, value)
+            if run_manager and kind == "delta":
+                await run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+            yield chunk
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        chunks = list(self._stream(messages, stop, run_manager if self.streaming else None, **kwargs))
+        return _aggregate(chunks)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        chunks = [
+            c
+            async for c in self._astream(
+                messages, stop, run_manager if self.streaming else None, **kwargs
+            )
+        ]
+        return _aggregate(chunks)
+
+    # ------------------------------------------------------------------ tools
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: dict[str, Any] | str | bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: dict[str, Any] | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (LangChain tools, pydantic models, functions or OpenAI dicts).
+
+        ``tool_choice``: ``None``/``"auto"`` lets the model decide, ``"none"`` hides
+        the tools, ``"any"``/``"required"``/``True`` forces some call and a tool name
+        (or ``{"type": "function", "function": {"name": ...}}``) forces that tool; a
+        forced call is grammar-constrained so its arguments match the schema.
+        ``response_format`` (OpenAI ``json_schema``/``json_object``) constrains the
+        final answer.
+        """
+        from .prompts import normalize_tool_choice
+
+        formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
+        normalize_tool_choice(tool_choice, formatted)  # fail now, not at invoke time
+        bound: dict[str, Any] = {"tools": formatted, **kwargs}
+        if tool_choice is not None:
+            bound["tool_choice"] = tool_choice
+        if parallel_tool_calls is not None:
+            bound["parallel_tool_calls"] = parallel_tool_calls
+        if response_format is not None:
+            bound["response_format"] = response_format
+        return super().bind(**bound)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Return output matching ``schema`` (pydantic v1/v2 class, TypedDict or JSON schema).
+
+        ``json_schema`` (default) constrains generation with a grammar built from the
+        schema; ``function_calling`` forces a call of a tool shaped like the schema;
+        ``json_mode`` constrains output to some JSON object (describe the keys in the prompt).
+        """
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        is_pydantic = isinstance(schema, type) and (
+            is_basemodel_subclass(schema) or _is_pydantic_v1(schema)
+        )
+        if method == "function_calling":
+            tool = convert_to_openai_tool(schema, strict=strict)
+            name = tool["function"]["name"]
+            llm = self.bind_tools(
+                [schema],
+                tool_choice=name,
+                parallel_tool_calls=False,
+                ls_structured_output_format={
+                    "kwargs": {"method": method, "strict": strict},
+                    "schema": tool,
+                },
+            )
+            parser: Runnable = (
+                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+                if is_pydantic
+                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+            )
+        elif method in ("json_schema", "json_mode"):
+            if method == "json_schema":
+                json_schema = _json_schema_of(schema)
+                response_format: dict[str, Any] = {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": json_schema.get("title", "output"),
+                        "schema": json_schema,
+                        "strict": strict,
+                    },
+                }
+                ls_schema: Any = json_schema
+            else:
+                response_format = {"type": "json_object"}
+                ls_schema = schema
+            llm = self.bind(
+                response_format=response_format,
+                ls_structured_output_format={
+                    "kwargs": {"method": method, "strict": strict},
+                    "schema": ls_schema,
+                },
+            )
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+                if is_pydantic
+                else JsonOutputParser()
+            )
+        else:
+            raise ValueError(
+                f"method must be 'json_schema', 'function_calling' or 'json_mode', not {method!r}"
+            )
+        if not include_raw:
+            return llm | parser
+        parser_assign = RunnablePassthrough.assign(
+            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+        )
+        parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
+        parser_with_fallback = parser_assign.with_fallbacks(
+            [parser_none], exception_key="parsing_error"
+        )
+        return RunnableMap(raw=llm) | parser_with_fallback
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _delta_message(d: StreamDelta) -> AIMessageChunk:
+    if d.kind == "content":
+        return AIMessageChunk(content=d.text)
+    if d.kind == "reasoning":
+        return AIMessageChunk(content="", additional_kwargs={"reasoning_content": d.text})
+    return AIMessageChunk(
+        content="",
+        tool_call_chunks=[tool_call_chunk(name=d.name, args=d.args, id=d.id, index=d.index)],
+    )
+
+
+def _text_of(d: Any) -> str:
+    return d.text if isinstance(d, StreamDelta) and d.kind == "content" else ""
+
+
+def _aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
+    """Merge streamed chunks into the ``invoke`` result.
+
+    Tool calls come from the parser's final result: chunk merging would read a
+    truncated call's arguments as valid partial JSON, where the parser reports
+    it in ``invalid_tool_calls``.
+    """
+    if not chunks:
+        raise RequestCancelledError("no reply from the model")
+    total = chunks[0]
+    for c in chunks[1:]:
+        total += c
+    msg = total.message
+    assert isinstance(msg, AIMessageChunk)
+    info = dict(total.generation_info or {})
+    parsed = info.pop(_PARSED_KEY, None)
+    message = AIMessage(
+        content=msg.content,
+        additional_kwargs=msg.additional_kwargs,
+        response_metadata=msg.response_metadata,
+        usage_metadata=msg.usage_metadata,
+        tool_calls=parsed.tool_calls if parsed is not None else msg.tool_calls,
+        invalid_tool_calls=(
+            parsed.invalid_tool_calls if parsed is not None else msg.invalid_tool_calls
+        ),
+        id=msg.id,
+    )
+    return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])
+
+
+def _is_pydantic_v1(schema: type) -> bool:
+    try:
+        from pydantic.v1 import BaseModel as V1BaseModel
+    except ImportError:  # pragma: no cover
+        return False
+    return issubclass(schema, V1BaseModel)
+
+
+def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
+    if isinstance(schema, type) and is_basemodel_subclass(schema):
+        return schema.model_json_schema()
+    if isinstance(schema, type) and _is_pydantic_v1(schema):
+        return schema.schema()  # type: ignore[attr-defined]
+    return convert_to_json_schema(schema)
+
+
+def _log_progress(path: str) -> Callable[[float], None]:
+    state = {"last": -1}
+
+    def report(p: float) -> None:
+        pct = int(p * 100)
+        if pct // 10 != state["last"] // 10 or pct == 100:
+            state["last"] = pct
+            logger.info("loading %s: %d%%", path, pct)
+
+    return report
+
+
+def _enable_native_log() -> None:
+    """``verbose=True``: show llama.cpp's own log and load progress on stderr."""
+    for name in ("langchain_llamacpp_local",):
+        lg = logging.getLogger(name)
+        if not lg.handlers:
+            h = logging.StreamHandler()
+            h.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            lg.addHandler(h)
+        lg.setLevel(logging.DEBUG)

@@ -1,0 +1,474 @@
+"""The one module that talks to llama.cpp's C API (``llama_cpp.llama_cpp``).
+
+It owns a model, a context and a reusable batch, and exposes the handful of
+operations the worker needs: tokenize, decode a chunk at given positions, read
+logits, trim/copy memory and save/restore sequence state. Keeping every ctypes
+call here means the cache logic above it is plain Python.
+
+An :class:`Engine` is not thread-safe: only its worker thread may use it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp.llama_cpp as C
+
+from .errors import DecodeError, ModelLoadError, RequestCancelledError
+
+logger = logging.getLogger(__name__)
+native_logger = logging.getLogger("langchain_llamacpp_local.llama_cpp")
+
+#: KV cache types accepted by ``type_k``/``type_v`` by name.
+KV_TYPES: dict[str, int] = {
+    "f32": 0,
+    "f16": C.GGML_TYPE_F16,
+    "bf16": 30,
+    "q8_0": C.GGML_TYPE_Q8_0,
+    "q4_0": C.GGML_TYPE_Q4_0,
+    "q4_1": 3,
+    "q5_0": 6,
+    "q5_1": 7,
+    "iq4_nl": 20,
+}
+
+#: Default cap on ``n_ctx`` when the caller leaves it to the model's training length:
+#: a 128k-token KV cache would take gigabytes that a chat rarely needs.
+DEFAULT_MAX_CTX = 8192
+
+_GGUF_MAGIC = b"GGUF"
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+class MemoryKind(str, Enum):
+    """What the context's memory lets us do with a cached prefix."""
+
+    PARTIAL = "partial"  # attention KV: any suffix can be trimmed
+    FULL_ONLY = "full_only"  # recurrent/hybrid: only whole sequences can be removed
+    SWA = "swa"  # sliding-window KV: trim works, but old positions get pruned
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Everything that decides how a model is loaded; two equal configs share one model."""
+
+    model_path: str
+    n_ctx: int | None = None
+    n_batch: int = 512
+    n_ubatch: int | None = None
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    n_gpu_layers: int = 0
+    flash_attn: bool | None = None
+    type_k: str | None = None
+    type_v: str | None = None
+    swa_full: bool = False
+    n_seq_max: int = 1
+    use_mmap: bool = True
+    use_mlock: bool = False
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+
+
+# --------------------------------------------------------------------------- logging
+
+
+_LEVELS = {
+    1: logging.DEBUG,  # GGML_LOG_LEVEL_DEBUG
+    2: logging.DEBUG,  # INFO: llama.cpp is chatty; keep it below the default threshold
+    3: logging.INFO,  # WARN
+    4: logging.ERROR,  # ERROR
+}
+_last_level = logging.DEBUG
+
+
+class _AbortState:
+    """Set while a requested abort unwinds (the abort callback runs on ggml's threads)."""
+
+    active = False
+
+
+_aborting = _AbortState()
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    global _last_level
+    lvl = _last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)  # 5 = CONT
+    if _aborting.active:
+        lvl = logging.DEBUG  # llama.cpp reports a requested abort as an error: it is not one
+    _last_level = lvl
+    if native_logger.isEnabledFor(lvl):
+        native_logger.log(lvl, text.decode("utf-8", errors="replace").rstrip("\n"))
+
+
+def _init_backend() -> None:
+    """Initialise llama.cpp once per process and route its log through :mod:`logging`."""
+    global _backend_ready
+    with _backend_lock:
+        if _backend_ready:
+            return
+        C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _backend_ready = True
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def check_gguf_file(path: str) -> None:
+    """Fail early, with a clear message, on a path llama.cpp would reject obscurely."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not p.is_file():
+        raise ModelLoadError(f"model path is not a file: {path}")
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic != _GGUF_MAGIC:
+        raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
+
+
+def _kv_type(name: str | None, field: str) -> int | None:
+    if name is None:
+        return None
+    try:
+        return KV_TYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}") from None
+
+
+class Engine:
+    """A loaded model with one persistent context (see module docstring)."""
+
+    def __init__(
+        self, config: LoadConfig, progress: Callable[[float], None] | None = None
+    ) -> None:
+        _init_backend()
+        self.config = config
+        check_gguf_file(config.model_path)
+        type_k = _kv_type(config.type_k, "type_k")
+        type_v = _kv_type(config.type_v, "type_v")
+
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        mparams.use_mmap = config.use_mmap
+        mparams.use_mlock = config.use_mlock
+        self._progress_cb = None
+        if progress is not None:
+
+            def _progress(value: float, _user: ctypes.c_void_p) -> bool:
+                try:
+                    progress(float(value))
+                except Exception:  # a UI callback must never break loading
+                    logger.debug("progress callback failed", exc_info=True)
+                return True
+
+            self._progress_cb = C.llama_progress_callback(_progress)
+            mparams.progress_callback = self._progress_cb
+        model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {config.model_path} (truncated, corrupt or an "
+                "unsupported architecture; set verbose=True or enable DEBUG logging on "
+                "'langchain_llamacpp_local.llama_cpp' for llama.cpp's reason)"
+            )
+        self.model = model
+        self.ctx = None
+        self._batch: C.llama_batch | None = None
+        try:
+            self.vocab = C.llama_model_get_vocab(model)
+            self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+            self.n_ctx_train = C.llama_model_n_ctx_train(model)
+            self.metadata = self._read_metadata()
+            self.is_recurrent = bool(C.llama_model_is_recurrent(model))
+            self.is_hybrid = bool(C.llama_model_is_hybrid(model))
+            self.n_swa = int(C.llama_model_n_swa(model))
+
+            n_ctx = config.n_ctx or min(self.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+            cparams = C.llama_context_default_params()
+            cparams.n_ctx = n_ctx
+            cparams.n_batch = min(config.n_batch, n_ctx)
+            cparams.n_ubatch = min(config.n_ubatch or config.n_batch, cparams.n_batch)
+            cparams.n_seq_max = config.n_seq_max
+            cparams.kv_unified = True
+            threads = config.n_threads or max(1, os.cpu_count() or 1)
+            cparams.n_threads = threads
+            cparams.n_threads_batch = config.n_threads_batch or threads
+            cparams.swa_full = config.swa_full
+            cparams.no_perf = True
+            if config.flash_attn is not None:
+                cparams.flash_attn_type = (
+                    C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                    if config.flash_attn
+                    else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+                )
+            if type_k is not None:
+                cparams.type_k = type_k
+            if type_v is not None:
+                cparams.type_v = type_v
+            if config.rope_freq_base:
+                cparams.rope_freq_base = config.rope_freq_base
+            if config.rope_freq_scale:
+                cparams.rope_freq_scale = config.rope_freq_scale
+            self._abort_flag: Callable[[], bool] | None = None
+            self._abort_cb = C.ggml_abort_callback(self._should_abort)
+            cparams.abort_callback = self._abort_cb
+            ctx = C.llama_init_from_model(model, cparams)
+            if not ctx:
+                raise ModelLoadError(
+                    f"llama.cpp could not create a context of {n_ctx} tokens for "
+                    f"{config.model_path} (out of memory or unsupported settings)"
+                )
+            self.ctx = ctx
+            self.n_ctx = int(C.llama_n_ctx(ctx))
+            self.n_batch = int(C.llama_n_batch(ctx))
+            self.n_ubatch = int(C.llama_n_ubatch(ctx))
+            self.n_seq_max = int(C.llama_n_seq_max(ctx))
+            self.mem = C.llama_get_memory(ctx)
+            self._batch = C.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+            self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+            self.bos_id = int(C.llama_vocab_bos(self.vocab))
+            self.eos_id = int(C.llama_vocab_eos(self.vocab))
+            self.memory_kind = self._probe_memory()
+        except BaseException:
+            self.close()
+            raise
+        logger.debug(
+            "loaded %s: n_ctx=%d n_batch=%d n_ubatch=%d memory=%s n_swa=%d",
+            config.model_path,
+            self.n_ctx,
+            self.n_batch,
+            self.n_ubatch,
+            self.memory_kind.value,
+            self.n_swa,
+        )
+
+    # ------------------------------------------------------------------ metadata
+
+    def _read_metadata(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        buf_size = 1 << 16
+        buf = ctypes.create_string_buffer(buf_size)
+        for i in range(C.llama_model_meta_count(self.model)):
+            n = C.llama_model_meta_key_by_index(self.model, i, buf, buf_size)
+            if n < 0:
+                continue
+            key = buf.value.decode("utf-8", errors="replace")
+            n = C.llama_model_meta_val_str_by_index(self.model, i, buf, buf_size)
+            if n >= buf_size:  # long chat templates: retry with a buffer that fits
+                big = ctypes.create_string_buffer(n + 1)
+                C.llama_model_meta_val_str_by_index(self.model, i, big, n + 1)
+                out[key] = big.value.decode("utf-8", errors="replace")
+            elif n >= 0:
+                out[key] = buf.value.decode("utf-8", errors="replace")
+        return out
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text of a special token (e.g. ``<bos>``), for templates."""
+        if token < 0:
+            return ""
+        return self.token_piece(token, special=True).decode("utf-8", errors="replace")
+
+    # ------------------------------------------------------------------ memory probe
+
+    def _probe_memory(self) -> MemoryKind:
+        """Classify the memory the way llama.cpp's server does (common_context_can_seq_rm)."""
+        kind = MemoryKind.PARTIAL
+        if self.is_recurrent or self.is_hybrid:
+            kind = MemoryKind.FULL_ONLY
+        else:
+            # Decode two tokens and try a partial trim: the reliable test for any new
+            # memory type. SWA caches pass it but prune old positions later.
+            tok = self.bos_id if self.bos_id >= 0 else 0
+            self.decode([tok, tok], 0, 0, logits_last=False)
+            if not C.llama_memory_seq_rm(self.mem, 0, 1, -1):
+                kind = MemoryKind.FULL_ONLY
+            elif self.n_swa > 0 and not self.config.swa_full:
+                kind = MemoryKind.SWA
+        C.llama_memory_clear(self.mem, True)
+        return kind
+
+    # ------------------------------------------------------------------ tokens
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+            if n < 0:
+                raise ValueError("tokenization failed")
+        return list(arr[:n])
+
+    def token_piece(self, token: int, *, special: bool = True) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    # ------------------------------------------------------------------ decode
+
+    def _should_abort(self, _data: ctypes.c_void_p) -> bool:
+        flag = self._abort_flag
+        if flag is not None and flag():
+            _aborting.active = True
+            return True
+        return False
+
+    def decode(
+        self,
+        tokens: Sequence[int],
+        pos0: int,
+        seq_id: int,
+        *,
+        logits_last: bool = True,
+        cancel: Callable[[], bool] | None = None,
+        on_chunk: Callable[[int], None] | None = None,
+    ) -> None:
+        """Decode ``tokens`` at positions ``pos0..`` of ``seq_id`` in ``n_batch`` chunks.
+
+        ``cancel`` is checked before each chunk and, through llama.cpp's abort
+        callback, inside a long decode. ``on_chunk(n_done)`` runs after each chunk,
+        so a caller can record progress that survives a later cancel.
+        Raises :class:`RequestCancelledError` or :class:`DecodeError`; the chunks
+        decoded before that stay in the cache.
+        """
+        batch = self._batch
+        assert batch is not None
+        n = len(tokens)
+        done = 0
+        self._abort_flag = cancel
+        try:
+            while done < n:
+                if cancel is not None and cancel():
+                    raise RequestCancelledError("cancelled during prompt processing")
+                chunk = min(self.n_batch, n - done)
+                for i in range(chunk):
+                    batch.token[i] = tokens[done + i]
+                    batch.pos[i] = pos0 + done + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = seq_id
+                    batch.logits[i] = 0
+                if logits_last and done + chunk == n:
+                    batch.logits[chunk - 1] = 1
+                batch.n_tokens = chunk
+                rc = C.llama_decode(self.ctx, batch)
+                if rc == 2:
+                    raise RequestCancelledError("cancelled during prompt processing")
+                if rc != 0:
+                    raise DecodeError(
+                        f"llama_decode failed with code {rc} "
+                        f"({'no KV slot for the batch' if rc == 1 else 'backend error'})"
+                    )
+                done += chunk
+                if on_chunk is not None:
+                    on_chunk(done)
+        finally:
+            self._abort_flag = None
+
+    def decode_batch(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        seq_ids: Sequence[int],
+        outputs: Sequence[bool],
+        *,
+        cancel: Callable[[], bool] | None = None,
+    ) -> None:
+        """One ``llama_decode`` of up to ``n_batch`` tokens from several sequences.
+
+        This is the continuous-batching step: prompt chunks of some requests and
+        the next token of others go through the model together. ``outputs[i]``
+        asks for logits at batch index ``i`` (read them with :meth:`logits`).
+        """
+        batch = self._batch
+        assert batch is not None
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        for i in range(n):
+            batch.token[i] = tokens[i]
+            batch.pos[i] = positions[i]
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq_ids[i]
+            batch.logits[i] = 1 if outputs[i] else 0
+        batch.n_tokens = n
+        self._abort_flag = cancel
+        try:
+            rc = C.llama_decode(self.ctx, batch)
+        finally:
+            self._abort_flag = None
+            _aborting.active = False
+        if rc == 2:
+            raise RequestCancelledError("cancelled during decoding")
+        if rc != 0:
+            raise DecodeError(
+                f"llama_decode failed with code {rc} "
+                f"({'no KV slot for the batch' if rc == 1 else 'backend error'})"
+            )
+
+    def logits(self, idx: int = -1) -> np.ndarray:
+        """A copy of the logits of output ``idx`` of the last decode (-1: the last one)."""
+        ptr = C.llama_get_logits_ith(self.ctx, idx)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    # ------------------------------------------------------------------ memory
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        return bool(C.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        C.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return int(C.llama_memory_seq_pos_min(self.mem, seq_id))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self.mem, seq_id))
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self.mem, True)
+
+    def state_get(self, seq_id: int, flags: int = 0) -> bytes:
+        size = C.llama_state_seq_get_size_ext(self.ctx, seq_id, flags)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data_ext(self.ctx, buf, size, seq_id, flags)
+        return bytes(buf[:n])
+
+    def state_set(self, data: bytes, seq_id: int, flags: int = 0) -> bool:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return C.llama_state_seq_set_data_ext(self.ctx, buf, len(data), seq_id, flags) > 0
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self) -> None:
+        if self._batch is not None:
+            C.llama_batch_free(self._batch)
+            self._batch = None
+        if self.ctx:
+            C.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            C.llama_model_free(self.model)
+            self.model = None

@@ -1,0 +1,34 @@
+"""Typed errors, so callers can tell bad input from a broken engine.
+
+Every error a request can raise reaches the caller as one of these (or a plain
+``ValueError`` subclass for bad input); the worker itself keeps serving.
+"""
+
+from __future__ import annotations
+
+
+class LlamaCppError(RuntimeError):
+    """Base class for errors raised by the llama.cpp engine."""
+
+
+class ModelLoadError(LlamaCppError):
+    """The model file is missing, not a GGUF file, truncated or unsupported."""
+
+
+class ContextOverflowError(ValueError):
+    """Prompt plus ``max_tokens`` does not fit the context window.
+
+    Raised before anything is decoded: nothing is ever silently truncated.
+    """
+
+
+class DecodeError(LlamaCppError):
+    """``llama_decode`` failed (out of KV space or a backend failure)."""
+
+
+class WorkerDeadError(LlamaCppError):
+    """The worker thread that owns the model has stopped; reload the model."""
+
+
+class RequestCancelledError(LlamaCppError):
+    """The request was cancelled (stream closed, task cancelled or ``close()``)."""

@@ -1,0 +1,261 @@
+"""From a chat request to prompt tokens, grammar and output parser.
+
+This is where templates, tool formats and grammars meet: it picks the template
+(GGUF, named variant, override or built-in), decides how tools reach the model
+(the template's own ``tools`` support, or the documented Hermes-style system
+prompt), which format the output is parsed with, and which grammar constrains
+sampling (forced tool calls, JSON schema, JSON mode).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .sampling import JSON_OBJECT_GRAMMAR, SamplingParams, json_schema_to_grammar, tool_call_grammar
+from .templates import (
+    ChatTemplate,
+    flatten_tool_messages,
+    inject_tool_prompt,
+    select_template,
+)
+from .tool_parsers import StreamDelta, StreamParser, detect_format
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .worker import ChatJob
+
+logger = logging.getLogger(__name__)
+
+
+class OutputParser(Protocol):
+    def feed(self, delta: str) -> list[StreamDelta]: ...
+    def finish(self) -> list[StreamDelta]: ...
+
+
+class PlainParser:
+    """Content passes through unchanged (no tools bound, reasoning left as generated)."""
+
+    def feed(self, delta: str) -> list[StreamDelta]:
+        return [StreamDelta(kind="content", text=delta)] if delta else []
+
+    def finish(self) -> list[StreamDelta]:
+        return []
+
+
+@dataclass
+class ChatFormat:
+    """The model's templates and tool format, resolved once per loaded model."""
+
+    metadata: dict[str, str]
+    template: ChatTemplate
+    tool_template: ChatTemplate | None
+    tool_format: str
+    bos_text: str
+    eos_text: str
+    _overrides: dict[str, ChatTemplate] = field(default_factory=dict)
+
+    @classmethod
+    def from_engine(cls, eng: Engine) -> ChatFormat:
+        meta = dict(eng.metadata)
+        bos = eng.token_text(eng.bos_id) if eng.bos_id >= 0 else ""
+        eos = eng.token_text(eng.eos_id) if eng.eos_id >= 0 else ""
+        meta["_bos_token"] = bos
+        meta["_eos_token"] = eos
+        template = select_template(meta)
+        tool_template = (
+            select_template(meta, with_tools=True)
+            if "tokenizer.chat_template.tool_use" in meta
+            else None
+        )
+        tool_format = detect_format((tool_template or template).source)
+        logger.debug("chat template %s, tool format %s", template.origin, tool_format)
+        return cls(meta, template, tool_template, tool_format, bos, eos)
+
+    def override(self, source: str) -> ChatTemplate:
+        """Compile (once) a per-request template override or built-in name."""
+        tpl = self._overrides.get(source)
+        if tpl is None:
+            tpl = select_template(self.metadata, override=source)
+            if len(self._overrides) > 32:
+                self._overrides.clear()
+            self._overrides[source] = tpl
+        return tpl
+
+
+@dataclass
+class PreparedPrompt:
+    text: str
+    tokens: list[int]
+    sampling: SamplingParams
+    stop: list[str]
+    boundaries: tuple[int, ...] = ()
+    parse_format: str | None = None
+    reasoning: bool | None = None
+    think_open: bool = False
+
+    def make_parser(self) -> OutputParser:
+        if self.parse_format is None and self.reasoning is None:
+            return PlainParser()
+        return StreamParser(
+            self.parse_format or "content",
+            reasoning=self.reasoning,
+            think_open=self.think_open,
+        )
+
+
+def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
+    """Map LangChain/OpenAI ``tool_choice`` forms to ``None`` (auto), ``"none"``,
+    ``"required"`` or ``"name:<tool>"``; a bad value raises ``ValueError``."""
+    names = [t["function"]["name"] for t in tools]
+    if tool_choice is None or tool_choice == "auto":
+        return None
+    if tool_choice == "none" or tool_choice is False:
+        return "none"
+    if tool_choice in ("any", "required") or tool_choice is True:
+        return "required"
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        if tool_choice.get("type") in ("any", "required"):
+            return "required"
+        if tool_choice.get("type") == "auto":
+            return None
+        if not name:
+            raise ValueError(f"tool_choice {tool_choice!r} names no function")
+        tool_choice = name
+    if isinstance(tool_choice, str):
+        if tool_choice not in names:
+            raise ValueError(
+                f"tool_choice={tool_choice!r} is not one of the bound tools {names}"
+            )
+        return f"name:{tool_choice}"
+    raise ValueError(f"unsupported tool_choice {tool_choice!r}")
+
+
+def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema of an OpenAI-style ``response_format`` (None for plain JSON mode)."""
+    rtype = response_format.get("type")
+    if rtype == "json_object":
+        return None
+    if rtype == "json_schema":
+        js = response_format.get("json_schema") or {}
+        schema = js.get("schema", js if "properties" in js or "type" in js else None)
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema has no 'schema'")
+        return schema
+    raise ValueError(
+        f"unsupported response_format type {rtype!r}; use 'json_schema' or 'json_object'"
+    )
+
+
+def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
+    """Render, tokenize and choose grammar and parser for ``job``."""
+    tools = job.tools or []
+    choice = normalize_tool_choice(job.tool_choice, tools) if tools else None
+    use_tools = bool(tools) and choice != "none"
+
+    if job.chat_template:
+        template = fmt.override(job.chat_template)
+    elif use_tools and fmt.tool_template is not None:
+        template = fmt.tool_template
+    else:
+        template = fmt.template
+    tool_format = detect_format(template.source) if job.chat_template else fmt.tool_format
+
+    messages = job.messages
+    render_tools: list[dict[str, Any]] | None = None
+    parse_format: str | None = None
+    if use_tools:
+        if template.supports_tools:
+            render_tools = list(tools)
+            parse_format = tool_format
+        else:
+            messages = inject_tool_prompt(messages, list(tools))
+            parse_format = "hermes"
+    if "tool_calls" not in template.source and any(
+        m.get("tool_calls") or m.get("role") == "tool" for m in messages
+    ):
+        messages = flatten_tool_messages(messages)
+
+    kwargs = dict(job.chat_template_kwargs)
+    if job.reasoning is not None:
+        kwargs.setdefault("enable_thinking", bool(job.reasoning))
+    text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
+
+    tokens = _tokenize(eng, fmt, text)
+    boundaries = _last_user_boundary(eng, fmt, template, messages, render_tools, kwargs, text, tokens)
+
+    sampling = job.sampling
+    grammar: str | None = None
+    if use_tools and choice is not None and choice != "none":
+        name = choice[5:] if choice.startswith("name:") else None
+        grammar, parse_format = tool_call_grammar(
+            tools,
+            parse_format or "hermes",
+            parallel=job.parallel_tool_calls is not False and name is None,
+            name=name,
+        )
+    elif job.response_format is not None and not use_tools:
+        schema = _response_schema(job.response_format)
+        grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
+    if grammar is not None:
+        sampling = replace(sampling, grammar=grammar)
+
+    stripped = text.rstrip()
+    think_open = stripped.endswith("<think>")
+    return PreparedPrompt(
+        text=text,
+        tokens=tokens,
+        sampling=sampling,
+        stop=list(job.stop),
+        boundaries=boundaries,
+        parse_format=parse_format,
+        reasoning=job.reasoning,
+        think_open=think_open,
+    )
+
+
+def _tokenize(eng: Engine, fmt: ChatFormat, text: str) -> list[int]:
+    """Tokenize a rendered prompt with exactly one BOS where the model wants one."""
+    if eng.add_bos and fmt.bos_text and text.startswith(fmt.bos_text):
+        text = text[len(fmt.bos_text) :]
+    return eng.tokenize(text, add_special=True, parse_special=True)
+
+
+def _last_user_boundary(
+    eng: Engine,
+    fmt: ChatFormat,
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+    text: str,
+    tokens: list[int],
+) -> tuple[int, ...]:
+    """Token offset where the last user message starts (a checkpoint point).
+
+    Only computed for memory that needs checkpoints; found by rendering the
+    conversation before that message and matching it against the full prompt.
+    """
+    from .engine import MemoryKind  # local: engine imports llama.cpp
+
+    if eng.memory_kind is MemoryKind.PARTIAL:
+        return ()
+    idx = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    if idx <= 0:
+        return ()
+    try:
+        head = template.render(messages[:idx], tools=tools, add_generation_prompt=False, **kwargs)
+    except Exception:
+        return ()
+    if not text.startswith(head):
+        return ()
+    head_tokens = _tokenize(eng, fmt, head)
+    n = 0
+    for a, b in zip(head_tokens, tokens):
+        if a != b:
+            break
+        n += 1
+    return (n,) if 0 < n < len(tokens) else ()

@@ -1,0 +1,48 @@
+"""Comparing greedy generations from different cache paths.
+
+The cached and the fresh path decode the same tokens in different batch shapes
+(and KV cell layouts), so llama.cpp's kernels round differently: about 1e-4 in
+log-probability. Greedy outputs are therefore identical except where the
+reference's two best tokens are practically tied; a real cache bug shows up as a
+large difference at a clear choice. Requests must use ``logprobs=True,
+top_logprobs=2``.
+"""
+
+from __future__ import annotations
+
+from langchain_core.messages import BaseMessage
+
+TIE = 0.02  # log-probability gap below which two tokens count as tied
+LOGPROB_TOL = 0.02
+GREEDY = {"temperature": 0.0, "logprobs": True, "top_logprobs": 2}
+
+
+def entries(msg: BaseMessage) -> list[dict]:
+    return msg.response_metadata["logprobs"]["content"]
+
+
+def ids(msg: BaseMessage) -> list[int]:
+    return [e["id"] for e in entries(msg)]
+
+
+def greedy_mismatch(got: BaseMessage, ref: BaseMessage, *, tol: float = LOGPROB_TOL) -> str | None:
+    """Why ``got`` is not the same greedy generation as ``ref`` (None if it is)."""
+    a, b = entries(got), entries(ref)
+    for i, (x, y) in enumerate(zip(a, b)):
+        top = y["top_logprobs"]
+        gap = top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else float("inf")
+        if x["id"] != y["id"]:
+            if gap < TIE:
+                return None  # a floating-point tie broke differently: texts diverge here
+            return f"token {i}: {x['id']} != {y['id']} at a clear choice (gap {gap:.4f})"
+        if abs(x["logprob"] - y["logprob"]) > tol:
+            return f"token {i}: logprob {x['logprob']:.5f} vs {y['logprob']:.5f}"
+    if len(a) != len(b):
+        return f"{len(a)} tokens vs {len(b)}"
+    return None
+
+
+def assert_same_greedy(got: BaseMessage, ref: BaseMessage, *, tol: float = LOGPROB_TOL) -> None:
+    """Same tokens and close log-probabilities, up to a near-tie in the reference."""
+    problem = greedy_mismatch(got, ref, tol=tol)
+    assert problem is None, problem

