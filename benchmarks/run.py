@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import platform
 import statistics
@@ -427,5 +426,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    ctypes.CDLL  # keep ctypes imported for llama_cpp's perf struct
     main()

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-import numpy as np
-
 import llama_cpp.llama_cpp as C
+import numpy as np
 
 from .errors import DecodeError, ModelLoadError, RequestCancelledError
 

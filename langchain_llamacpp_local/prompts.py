@@ -254,7 +254,7 @@ def _last_user_boundary(
         return ()
     head_tokens = _tokenize(eng, fmt, head)
     n = 0
-    for a, b in zip(head_tokens, tokens):
+    for a, b in zip(head_tokens, tokens, strict=False):
         if a != b:
             break
         n += 1

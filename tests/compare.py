@@ -28,7 +28,7 @@ def ids(msg: BaseMessage) -> list[int]:
 def greedy_mismatch(got: BaseMessage, ref: BaseMessage, *, tol: float = LOGPROB_TOL) -> str | None:
     """Why ``got`` is not the same greedy generation as ``ref`` (None if it is)."""
     a, b = entries(got), entries(ref)
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         top = y["top_logprobs"]
         gap = top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else float("inf")
         if x["id"] != y["id"]:

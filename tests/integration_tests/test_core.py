@@ -6,7 +6,6 @@ import asyncio
 import gc
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 from langchain_core.messages import (

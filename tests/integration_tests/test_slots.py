@@ -82,7 +82,7 @@ def test_concurrent_requests_match_sequential_ones(tiny_llama: str) -> None:
         t.start()
     for t in threads:
         t.join(60)
-    for exp, got in zip(expected, results):
+    for exp, got in zip(expected, results, strict=True):
         assert got is not None
         # batch composition changes the matmul kernels: same tokens, close logits
         assert_same_greedy(got, exp, tol=0.02)
