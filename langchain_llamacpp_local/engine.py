@@ -451,9 +451,11 @@ class Engine:
 
     def state_get(self, seq_id: int, flags: int = 0) -> bytes:
         size = C.llama_state_seq_get_size_ext(self.ctx, seq_id, flags)
-        buf = (ctypes.c_uint8 * size)()
+        raw = bytearray(size)  # slicing a ctypes array would build a list of ints
+        buf = (ctypes.c_uint8 * size).from_buffer(raw)
         n = C.llama_state_seq_get_data_ext(self.ctx, buf, size, seq_id, flags)
-        return bytes(buf[:n])
+        del buf
+        return bytes(memoryview(raw)[:n])
 
     def state_set(self, data: bytes, seq_id: int, flags: int = 0) -> bool:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)

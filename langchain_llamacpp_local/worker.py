@@ -679,9 +679,16 @@ class _WorkerState:
         if not toks:
             return
         members = [a for a, _, _ in plan]
+        # The abort callback runs on every graph node; it only pays off for prompt
+        # chunks; a one-token step is checked between steps anyway.
+        prefill = len(toks) > sum(1 for a in members if a.pending is not None)
         try:
             eng.decode_batch(
-                toks, pos, seqs, outs, cancel=lambda: all(a.job.cancelled() for a in members)
+                toks,
+                pos,
+                seqs,
+                outs,
+                cancel=(lambda: all(a.job.cancelled() for a in members)) if prefill else None,
             )
         except (RequestCancelledError, DecodeError) as exc:
             self._after_failed_decode(plan, exc)
