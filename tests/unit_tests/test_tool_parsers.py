@@ -1,0 +1,211 @@
+"""Tool-call and reasoning parsers: recorded outputs of every format, streaming, fuzzing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from langchain_llamacpp_local.tool_parsers import (
+    FORMATS,
+    START_MARKERS,
+    StreamParser,
+    detect_format,
+    parse,
+)
+
+W = {"city": "Paris"}
+A = {"a": 1, "b": 2}
+DS = {
+    "cb": "<｜tool▁calls▁begin｜>",
+    "ce": "<｜tool▁calls▁end｜>",
+    "b": "<｜tool▁call▁begin｜>",
+    "e": "<｜tool▁call▁end｜>",
+    "s": "<｜tool▁sep｜>",
+}
+
+# (format, model output, content, reasoning (with reasoning=True), [(name, args)], n_invalid)
+RECORDED = [
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     "Let me check.", None, [("get_weather", W)], 0),
+    ("hermes", '<think>need two tools</think><tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>\n'
+     '<tool_call>{"name":"add","arguments":"{\\"a\\": 1, \\"b\\": 2}"}</tool_call>',
+     "", "need two tools", [("get_weather", W), ("add", A)], 0),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "Par', "", None, [], 1),
+    ("hermes", '<tool_call>{"name": get_weather}</tool_call> trailing', "trailing", None, [], 1),
+    ("hermes", '<function=get_weather>{"city": "Paris"}</function>', "", None, [("get_weather", W)], 0),
+    ("hermes", "Just text, no tools.", "Just text, no tools.", None, [], 0),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+     "", None, [("get_weather", W)], 0),
+    ("qwen3_coder", "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>"
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+     "", None, [("add", A), ("get_weather", W)], 0),
+    ("qwen3_coder", "<tool_call>\n<function=add>\n<parameter=a>\n1", "", None, [], 1),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", None, [("get_weather", W)], 0),
+    ("llama3_json", '<|python_tag|>{"type": "function", "name": "add", "parameters": {"a": 1, "b": 2}}',
+     "", None, [("add", A)], 0),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": {"a": 1, "b": 2}}',
+     "", None, [("get_weather", W), ("add", A)], 0),
+    ("llama3_json", "The answer is 4.", "The answer is 4.", None, [], 0),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]',
+     "", None, [("get_weather", W)], 0),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}',
+     "", None, [("get_weather", W), ("add", A)], 0),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"ci', "", None, [], 1),
+    ("pythonic", '[get_weather(city="Paris"), add(a=1, b=2)]', "", None, [("get_weather", W), ("add", A)], 0),
+    ("pythonic", '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>Checking.',
+     "Checking.", None, [("get_weather", W)], 0),
+    ("pythonic", "[1, 2, 3] is a list", "[1, 2, 3] is a list", None, [], 0),
+    ("granite", '<think>plan</think><response>Sure.</response><|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+     "Sure.", "plan", [("get_weather", W)], 0),
+    ("functionary_v3_2", '>>>get_weather\n{"city": "Paris"}>>>add\n{"a": 1, "b": 2}', "", None,
+     [("get_weather", W), ("add", A)], 0),
+    ("functionary_v3_2", ">>>all\nHello there", "Hello there", None, [], 0),
+    ("deepseek_r1", f"<think>hmm</think>{DS['cb']}{DS['b']}function{DS['s']}get_weather\n```json\n"
+     f'{{"city": "Paris"}}\n```{DS["e"]}{DS["ce"]}', "", "hmm", [("get_weather", W)], 0),
+    ("command_r7b", '<|START_THINKING|>plan<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", "tool_name": "add", '
+     '"parameters": {"a": 1, "b": 2}}]<|END_ACTION|>', "", "plan", [("add", A)], 0),
+    ("command_r7b", "<|START_RESPONSE|>Hi!<|END_RESPONSE|>", "Hi!", None, [], 0),
+    ("gpt_oss", "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather"
+     ' <|constrain|>json<|message|>{"city": "Paris"}<|call|>', "", "think", [("get_weather", W)], 0),
+    ("gpt_oss", "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+     "Done.", "think", [], 0),
+    ("generic", '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}', "", None, [("add", A)], 0),
+    ("generic", '```json\n{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}\n```', "", None,
+     [("get_weather", W)], 0),
+    ("generic", '{"response": "All good."}', "All good.", None, [], 0),
+]
+
+
+@pytest.mark.parametrize(("fmt", "text", "content", "reasoning", "calls", "n_invalid"), RECORDED)
+def test_recorded_outputs(fmt: str, text: str, content: str, reasoning: str | None, calls: list, n_invalid: int) -> None:
+    out = parse(text, fmt, reasoning=True)
+    assert out.content == content
+    assert out.reasoning == reasoning
+    assert [(c["name"], c["args"]) for c in out.tool_calls] == calls
+    assert len(out.invalid_tool_calls) == n_invalid
+    ids = [c["id"] for c in out.tool_calls]
+    assert all(ids) and len(set(ids)) == len(ids)
+    for bad in out.invalid_tool_calls:
+        assert bad["args"] and bad["error"]  # the raw text is kept, with a reason
+
+
+def test_reasoning_modes() -> None:
+    text = "<think>secret plan</think>The answer."
+    assert parse(text, "hermes", reasoning=None).content == text  # left as generated
+    assert parse(text, "hermes", reasoning=False).content == "The answer."
+    assert parse(text, "hermes", reasoning=False).reasoning is None
+    on = parse(text, "hermes", reasoning=True)
+    assert (on.content, on.reasoning) == ("The answer.", "secret plan")
+    # the prompt already opened the think block
+    opened = parse("still thinking</think>Done", "content", reasoning=True, think_open=True)
+    assert (opened.content, opened.reasoning) == ("Done", "still thinking")
+    unfinished = parse("<think>never closed", "content", reasoning=True)
+    assert unfinished.reasoning == "never closed" and unfinished.content == ""
+
+
+def test_mistral_ids_are_kept_and_unknown_format_errors() -> None:
+    out = parse(RECORDED[13][1], "mistral")
+    assert out.tool_calls[0]["id"] == "a1b2c3d4e"
+    with pytest.raises(ValueError, match="unknown tool-call format"):
+        parse("x", "nope")
+
+
+TEMPLATES = {
+    "hermes": 'For each function call, return a json object with function name and arguments within '
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>',
+    "qwen3_coder": "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n"
+    "</parameter>\n</function>\n</tool_call>",
+    "llama3_json": "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' }}{%- if builtin_tools is defined %}"
+    "<|python_tag|>{% endif %}",
+    "mistral": "{%- if message.tool_calls %}[TOOL_CALLS][{% for tc in message.tool_calls %}{% endfor %}]",
+    "pythonic": "You may call one or more functions. Format: [func_name1(params_name1=params_value1), "
+    "func_name2(params)] <|tool_call_start|>",
+    "granite": "{%- for tc in message.tool_calls %}<|tool_call|>{{ tc | tojson }}{% endfor %}",
+    "functionary_v3_2": "{{ '>>>all\\n' + message['content'] }}{{ '>>>' + tool_call.function.name }}",
+    "deepseek_r1": "{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] }}",
+    "command_r7b": "<|START_THINKING|>{{ thought }}<|END_THINKING|><|START_ACTION|>[{{ calls }}]<|END_ACTION|>",
+    "gpt_oss": "<|start|>assistant<|channel|>commentary to=functions.{{ name }}<|message|>",
+    "generic": "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(TEMPLATES))
+def test_detect_format(fmt: str) -> None:
+    assert detect_format(TEMPLATES[fmt]) == fmt
+
+
+def _aggregate(fmt: str, text: str, cuts: list[int], reasoning: bool | None) -> tuple[StreamParser, list]:
+    sp = StreamParser(fmt, reasoning=reasoning)
+    deltas = []
+    prev = 0
+    for c in sorted(set(cuts)) + [len(text)]:
+        deltas += sp.feed(text[prev:c])
+        prev = c
+    deltas += sp.finish()
+    return sp, deltas
+
+
+def _check_stream(fmt: str, text: str, cuts: list[int], reasoning: bool | None) -> None:
+    sp, deltas = _aggregate(fmt, text, cuts, reasoning)
+    ref = parse(text, fmt, reasoning=reasoning)
+    assert "".join(d.text for d in deltas if d.kind == "content") == ref.content == sp.result.content
+    assert "".join(d.text for d in deltas if d.kind == "reasoning") == (ref.reasoning or "")
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        if d.kind == "tool_call":
+            c = calls.setdefault(d.index, {"name": None, "id": None, "args": ""})
+            if d.name and c["name"] is None:
+                assert c["args"] == "", "the name comes before the arguments"
+                c["name"] = d.name
+            c["id"] = c["id"] or d.id
+            c["args"] += d.args
+    valid = {c["id"]: c for c in sp.result.tool_calls}
+    assert [(c["name"], c["args"]) for c in sp.result.tool_calls] == [(c["name"], c["args"]) for c in ref.tool_calls]
+    assert len(sp.result.invalid_tool_calls) == len(ref.invalid_tool_calls)
+    for c in calls.values():
+        if c["id"] in valid:
+            assert json.loads(c["args"]) == valid[c["id"]]["args"]
+            assert c["name"] == valid[c["id"]]["name"]
+    # no half-written marker ever leaks into content
+    content = "".join(d.text for d in deltas if d.kind == "content")
+    for marker in START_MARKERS[fmt]:
+        if marker not in ref.content:
+            assert marker not in content
+
+
+@pytest.mark.parametrize(("fmt", "text"), [(r[0], r[1]) for r in RECORDED])
+@pytest.mark.parametrize("reasoning", [None, True, False])
+def test_stream_equals_parse_for_random_chunkings(fmt: str, text: str, reasoning: bool | None) -> None:
+    rng = random.Random(hash((fmt, text, reasoning)) & 0xFFFF)
+    for _ in range(15):
+        cuts = sorted(rng.sample(range(1, max(2, len(text))), k=min(len(text) - 1, rng.randint(1, 12))))
+        _check_stream(fmt, text, cuts, reasoning)
+    _check_stream(fmt, text, list(range(1, len(text))), reasoning)  # one character at a time
+
+
+FRAGMENTS = [
+    "<tool_call>", "</tool_call>", "<think>", "</think>", '{"name": "f", "arguments": {"x": 1}}', "[TOOL_CALLS]",
+    "[ARGS]", "<|python_tag|>", ">>>", "all\n", "<|tool_call|>", "<|START_ACTION|>", "<|END_ACTION|>",
+    "<|channel|>", "<|message|>", "<|end|>", "to=functions.f", DS["b"], DS["s"], DS["cb"], "```json\n", "```",
+    "<function=f>", "<parameter=x>", "</parameter>", "</function>", "[f(a=1)]", "{", "}", "[", "]", '"', "\n", " ",
+]
+texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=14).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts, st.sampled_from(FORMATS), st.sampled_from([None, True, False]), st.booleans())
+def test_parse_never_raises(text: str, fmt: str, reasoning: bool | None, think_open: bool) -> None:
+    out = parse(text, fmt, reasoning=reasoning, think_open=think_open)
+    assert isinstance(out.content, str)
+    for c in out.tool_calls:
+        assert isinstance(c["args"], dict) and c["name"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts, st.sampled_from(FORMATS), st.sampled_from([None, True, False]), st.lists(st.integers(1, 60), max_size=8))
+def test_stream_parser_never_raises_and_matches_parse(text: str, fmt: str, reasoning: bool | None, cuts: list[int]) -> None:
+    _check_stream(fmt, text, [c for c in cuts if c < len(text)], reasoning)
