@@ -677,10 +677,10 @@ def _is_pydantic_v1(schema: type) -> bool:
 
 
 def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
-    if isinstance(schema, type) and is_basemodel_subclass(schema):
-        return schema.model_json_schema()
     if isinstance(schema, type) and _is_pydantic_v1(schema):
         return schema.schema()  # type: ignore[attr-defined]
+    if isinstance(schema, type) and is_basemodel_subclass(schema):
+        return schema.model_json_schema()
     return convert_to_json_schema(schema)
 
 

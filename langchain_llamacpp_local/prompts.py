@@ -194,7 +194,9 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         grammar, parse_format = tool_call_grammar(
             tools,
             parse_format or "hermes",
-            parallel=job.parallel_tool_calls is not False and name is None,
+            # like llama.cpp server: one call unless parallel calls are asked for (a small
+            # model under a repeatable grammar would otherwise loop until max_tokens)
+            parallel=job.parallel_tool_calls is True and name is None,
             name=name,
         )
     elif job.response_format is not None and not use_tools:

@@ -157,6 +157,7 @@ def test_structured_output_pydantic_v1(llm: ChatLlamaCpp) -> None:
 
 def test_create_agent_runs_a_tool_and_answers(llm: ChatLlamaCpp) -> None:
     from langchain.agents import create_agent
+    from langchain.agents.middleware import wrap_model_call
 
     calls: list[str] = []
 
@@ -164,23 +165,53 @@ def test_create_agent_runs_a_tool_and_answers(llm: ChatLlamaCpp) -> None:
     def lookup_capital(country: str) -> str:
         """Look up the capital city of a country."""
         calls.append(country)
-        return "The capital is Paris."
+        return "The capital of France is Paris."
+
+    # A 270M base model cannot decide on its own when to call a tool, so this
+    # middleware makes the path deterministic with tool_choice: the first model call
+    # must call lookup_capital (grammar-constrained), the next one must answer in text.
+    @wrap_model_call
+    def steer(request, handler):  # type: ignore[no-untyped-def]
+        called = any(isinstance(m, ToolMessage) for m in request.messages)
+        return handler(request.override(tool_choice="none" if called else "lookup_capital"))
+
+    agent = create_agent(llm, tools=[lookup_capital], middleware=[steer])
+    result = agent.invoke(
+        {"messages": [HumanMessage("What is the capital of France?")]}, {"recursion_limit": 8}
+    )
+    msgs = result["messages"]
+    assert calls, "the agent ran the tool the model called"
+    call_msg = next(m for m in msgs if isinstance(m, AIMessage) and m.tool_calls)
+    assert call_msg.tool_calls[0]["name"] == "lookup_capital"
+    assert isinstance(call_msg.tool_calls[0]["args"].get("country"), str)
+    tool_msg = next(m for m in msgs if isinstance(m, ToolMessage))
+    assert tool_msg.tool_call_id == call_msg.tool_calls[0]["id"]
+    final = msgs[-1]
+    assert isinstance(final, AIMessage) and not final.tool_calls and str(final.content).strip()
+
+
+def test_create_agent_with_tool_strategy_response_format(llm: ChatLlamaCpp) -> None:
+    from langchain.agents import create_agent
+    from langchain.agents.structured_output import ToolStrategy
 
     class Answer(BaseModel):
         """The final answer to the user."""
 
         answer: str
 
-    # A 270M base model cannot decide on its own when to stop calling tools, so the
-    # agent uses a ToolStrategy response format: every turn must call a tool (grammar-
-    # constrained "any"), and calling the Answer tool ends the loop.
-    from langchain.agents.structured_output import ToolStrategy
-
-    agent = create_agent(llm, tools=[lookup_capital], response_format=ToolStrategy(Answer))
-    result = agent.invoke(
-        {"messages": [HumanMessage("What is the capital of France? Use lookup_capital.")]},
-        {"recursion_limit": 12},
-    )
+    # With only the response tool available, "any" forces the structured answer.
+    agent = create_agent(llm, tools=[], response_format=ToolStrategy(Answer))
+    result = agent.invoke({"messages": [HumanMessage("Say hello.")]}, {"recursion_limit": 6})
     assert isinstance(result["structured_response"], Answer)
-    msgs = result["messages"]
-    assert any(isinstance(m, AIMessage) and m.tool_calls for m in msgs)
+
+
+def test_create_agent_with_provider_strategy(llm: ChatLlamaCpp) -> None:
+    from langchain.agents import create_agent
+    from langchain.agents.structured_output import ProviderStrategy
+
+    agent = create_agent(llm, tools=[], response_format=ProviderStrategy(Person))
+    result = agent.invoke(
+        {"messages": [HumanMessage("Dana is 52 years old. Extract the person.")]},
+        {"recursion_limit": 6},
+    )
+    assert isinstance(result["structured_response"], Person)
