@@ -588,9 +588,11 @@ class ChatLlamaCpp(BaseChatModel):
                         "strict": strict,
                     },
                 }
-                ls_schema: Any = json_schema
             else:
                 response_format = {"type": "json_object"}
+            try:
+                ls_schema: Any = convert_to_json_schema(schema)
+            except (TypeError, ValueError):
                 ls_schema = schema
             llm = self.bind(
                 response_format=response_format,

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import llama_cpp.llama_cpp as C
+import numpy as np
 from llama_cpp import llama_grammar as G
 
 __all__ = [
@@ -161,6 +162,9 @@ class Sampler:
     def __init__(self, vocab: Any, params: SamplingParams) -> None:
         self.params = params
         self._chain: int | None = None
+        self._grammar: int | None = None
+        self._n_vocab = int(C.llama_vocab_n_tokens(vocab))
+        self._cand: np.ndarray | None = None
         cparams = C.llama_sampler_chain_default_params()
         cparams.no_perf = True
         chain = C.llama_sampler_chain_init(cparams)
@@ -191,7 +195,10 @@ class Sampler:
                 "penalties",
             )
         if p.grammar is not None:
-            self._add(_grammar_sampler(vocab, p.grammar, p.grammar_lazy_triggers), "grammar")
+            # Kept outside the chain: checking only the chosen token against the
+            # grammar (and re-sampling under it when rejected) is what llama.cpp's
+            # common sampler does; applying it to all 100k+ candidates each step is slow.
+            self._grammar = _grammar_sampler(vocab, p.grammar, p.grammar_lazy_triggers)
         if p.temperature == 0:
             self._add(C.llama_sampler_init_greedy(), "greedy")
             return
@@ -211,12 +218,42 @@ class Sampler:
         by the chain (penalty history, grammar state)."""
         if self._chain is None:
             raise RuntimeError("sampler is closed")
-        return int(C.llama_sampler_sample(self._chain, ctx, idx))
+        if self._grammar is None:
+            return int(C.llama_sampler_sample(self._chain, ctx, idx))
+        logits = np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,))
+        tok = self._apply(logits, grammar_first=False)
+        one = np.zeros(1, dtype=_TOKEN_DATA)
+        one["id"], one["logit"] = tok, logits[tok]
+        arr = _token_array(one)
+        C.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        if not np.isfinite(one["logit"][0]):  # the grammar rejects it: sample under it
+            tok = self._apply(logits, grammar_first=True)
+        C.llama_sampler_accept(self._grammar, tok)
+        C.llama_sampler_accept(self._chain, tok)
+        return tok
+
+    def _apply(self, logits: np.ndarray, *, grammar_first: bool) -> int:
+        cand = self._cand
+        if cand is None:
+            cand = self._cand = np.zeros(self._n_vocab, dtype=_TOKEN_DATA)
+        cand["id"] = np.arange(self._n_vocab, dtype=np.int32)
+        cand["logit"] = logits
+        cand["p"] = 0.0
+        arr = _token_array(cand)
+        if grammar_first:
+            C.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        C.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        if arr.selected < 0 or arr.selected >= arr.size:
+            raise RuntimeError("the sampler chain selected no token")
+        return int(arr.data[arr.selected].id)
 
     def close(self) -> None:
         chain, self._chain = self._chain, None
         if chain:
             C.llama_sampler_free(chain)
+        grammar, self._grammar = self._grammar, None
+        if grammar:
+            C.llama_sampler_free(grammar)
 
     def __enter__(self) -> Sampler:
         return self
@@ -229,6 +266,19 @@ class Sampler:
             self.close()
         except Exception:  # interpreter shutdown: the bindings may be gone
             pass
+
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def _token_array(cand: np.ndarray) -> Any:
+    """A ``llama_token_data_array`` viewing ``cand`` (which must outlive it)."""
+    return C.llama_token_data_array(
+        data=cand.ctypes.data_as(C.llama_token_data_p),
+        size=len(cand),
+        selected=-1,
+        sorted=False,
+    )
 
 
 def _grammar_sampler(vocab: Any, grammar: str, triggers: Sequence[str]) -> int:

@@ -500,8 +500,10 @@ class _WorkerState:
         can_copy = eng.memory_kind is MemoryKind.PARTIAL
         if can_copy and empty and 0 < n_best < best_free.n_past:
             target = empty[0]  # fork: keep the other conversation whole, copy the prefix
-        elif n_best > 0 and (n_best * 2 >= best_free.n_past or len(free) == 1):
-            target = best_free
+        elif n_best > 0 and (n_best * 10 >= len(tokens) or len(free) == 1):
+            target = best_free  # similar enough (llama.cpp's slot_prompt_similarity 0.1)
+            if n_best * 2 < target.n_past:
+                self._park(target)  # most of it is about to be trimmed: keep a copy
         else:
             target = empty[0] if empty else min(free, key=lambda s: s.last_used)
         n_target = lcp[target.seq_id]
