@@ -256,7 +256,7 @@ def _thread_main(
         _drain(q, WorkerDeadError(f"the model worker died: {exc!r}"))
     finally:
         state.close()
-        _drain(q, WorkerDeadError("the model was closed"))
+        _drain(q, RequestCancelledError("the model was closed"))
 
 
 def _drain(q: queue.SimpleQueue[Any], exc: BaseException) -> None:
@@ -355,7 +355,7 @@ class _WorkerState:
         )
 
     def close(self) -> None:
-        self.fail_all(WorkerDeadError("the model was closed"))
+        self.fail_all(RequestCancelledError("the model was closed"))
         if self.engine is not None:
             self.engine.close()
             self.engine = None
