@@ -14,7 +14,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -49,6 +49,26 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
+class MediaChunk:
+    """An image's tokens from mtmd (owned copy), spanning ``n_pos`` KV positions."""
+
+    def __init__(self, chunk: object, n_pos: int, n_tokens: int, digest: str) -> None:
+        self.chunk = chunk
+        self.n_pos = n_pos
+        self.n_tokens = n_tokens
+        self.digest = digest
+
+    def __del__(self) -> None:
+        chunk, self.chunk = self.chunk, None
+        if chunk:
+            try:
+                from llama_cpp import mtmd_cpp as M
+
+                M.mtmd_input_chunk_free(chunk)
+            except Exception:  # interpreter shutdown
+                pass
+
+
 class MemoryKind(str, Enum):
     """What the context's memory lets us do with a cached prefix."""
 
@@ -77,6 +97,9 @@ class LoadConfig:
     use_mlock: bool = False
     rope_freq_base: float = 0.0
     rope_freq_scale: float = 0.0
+    mmproj_path: str | None = None
+    image_min_tokens: int | None = None
+    image_max_tokens: int | None = None
 
 
 # --------------------------------------------------------------------------- logging
@@ -184,6 +207,7 @@ class Engine:
             )
         self.model = model
         self.ctx = None
+        self.mtmd: object | None = None
         self._batch: C.llama_batch | None = None
         try:
             self.vocab = C.llama_model_get_vocab(model)
@@ -240,6 +264,7 @@ class Engine:
             self.bos_id = int(C.llama_vocab_bos(self.vocab))
             self.eos_id = int(C.llama_vocab_eos(self.vocab))
             self.memory_kind = self._probe_memory()
+            self.mtmd = self._load_mtmd(threads) if config.mmproj_path else None
         except BaseException:
             self.close()
             raise
@@ -252,6 +277,95 @@ class Engine:
             self.memory_kind.value,
             self.n_swa,
         )
+
+    def _load_mtmd(self, threads: int) -> object:
+        """The vision projector (llama.cpp mtmd), created next to the text model."""
+        from llama_cpp import mtmd_cpp as M
+
+        path = self.config.mmproj_path
+        assert path is not None
+        check_gguf_file(path)
+        params = M.mtmd_context_params_default()
+        params.use_gpu = self.config.n_gpu_layers != 0
+        params.n_threads = threads
+        params.print_timings = False
+        params.warmup = False
+        if self.config.image_min_tokens is not None:
+            params.image_min_tokens = self.config.image_min_tokens
+        if self.config.image_max_tokens is not None:
+            params.image_max_tokens = self.config.image_max_tokens
+        mctx = M.mtmd_init_from_file(path.encode(), self.model, params)
+        if not mctx:
+            raise ModelLoadError(f"llama.cpp could not load the projector {path} for this model")
+        if not M.mtmd_support_vision(mctx):
+            M.mtmd_free(mctx)
+            raise ModelLoadError(f"{path} has no vision encoder")
+        return mctx
+
+    def tokenize_multimodal(
+        self, text: str, images: Sequence[tuple[int, int, bytes, str]]
+    ) -> tuple[list[Hashable], dict[int, MediaChunk]]:
+        """Tokenize ``text`` whose media markers stand for ``images`` (w, h, rgb, digest).
+
+        Returns one entry per KV position (image positions are ``("media", digest, k)``,
+        so an unchanged image extends the common prefix) and the image chunks by the
+        position where each starts.
+        """
+        from llama_cpp import mtmd_cpp as M
+
+        if self.mtmd is None:
+            raise ValueError(
+                "this model has no vision projector: pass mmproj_path=... to send images"
+            )
+        bitmaps = []
+        chunks = M.mtmd_input_chunks_init()
+        try:
+            for w, h, rgb, digest in images:
+                data = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
+                bm = M.mtmd_bitmap_init(w, h, data)
+                if not bm:
+                    raise ValueError(f"llama.cpp could not take a {w}x{h} image")
+                M.mtmd_bitmap_set_id(bm, digest.encode())
+                bitmaps.append(bm)
+            raw = text.encode("utf-8")
+            inp = M.mtmd_input_text(text=raw, text_len=len(raw), add_special=True, parse_special=True)
+            arr = (M.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+            rc = M.mtmd_tokenize(self.mtmd, chunks, ctypes.byref(inp), arr, len(bitmaps))
+            if rc == 1:
+                raise ValueError("the prompt's image markers do not match the number of images")
+            if rc != 0:
+                raise ValueError(f"llama.cpp could not preprocess the image (code {rc})")
+            entries: list[Hashable] = []
+            media: dict[int, MediaChunk] = {}
+            for i in range(M.mtmd_input_chunks_size(chunks)):
+                ch = M.mtmd_input_chunks_get(chunks, i)
+                if M.mtmd_input_chunk_get_type(ch) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                    n = ctypes.c_size_t()
+                    ptr = M.mtmd_input_chunk_get_tokens_text(ch, ctypes.byref(n))
+                    entries.extend(ptr[: n.value])
+                    continue
+                n_pos = int(M.mtmd_input_chunk_get_n_pos(ch))
+                cid = (M.mtmd_input_chunk_get_id(ch) or b"").decode()
+                media[len(entries)] = MediaChunk(
+                    M.mtmd_input_chunk_copy(ch), n_pos, int(M.mtmd_input_chunk_get_n_tokens(ch)), cid
+                )
+                entries.extend(("media", cid, k) for k in range(n_pos))
+            return entries, media
+        finally:
+            for bm in bitmaps:
+                M.mtmd_bitmap_free(bm)
+            M.mtmd_input_chunks_free(chunks)
+
+    def eval_media(self, media: MediaChunk, pos: int, seq_id: int) -> None:
+        """Encode an image chunk and decode its embeddings at ``pos`` of ``seq_id``."""
+        from llama_cpp import mtmd_cpp as M
+
+        new_pos = C.llama_pos(0)
+        rc = M.mtmd_helper_eval_chunk_single(
+            self.mtmd, self.ctx, media.chunk, pos, seq_id, self.n_batch, False, ctypes.byref(new_pos)
+        )
+        if rc != 0:
+            raise DecodeError(f"evaluating an image chunk failed with code {rc}")
 
     # ------------------------------------------------------------------ metadata
 
@@ -464,6 +578,11 @@ class Engine:
     # ------------------------------------------------------------------ teardown
 
     def close(self) -> None:
+        if getattr(self, "mtmd", None):
+            from llama_cpp import mtmd_cpp as M
+
+            M.mtmd_free(self.mtmd)
+            self.mtmd = None
         if self._batch is not None:
             C.llama_batch_free(self._batch)
             self._batch = None
