@@ -133,6 +133,16 @@ class ChatLlamaCpp(BaseChatModel):
     """RoPE base frequency; 0 uses the model's own value."""
     rope_freq_scale: float = 0.0
     """RoPE frequency scale; 0 uses the model's own value."""
+    mmproj_path: str | None = None
+    """Vision projector GGUF (llama.cpp mtmd) for image input; None: text only."""
+    image_min_tokens: int | None = None
+    """Fewest tokens an image may take (models with dynamic resolution)."""
+    image_max_tokens: int | None = None
+    """Most tokens an image may take (models with dynamic resolution)."""
+    allow_local_image_files: bool = False
+    """Accept image blocks that name a local file path (off: a prompt could read files)."""
+    allow_remote_image_urls: bool = False
+    """Fetch ``http(s)`` image URLs (off: a model call makes no network access)."""
     n_slots: int = 4
     """Conversations kept live in the context at once (llama.cpp ``n_seq_max``).
 
@@ -220,7 +230,7 @@ class ChatLlamaCpp(BaseChatModel):
         profile: ModelProfile = {
             "text_inputs": True,
             "text_outputs": True,
-            "image_inputs": False,
+            "image_inputs": self.mmproj_path is not None,
             "tool_calling": True,
             "tool_choice": True,
             "tool_call_streaming": True,
@@ -290,6 +300,11 @@ class ChatLlamaCpp(BaseChatModel):
             use_mlock=self.use_mlock,
             rope_freq_base=self.rope_freq_base,
             rope_freq_scale=self.rope_freq_scale,
+            mmproj_path=(
+                str(Path(self.mmproj_path).expanduser().resolve()) if self.mmproj_path else None
+            ),
+            image_min_tokens=self.image_min_tokens,
+            image_max_tokens=self.image_max_tokens,
         )
 
     def load(self) -> Self:
@@ -358,7 +373,7 @@ class ChatLlamaCpp(BaseChatModel):
         if max_tokens is not None and max_tokens <= 0:
             raise ValueError("max_tokens must be positive or None")
         return ChatJob(
-            messages=convert_messages(messages),
+            messages=self._decode_images(convert_messages(messages)),
             sampling=self._sampling(kwargs),
             max_tokens=max_tokens,
             stop=stops,
@@ -374,6 +389,24 @@ class ChatLlamaCpp(BaseChatModel):
             cache_prompt=bool(kwargs.get("cache_prompt", True)),
             deadline=None if timeout is None else time.monotonic() + timeout,
         )
+
+    def _decode_images(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Decode image parts here, in the caller's thread, so the worker never waits on
+        pillow (or a permitted download); refused forms raise ``ImageInputError``."""
+        for m in messages:
+            content = m.get("content")
+            if not isinstance(content, list):
+                continue
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image":
+                    from .multimodal import load_image
+
+                    part["image"] = load_image(
+                        part["image"],
+                        allow_local_files=self.allow_local_image_files,
+                        allow_remote_urls=self.allow_remote_image_urls,
+                    )
+        return messages
 
     def _submit(self, job: ChatJob) -> None:
         self.load()

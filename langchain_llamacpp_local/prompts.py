@@ -88,10 +88,11 @@ class ChatFormat:
 @dataclass
 class PreparedPrompt:
     text: str
-    tokens: list[int]
+    tokens: list[Any]  # token ids, and ("media", digest, k) entries for image positions
     sampling: SamplingParams
     stop: list[str]
     boundaries: tuple[int, ...] = ()
+    media: dict[int, Any] = field(default_factory=dict)  # start position -> MediaChunk
     parse_format: str | None = None
     reasoning: bool | None = None
     think_open: bool = False
@@ -182,10 +183,22 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     kwargs = dict(job.chat_template_kwargs)
     if job.reasoning is not None:
         kwargs.setdefault("enable_thinking", bool(job.reasoning))
+    images: list[Any] = []
+    messages = _inline_images(messages, images)
     text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
 
-    tokens = _tokenize(eng, fmt, text)
-    boundaries = _last_user_boundary(eng, fmt, template, messages, render_tools, kwargs, text, tokens)
+    media: dict[int, Any] = {}
+    if images:
+        body = _strip_bos(eng, fmt, text)
+        tokens, media = eng.tokenize_multimodal(
+            body, [(im.width, im.height, im.rgb, im.digest) for im in images]
+        )
+        boundaries: tuple[int, ...] = ()
+    else:
+        tokens = _tokenize(eng, fmt, text)
+        boundaries = _last_user_boundary(
+            eng, fmt, template, messages, render_tools, kwargs, text, tokens
+        )
 
     sampling = job.sampling
     grammar: str | None = None
@@ -210,6 +223,7 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     return PreparedPrompt(
         text=text,
         tokens=tokens,
+        media=media,
         sampling=sampling,
         stop=list(job.stop),
         boundaries=boundaries,
@@ -219,11 +233,48 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     )
 
 
+def _strip_bos(eng: Engine, fmt: ChatFormat, text: str) -> str:
+    """Drop a template-written BOS when the tokenizer adds one itself (no double BOS)."""
+    if eng.add_bos and fmt.bos_text and text.startswith(fmt.bos_text):
+        return text[len(fmt.bos_text) :]
+    return text
+
+
 def _tokenize(eng: Engine, fmt: ChatFormat, text: str) -> list[int]:
     """Tokenize a rendered prompt with exactly one BOS where the model wants one."""
-    if eng.add_bos and fmt.bos_text and text.startswith(fmt.bos_text):
-        text = text[len(fmt.bos_text) :]
-    return eng.tokenize(text, add_special=True, parse_special=True)
+    return eng.tokenize(_strip_bos(eng, fmt, text), add_special=True, parse_special=True)
+
+
+MEDIA_MARKER = "<__media__>"  # llama.cpp mtmd's default marker
+
+
+def _inline_images(messages: list[dict[str, Any]], images: list[Any]) -> list[dict[str, Any]]:
+    """Replace image parts by mtmd's media marker (collecting the images in order).
+
+    The marker, not a template's own image token, is what mtmd splits the prompt on;
+    it then inserts the model's image tokens (and wrappers) itself, as llama.cpp's
+    server does.
+    """
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        content = m.get("content")
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        pieces: list[str] = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "image":
+                from .multimodal import DecodedImage, load_image
+
+                img = part.get("image")
+                images.append(img if isinstance(img, DecodedImage) else load_image(img))
+                pieces.append(MEDIA_MARKER)
+            elif isinstance(part, dict):
+                pieces.append(str(part.get("text", "")))
+            else:
+                pieces.append(str(part))
+        out.append({**m, "content": "\n".join(pieces)})
+    return out
 
 
 def _last_user_boundary(

@@ -451,6 +451,7 @@ class _WorkerState:
         n_keep = self._restore_point(slot, reusable_prefix(slot.entries, tokens))
         targets: list[int] = []
         if eng.memory_kind is not MemoryKind.PARTIAL and self.cache.checkpoint_max_count > 0:
+            media = prepared.media
             last = slot.checkpoints.items[-1].n_tokens if slot.checkpoints.items else None
             targets = checkpoint_targets(
                 n_keep,
@@ -460,6 +461,10 @@ class _WorkerState:
                 boundaries=prepared.boundaries,
                 last_at=last,
             )
+            # never inside an image: its positions are written by one mtmd call
+            targets = [
+                t for t in targets if not any(s < t < s + m.n_pos for s, m in media.items())
+            ]
         sampler = Sampler(eng.vocab, prepared.sampling)
         return _Active(
             job=job,
@@ -647,6 +652,13 @@ class _WorkerState:
         for act in list(self.active):
             if act.job.cancelled():
                 self._finish_error(act, _cancel_error(act.job))
+                continue
+            media = act.prepared.media
+            try:
+                while act.prefilling and act.slot.n_past in media:
+                    self._eval_media(act, media[act.slot.n_past])
+            except DecodeError as exc:
+                self._finish_error(act, exc)
         if not self.active:
             return
         toks: list[int] = []
@@ -670,6 +682,7 @@ class _WorkerState:
                 continue
             start = act.slot.n_past
             stop_at = next((t for t in act.targets if t > start), len(act.tokens))
+            stop_at = min([stop_at, *(p for p in act.prepared.media if p > start)])
             n = min(budget, stop_at - start)
             plan.append((act, len(toks), n))
             for i in range(n):
@@ -715,6 +728,33 @@ class _WorkerState:
                     self._save_checkpoint(act)
                 self._sample(act, off + n - 1)
 
+    def _eval_media(self, act: _Active, media: Any) -> None:
+        """Encode and decode one image of a prompt (outside the shared batch)."""
+        eng = self.engine
+        assert eng is not None
+        slot = act.slot
+        start = slot.n_past
+        try:
+            eng.eval_media(media, start, slot.seq_id)
+        except DecodeError:
+            self._sync_slot(slot)
+            raise
+        slot.entries.extend(act.tokens[start : start + media.n_pos])
+        if not act.prefilling:  # an image at the very end of the prompt
+            raise DecodeError("a prompt cannot end with an image: add text after it")
+
+    def _sync_slot(self, slot: Slot) -> None:
+        """After a failed or aborted decode, track exactly what the memory still holds."""
+        eng = self.engine
+        assert eng is not None
+        n = max(0, min(slot.n_past, eng.seq_pos_max(slot.seq_id) + 1))
+        if n < slot.n_past:
+            slot.truncate(n)
+        # Nothing of the failed ubatch may stay behind the entries we track: a stale
+        # cell at a reused position would be attended to later.
+        if not eng.seq_rm(slot.seq_id, slot.n_past, -1):
+            self._reset_slot(slot)
+
     def _after_failed_decode(
         self, plan: list[tuple[_Active, int, int]], exc: BaseException
     ) -> None:
@@ -723,13 +763,7 @@ class _WorkerState:
         assert eng is not None
         for act, _, _ in plan:
             slot = act.slot
-            n = max(0, min(slot.n_past, eng.seq_pos_max(slot.seq_id) + 1))
-            if n < slot.n_past:
-                slot.truncate(n)
-            # Nothing of the failed ubatch may stay behind the entries we track: a
-            # stale cell at a reused position would be attended to later.
-            if not eng.seq_rm(slot.seq_id, slot.n_past, -1):
-                self._reset_slot(slot)
+            self._sync_slot(slot)
             if act.job.cancelled():
                 self._finish_error(act, _cancel_error(act.job))
             elif isinstance(exc, DecodeError) and not act.streamed and not act.retried:

@@ -239,3 +239,27 @@ def test_ls_params_and_profile(tiny_llama: str) -> None:
     assert llm.profile["max_input_tokens"] == 2048  # the tiny model's trained context
     assert ChatLlamaCpp(model_path=tiny_llama, n_ctx=512).profile["max_input_tokens"] == 512
     assert llm.model_info.n_ctx == 2048
+
+
+THINK_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is not defined or enable_thinking %}"
+    "<think>\n{% endif %}{% endif %}"
+)
+
+
+def test_reasoning_from_an_opened_think_block(tiny_llama: str) -> None:
+    base = ChatLlamaCpp(model_path=tiny_llama, chat_template=THINK_TEMPLATE, max_tokens=20, **GREEDY)
+    raw = base.invoke("why?", **FRESH)  # reasoning=None: text as generated
+    thinking = base.invoke("why?", reasoning=True, **FRESH)
+    # the template opened <think>; the random model never closes it: all of it is reasoning
+    assert thinking.content == ""
+    assert thinking.additional_kwargs["reasoning_content"] == str(raw.content).strip()
+    assert any(b["type"] == "reasoning" for b in thinking.content_blocks)
+    chunks = list(base.stream("why?", reasoning=True, **FRESH))
+    streamed = "".join(c.additional_kwargs.get("reasoning_content", "") for c in chunks)
+    assert streamed == thinking.additional_kwargs["reasoning_content"]
+    # reasoning=False asks the template not to think: a different prompt
+    off = base.invoke("why?", reasoning=False, **FRESH)
+    assert off.usage_metadata["input_tokens"] < thinking.usage_metadata["input_tokens"]
+    assert "reasoning_content" not in off.additional_kwargs
