@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.gguf_models import write_tiny_llama, write_tiny_mamba  # noqa: E402
+from tests.gguf_models import write_tiny_hybrid, write_tiny_llama, write_tiny_mamba  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +32,12 @@ def tiny_llama(models_dir: Path) -> str:
 @pytest.fixture(scope="session")
 def tiny_mamba(models_dir: Path) -> str:
     return str(write_tiny_mamba(models_dir / "tiny-mamba.gguf"))
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(models_dir: Path) -> str:
+    """LFM2-style hybrid: a short-conv (recurrent) layer and an attention layer."""
+    return str(write_tiny_hybrid(models_dir / "tiny-hybrid.gguf"))
 
 
 @functools.cache

@@ -22,9 +22,11 @@ def _fresh_equal(llm: ChatLlamaCpp, msgs: list[BaseMessage], got: BaseMessage) -
     assert_same_greedy(got, llm.invoke(msgs, cache_prompt=False))
 
 
-@pytest.fixture()
-def mamba(tiny_mamba: str) -> ChatLlamaCpp:
-    return ChatLlamaCpp(model_path=tiny_mamba, n_slots=1, checkpoint_min_step=128, **GREEDY)
+@pytest.fixture(params=["mamba", "hybrid"])
+def mamba(request: pytest.FixtureRequest) -> ChatLlamaCpp:
+    """A recurrent (Mamba) and a hybrid (LFM2: short-conv + attention) model."""
+    path = request.getfixturevalue(f"tiny_{request.param}")
+    return ChatLlamaCpp(model_path=path, n_slots=1, checkpoint_min_step=128, **GREEDY)
 
 
 def test_recurrent_memory_is_detected(mamba: ChatLlamaCpp) -> None:
