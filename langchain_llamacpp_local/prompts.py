@@ -107,6 +107,11 @@ class PreparedPrompt:
         )
 
 
+#: Formats whose tool calls start with a marker our grammar also writes: with
+#: ``tool_choice="auto"`` the grammar switches on at that marker (llama.cpp's lazy grammar).
+_LAZY_TRIGGERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+
+
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
     """Map LangChain/OpenAI ``tool_choice`` forms to ``None`` (auto), ``"none"``,
     ``"required"`` or ``"name:<tool>"``; a bad value raises ``ValueError``."""
@@ -202,6 +207,7 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
 
     sampling = job.sampling
     grammar: str | None = None
+    lazy: tuple[str, ...] = ()
     if use_tools and choice is not None and choice != "none":
         name = choice[5:] if choice.startswith("name:") else None
         grammar, parse_format = tool_call_grammar(
@@ -212,11 +218,17 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
             parallel=job.parallel_tool_calls is True and name is None,
             name=name,
         )
+    elif use_tools and choice is None and parse_format in _LAZY_TRIGGERS:
+        # "auto": free text, but once the model starts a call it must be a valid one
+        grammar, parse_format = tool_call_grammar(
+            tools, parse_format, parallel=job.parallel_tool_calls is True
+        )
+        lazy = (_LAZY_TRIGGERS[parse_format],)
     elif job.response_format is not None and not use_tools:
         schema = _response_schema(job.response_format)
         grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
     if grammar is not None:
-        sampling = replace(sampling, grammar=grammar)
+        sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 
     stripped = text.rstrip()
     think_open = stripped.endswith("<think>")

@@ -165,6 +165,9 @@ class Sampler:
         self._grammar: int | None = None
         self._n_vocab = int(C.llama_vocab_n_tokens(vocab))
         self._cand: np.ndarray | None = None
+        self._vocab = vocab
+        self._tail = ""  # recent text, to see a lazy grammar's trigger coming
+        self._triggered = not params.grammar_lazy_triggers
         cparams = C.llama_sampler_chain_default_params()
         cparams.no_perf = True
         chain = C.llama_sampler_chain_init(cparams)
@@ -221,24 +224,64 @@ class Sampler:
         if self._grammar is None:
             return int(C.llama_sampler_sample(self._chain, ctx, idx))
         logits = np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,))
-        tok = self._apply(logits, grammar_first=False)
-        one = np.zeros(1, dtype=_TOKEN_DATA)
-        one["id"], one["logit"] = tok, logits[tok]
-        arr = _token_array(one)
-        C.llama_sampler_apply(self._grammar, ctypes.byref(arr))
-        if not np.isfinite(one["logit"][0]):  # the grammar rejects it: sample under it
-            tok = self._apply(logits, grammar_first=True)
+        if not self._triggered:
+            tok = self._sample_before_trigger(logits)
+        else:
+            tok = self._apply(logits, grammar_first=False)
+            one = np.zeros(1, dtype=_TOKEN_DATA)
+            one["id"], one["logit"] = tok, logits[tok]
+            arr = _token_array(one)
+            C.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+            if not np.isfinite(one["logit"][0]):  # the grammar rejects it: sample under it
+                tok = self._apply(logits, grammar_first=True)
         C.llama_sampler_accept(self._grammar, tok)
         C.llama_sampler_accept(self._chain, tok)
         return tok
 
-    def _apply(self, logits: np.ndarray, *, grammar_first: bool) -> int:
+    def _sample_before_trigger(self, logits: np.ndarray) -> int:
+        """Free sampling while a lazy grammar waits for its trigger.
+
+        A token that completes the trigger *and* runs on past it would hand the grammar
+        text it never checked (llama.cpp aborts on that), so such tokens are refused:
+        the trigger always ends on a token boundary and the grammar takes over there.
+        """
+        banned: list[int] = []
+        longest = max(len(t) for t in self.params.grammar_lazy_triggers)
+        for _ in range(64):
+            tok = self._apply(logits, grammar_first=False, banned=banned)
+            text = self._tail + self._piece(tok)
+            hits = [
+                (i, len(t))
+                for t in self.params.grammar_lazy_triggers
+                if (i := text.find(t)) >= 0
+            ]
+            if hits:
+                start, n = min(hits)
+                if start + n < len(text):
+                    banned.append(tok)
+                    continue
+                self._triggered = True
+            self._tail = text[-longest:]
+            return tok
+        raise RuntimeError("could not sample a token that keeps the tool-call grammar valid")
+
+    def _piece(self, tok: int) -> str:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self._vocab, tok, buf, 64, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self._vocab, tok, buf, -n, 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    def _apply(self, logits: np.ndarray, *, grammar_first: bool, banned: Sequence[int] = ()) -> int:
         cand = self._cand
         if cand is None:
             cand = self._cand = np.zeros(self._n_vocab, dtype=_TOKEN_DATA)
         cand["id"] = np.arange(self._n_vocab, dtype=np.int32)
         cand["logit"] = logits
         cand["p"] = 0.0
+        if banned:
+            cand["logit"][list(banned)] = -np.inf
         arr = _token_array(cand)
         if grammar_first:
             C.llama_sampler_apply(self._grammar, ctypes.byref(arr))

@@ -215,3 +215,29 @@ def test_create_agent_with_provider_strategy(llm: ChatLlamaCpp) -> None:
         {"recursion_limit": 6},
     )
     assert isinstance(result["structured_response"], Person)
+
+
+def test_auto_tool_choice_calls_are_valid_when_made(llm: ChatLlamaCpp) -> None:
+    # "auto": the model may answer in text; once it opens <tool_call> the grammar
+    # (lazy, triggered by the marker) makes the call valid.
+    bound = llm.bind_tools([get_weather, add])
+    for prompt in ("What is the weather in Paris?", "Hi!", "<tool_call>"):
+        msg = bound.invoke(prompt)
+        assert msg.invalid_tool_calls == []
+        for call in msg.tool_calls:
+            _check_call(call, {"get_weather": get_weather, "add": add})
+        assert "<tool_call>" not in str(msg.content)
+
+
+def test_unconvertible_tool_schema_is_a_clear_error(llm: ChatLlamaCpp) -> None:
+    bad = {
+        "type": "function",
+        "function": {
+            "name": "remote",
+            "description": "uses a remote $ref",
+            "parameters": {"type": "object", "properties": {"x": {"$ref": "https://example.com/s.json"}}},
+        },
+    }
+    with pytest.raises(ValueError, match=r"(?i)\$ref|grammar|schema"):
+        llm.bind_tools([bad], tool_choice="any").invoke("go")
+    assert llm.invoke("still serving?", max_tokens=4).content is not None
