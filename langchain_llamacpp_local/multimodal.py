@@ -1,0 +1,177 @@
+"""Turn the image forms LangChain users send into RGB pixels, safely.
+
+Accepted: v1 ``{"type": "image", "base64": ..., "mime_type": ...}`` and
+``{"type": "image", "url": "data:..."}``, the older ``source_type`` blocks,
+OpenAI ``{"type": "image_url", "image_url": {"url": ...}}``, raw base64 or
+``data:`` strings, raw bytes and PIL images; local file paths only when allowed;
+remote ``http(s)`` URLs only when allowed (a model call makes no network access
+by default). Decoding applies EXIF orientation, converts palette/alpha/CMYK/16-bit
+images to RGB (alpha over white), takes the first frame of animations and refuses
+images over a pixel budget before decoding them (decompression bombs).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024
+
+
+class ImageInputError(ValueError):
+    """An image was refused; the message says why and how to allow it if possible."""
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    width: int
+    height: int
+    rgb: bytes  # width*height*3 bytes, row-major RGB (what mtmd_bitmap_init takes)
+    digest: str  # identifies the pixels, so an unchanged image extends a cached prefix
+
+
+def is_image_block(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") in ("image", "image_url")
+
+
+def load_image(
+    block: Any,
+    *,
+    allow_local_files: bool = False,
+    allow_remote_urls: bool = False,
+    max_pixels: int = 50_000_000,
+    timeout: float = 10.0,
+) -> DecodedImage:
+    """Decode ``block`` (any accepted form) into RGB pixels."""
+    if isinstance(block, DecodedImage):
+        return block
+    if isinstance(block, Image.Image):
+        return _finish(block, max_pixels)
+    data = _bytes_of(block, allow_local_files, allow_remote_urls, timeout)
+    return _decode(data, max_pixels)
+
+
+def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes:
+    if isinstance(block, (bytes, bytearray)):
+        return bytes(block)
+    if isinstance(block, Path):
+        return _read_file(str(block), local)
+    if isinstance(block, str):
+        return _from_string(block, local, remote, timeout)
+    if not isinstance(block, dict):
+        raise ImageInputError(f"unsupported image input of type {type(block).__name__}")
+    btype = block.get("type")
+    if btype == "image_url":
+        url = block.get("image_url")
+        if isinstance(url, dict):
+            url = url.get("url")
+        if not isinstance(url, str):
+            raise ImageInputError("image_url block has no url")
+        return _from_string(url, local, remote, timeout, plain_base64=False)
+    if btype == "image":
+        if isinstance(block.get("base64"), str):
+            return _b64(block["base64"])
+        source = block.get("source_type")
+        if source == "base64" and isinstance(block.get("data"), str):
+            return _b64(block["data"])
+        url = block.get("url")
+        if source == "url" and not isinstance(url, str):
+            url = block.get("data")
+        if isinstance(url, str):
+            return _from_string(url, local, remote, timeout, plain_base64=False)
+        raise ImageInputError("image block has neither base64 data nor a url")
+    raise ImageInputError(f"unsupported content block type {btype!r} for an image")
+
+
+def _from_string(
+    s: str, local: bool, remote: bool, timeout: float, *, plain_base64: bool = True
+) -> bytes:
+    if s.startswith("data:"):
+        head, _, payload = s.partition(",")
+        if ";base64" not in head:
+            raise ImageInputError("only base64 data: URLs are supported for images")
+        return _b64(payload)
+    if s.startswith(("http://", "https://")):
+        if not remote:
+            raise ImageInputError(
+                "remote image URLs are disabled (a model call makes no network access); "
+                "send the image as base64, or set allow_remote_image_urls=True"
+            )
+        return _download(s, timeout)
+    if s.startswith("file://"):
+        return _read_file(s[len("file://") :], local)
+    if plain_base64 and len(s) > 64 and not s.startswith(("/", ".", "~")):
+        try:
+            return _b64(s)
+        except ImageInputError:
+            pass
+    return _read_file(s, local)
+
+
+def _b64(payload: str) -> bytes:
+    try:
+        return base64.b64decode(payload.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ImageInputError(f"image data is not valid base64: {exc}") from None
+
+
+def _read_file(path: str, local: bool) -> bytes:
+    if not local:
+        raise ImageInputError(
+            "local image files are disabled (a prompt could read any file); "
+            "set allow_local_image_files=True to allow paths"
+        )
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ImageInputError(f"image file not found: {path}")
+    return p.read_bytes()
+
+
+def _download(url: str, timeout: float) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (opt-in)
+        data = resp.read(MAX_DOWNLOAD_BYTES + 1)
+    if len(data) > MAX_DOWNLOAD_BYTES:
+        raise ImageInputError(f"image at {url} is larger than {MAX_DOWNLOAD_BYTES} bytes")
+    return data
+
+
+def _decode(data: bytes, max_pixels: int) -> DecodedImage:
+    try:
+        img = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ImageInputError(f"not a readable image: {exc}") from None
+    except Image.DecompressionBombError as exc:
+        raise ImageInputError(f"image refused as a decompression bomb: {exc}") from None
+    return _finish(img, max_pixels)
+
+
+def _finish(img: Image.Image, max_pixels: int) -> DecodedImage:
+    w, h = img.size
+    if w * h > max_pixels:  # checked on the header, before any pixel is decoded
+        raise ImageInputError(f"image of {w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")
+    try:
+        if getattr(img, "is_animated", False):
+            img.seek(0)
+        img = ImageOps.exif_transpose(img) or img
+        if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+            rgba = img.convert("RGBA")
+            canvas = Image.new("RGB", rgba.size, (255, 255, 255))
+            canvas.paste(rgba, mask=rgba.getchannel("A"))
+            img = canvas
+        elif img.mode.startswith("I;16") or img.mode == "I":
+            img = img.point(lambda v: v / 256).convert("L").convert("RGB")
+        else:
+            img = img.convert("RGB")
+        rgb = img.tobytes()
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise ImageInputError(f"the image could not be decoded: {exc}") from None
+    digest = hashlib.sha256(f"{img.width}x{img.height}:".encode() + rgb).hexdigest()
+    return DecodedImage(img.width, img.height, rgb, digest)
