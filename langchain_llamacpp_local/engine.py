@@ -455,48 +455,28 @@ class Engine:
         *,
         logits_last: bool = True,
         cancel: Callable[[], bool] | None = None,
-        on_chunk: Callable[[int], None] | None = None,
     ) -> None:
-        """Decode ``tokens`` at positions ``pos0..`` of ``seq_id`` in ``n_batch`` chunks.
+        """Decode ``tokens`` of one sequence at positions ``pos0..`` in ``n_batch`` chunks.
 
         ``cancel`` is checked before each chunk and, through llama.cpp's abort
-        callback, inside a long decode. ``on_chunk(n_done)`` runs after each chunk,
-        so a caller can record progress that survives a later cancel.
-        Raises :class:`RequestCancelledError` or :class:`DecodeError`; the chunks
-        decoded before that stay in the cache.
+        callback, inside a long decode. Raises :class:`RequestCancelledError` or
+        :class:`DecodeError`; the chunks decoded before that stay in the cache.
         """
-        batch = self._batch
-        assert batch is not None
         n = len(tokens)
         done = 0
-        self._abort_flag = cancel
-        try:
-            while done < n:
-                if cancel is not None and cancel():
-                    raise RequestCancelledError("cancelled during prompt processing")
-                chunk = min(self.n_batch, n - done)
-                for i in range(chunk):
-                    batch.token[i] = tokens[done + i]
-                    batch.pos[i] = pos0 + done + i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = seq_id
-                    batch.logits[i] = 0
-                if logits_last and done + chunk == n:
-                    batch.logits[chunk - 1] = 1
-                batch.n_tokens = chunk
-                rc = C.llama_decode(self.ctx, batch)
-                if rc == 2:
-                    raise RequestCancelledError("cancelled during prompt processing")
-                if rc != 0:
-                    raise DecodeError(
-                        f"llama_decode failed with code {rc} "
-                        f"({'no KV slot for the batch' if rc == 1 else 'backend error'})"
-                    )
-                done += chunk
-                if on_chunk is not None:
-                    on_chunk(done)
-        finally:
-            self._abort_flag = None
+        while done < n:
+            if cancel is not None and cancel():
+                raise RequestCancelledError("cancelled during prompt processing")
+            chunk = min(self.n_batch, n - done)
+            last = done + chunk == n
+            self.decode_batch(
+                tokens[done : done + chunk],
+                range(pos0 + done, pos0 + done + chunk),
+                [seq_id] * chunk,
+                [logits_last and last and i == chunk - 1 for i in range(chunk)],
+                cancel=cancel,
+            )
+            done += chunk
 
     def decode_batch(
         self,
