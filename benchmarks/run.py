@@ -174,8 +174,9 @@ def interleaved(contenders: list[Contender], n_convs: int, turns: int) -> dict[s
     """Conversations taking turns on one model: TTFT per turn (an agent and its sub-agents)."""
     out: dict[str, Any] = {}
     for c in contenders:
+        # an agent and its sub-agents: each has its own long instructions (~700 tokens)
         convs: list[list[BaseMessage]] = [
-            [HumanMessage(SYSTEM + f"\nConversation {k}: list three items in aisle {k}.")]
+            [HumanMessage(f"Sub-agent {k}. " + SYSTEM * 8 + f"\nList three items in aisle {k}.")]
             for k in range(n_convs)
         ]
         per_turn: list[list[float]] = []
@@ -191,7 +192,7 @@ def interleaved(contenders: list[Contender], n_convs: int, turns: int) -> dict[s
 
 
 def single_conversation(c: Contender, turns: int) -> list[float]:
-    convo: list[BaseMessage] = [HumanMessage(SYSTEM + "\nConversation 0: list three items in aisle 0.")]
+    convo: list[BaseMessage] = [HumanMessage("Sub-agent 0. " + SYSTEM * 8 + "\nList three items in aisle 0.")]
     ttfts = []
     for _ in range(turns):
         t, text, _ = c.ttft(convo, max_tokens=16)
