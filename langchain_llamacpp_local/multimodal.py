@@ -16,12 +16,14 @@ import base64
 import binascii
 import hashlib
 import io
+import re
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024
 
@@ -32,6 +34,8 @@ class ImageInputError(ValueError):
 
 @dataclass(frozen=True)
 class DecodedImage:
+    """Decoded pixels in the layout mtmd_bitmap_init takes, plus a cache identity."""
+
     width: int
     height: int
     rgb: bytes  # width*height*3 bytes, row-major RGB (what mtmd_bitmap_init takes)
@@ -39,6 +43,7 @@ class DecodedImage:
 
 
 def is_image_block(block: Any) -> bool:
+    """Whether a message content block carries an image (so it needs load_image)."""
     return isinstance(block, dict) and block.get("type") in ("image", "image_url")
 
 
@@ -60,7 +65,7 @@ def load_image(
 
 
 def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes:
-    if isinstance(block, (bytes, bytearray)):
+    if isinstance(block, (bytes, bytearray, memoryview)):
         return bytes(block)
     if isinstance(block, Path):
         return _read_file(str(block), local)
@@ -82,11 +87,22 @@ def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes:
         source = block.get("source_type")
         if source == "base64" and isinstance(block.get("data"), str):
             return _b64(block["data"])
+        src = block.get("source")  # Anthropic style: {"type": "base64"|"url", ...}
+        if isinstance(src, dict):
+            if src.get("type") == "base64" and isinstance(src.get("data"), str):
+                return _b64(src["data"])
+            if src.get("type") == "url" and isinstance(src.get("url"), str):
+                return _from_string(src["url"], local, remote, timeout, plain_base64=False)
         url = block.get("url")
         if source == "url" and not isinstance(url, str):
             url = block.get("data")
         if isinstance(url, str):
             return _from_string(url, local, remote, timeout, plain_base64=False)
+        if "file_id" in block or source == "id":
+            raise ImageInputError(
+                "image blocks referencing a provider file id cannot be used locally; "
+                "send the image as base64"
+            )
         raise ImageInputError("image block has neither base64 data nor a url")
     raise ImageInputError(f"unsupported content block type {btype!r} for an image")
 
@@ -94,50 +110,79 @@ def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes:
 def _from_string(
     s: str, local: bool, remote: bool, timeout: float, *, plain_base64: bool = True
 ) -> bytes:
-    if s.startswith("data:"):
-        head, _, payload = s.partition(",")
-        if ";base64" not in head:
+    s = s.strip()
+    if s[:5].lower() == "data:":
+        head, sep, payload = s.partition(",")
+        if not sep or ";base64" not in head.lower():
             raise ImageInputError("only base64 data: URLs are supported for images")
         return _b64(payload)
-    if s.startswith(("http://", "https://")):
+    if s[:8].lower().startswith(("http://", "https://")):
         if not remote:
             raise ImageInputError(
-                "remote image URLs are disabled (a model call makes no network access); "
-                "send the image as base64, or set allow_remote_image_urls=True"
+                "remote image URLs are disabled (a model call makes no network access "
+                "by default); send the image as base64, or set allow_remote_image_urls=True "
+                "on ChatLlamaCpp to let it download"
             )
         return _download(s, timeout)
-    if s.startswith("file://"):
-        return _read_file(s[len("file://") :], local)
-    if plain_base64 and len(s) > 64 and not s.startswith(("/", ".", "~")):
-        try:
-            return _b64(s)
-        except ImageInputError:
-            pass
+    if s[:7].lower() == "file://":
+        path = urllib.request.url2pathname(urllib.parse.urlparse(s).path)
+        return _read_file(path, local)
+    if "://" in s[:16]:
+        raise ImageInputError(f"unsupported image URL scheme in {s[:40]!r}")
+    # Raw base64 (JPEG's starts with "/9j/", so a leading "/" proves nothing); a real
+    # path almost always holds a character outside the base64 alphabet ("." or "\").
+    if plain_base64 and len(s) >= 64 and _B64_RE.fullmatch(s):
+        return _b64(s)
     return _read_file(s, local)
 
 
+_B64_RE = re.compile(r"[A-Za-z0-9+/_\-\s]+={0,2}\s*")
+
+
 def _b64(payload: str) -> bytes:
+    compact = "".join(payload.split())  # line-wrapped base64 (MIME style) is common
+    if "-" in compact or "_" in compact:
+        compact = compact.replace("-", "+").replace("_", "/")  # URL-safe alphabet
+    compact += "=" * (-len(compact) % 4)
     try:
-        return base64.b64decode(payload.strip(), validate=True)
+        data = base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ImageInputError(f"image data is not valid base64: {exc}") from None
+    if not data:
+        raise ImageInputError("image data is empty")
+    return data
 
 
 def _read_file(path: str, local: bool) -> bytes:
     if not local:
         raise ImageInputError(
-            "local image files are disabled (a prompt could read any file); "
-            "set allow_local_image_files=True to allow paths"
+            "local image files are disabled (a prompt could otherwise read any file); "
+            "set allow_local_image_files=True on ChatLlamaCpp to allow paths"
         )
     p = Path(path).expanduser()
     if not p.is_file():
         raise ImageInputError(f"image file not found: {path}")
-    return p.read_bytes()
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise ImageInputError(f"image file could not be read: {exc}") from None
 
 
 def _download(url: str, timeout: float) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (opt-in)
-        data = resp.read(MAX_DOWNLOAD_BYTES + 1)
+    """Fetch an opted-in remote image, never more than MAX_DOWNLOAD_BYTES."""
+    req = urllib.request.Request(url, headers={"User-Agent": "langchain-llamacpp-local"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (opt-in)
+            length = resp.headers.get("Content-Length")
+            if length and length.isdigit() and int(length) > MAX_DOWNLOAD_BYTES:
+                raise ImageInputError(
+                    f"image at {url} is {length} bytes, over the {MAX_DOWNLOAD_BYTES} byte cap"
+                )
+            data = resp.read(MAX_DOWNLOAD_BYTES + 1)
+    except ImageInputError:
+        raise
+    except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts are OSErrors
+        raise ImageInputError(f"could not download image from {url}: {exc}") from None
     if len(data) > MAX_DOWNLOAD_BYTES:
         raise ImageInputError(f"image at {url} is larger than {MAX_DOWNLOAD_BYTES} bytes")
     return data
@@ -145,33 +190,46 @@ def _download(url: str, timeout: float) -> bytes:
 
 def _decode(data: bytes, max_pixels: int) -> DecodedImage:
     try:
+        # Image.open reads only the header; pillow itself raises DecompressionBombError
+        # past 2 * Image.MAX_IMAGE_PIXELS, and _finish checks max_pixels before load().
         img = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ImageInputError(f"not a readable image: {exc}") from None
     except Image.DecompressionBombError as exc:
         raise ImageInputError(f"image refused as a decompression bomb: {exc}") from None
+    except Exception as exc:  # pillow raises many types on hostile input
+        raise ImageInputError(f"not a readable image: {exc}") from None
     return _finish(img, max_pixels)
 
 
 def _finish(img: Image.Image, max_pixels: int) -> DecodedImage:
     w, h = img.size
     if w * h > max_pixels:  # checked on the header, before any pixel is decoded
-        raise ImageInputError(f"image of {w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")
+        raise ImageInputError(
+            f"image of {w}x{h} = {w * h} pixels exceeds the limit of {max_pixels} pixels"
+        )
     try:
-        if getattr(img, "is_animated", False):
-            img.seek(0)
+        if getattr(img, "n_frames", 1) > 1:
+            img.seek(0)  # animations (GIF/APNG/WebP): the first frame only
         img = ImageOps.exif_transpose(img) or img
-        if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+            img.mode in ("P", "L", "RGB") and "transparency" in img.info
+        ):
             rgba = img.convert("RGBA")
             canvas = Image.new("RGB", rgba.size, (255, 255, 255))
-            canvas.paste(rgba, mask=rgba.getchannel("A"))
+            canvas.paste(rgba, mask=rgba.getchannel("A"))  # alpha over white
             img = canvas
         elif img.mode.startswith("I;16") or img.mode == "I":
+            # 16-bit gray: keep the top 8 bits (convert("L") would clip at 255).
             img = img.point(lambda v: v / 256).convert("L").convert("RGB")
         else:
             img = img.convert("RGB")
         rgb = img.tobytes()
-    except (OSError, ValueError, SyntaxError) as exc:
+    except Image.DecompressionBombError as exc:
+        raise ImageInputError(f"image refused as a decompression bomb: {exc}") from None
+    except MemoryError:
+        raise ImageInputError(f"image of {w}x{h} pixels is too large to decode") from None
+    except Exception as exc:  # truncated/corrupt data surfaces only at load()
         raise ImageInputError(f"the image could not be decoded: {exc}") from None
+    if len(rgb) != img.width * img.height * 3:
+        raise ImageInputError("the image decoded to an unexpected pixel layout")
     digest = hashlib.sha256(f"{img.width}x{img.height}:".encode() + rgb).hexdigest()
     return DecodedImage(img.width, img.height, rgb, digest)
