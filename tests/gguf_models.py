@@ -139,14 +139,23 @@ def write_tiny_llama(
     seed: int = 0,
     chat_template: str | None = None,
     n_ctx_train: int = 2048,
+    extra_kv: dict[str, int | str] | None = None,
 ) -> Path:
-    """Write a 2-layer ``llama`` model (n_embd 64, 4 heads, 2 KV heads, n_ff 128)."""
+    """Write a 2-layer ``llama`` model (n_embd 64, 4 heads, 2 KV heads, n_ff 128).
+
+    ``extra_kv`` adds header keys (ints as uint32, strings): hostile-header tests.
+    """
     path = Path(path)
     n_head, n_head_kv, n_ff = 4, 2, 128
     head_dim = N_EMBD // n_head
     w = gguf.GGUFWriter(path, "llama")
     t = _Weights(w, seed)
     _text_common(w, t, n_ctx_train)
+    for key, value in (extra_kv or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_uint32(key, value)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
