@@ -832,6 +832,28 @@ def _unescape_pointer(token: str) -> str:
     return unquote(token).replace("~1", "/").replace("~0", "~")
 
 
+#: Deepest nesting of objects/arrays a JSON schema may have (each schema level is
+#: about two: ``properties`` and the property's schema). Deeper ones would exhaust
+#: Python's recursion limit in the converter, or llama.cpp's parser stack.
+MAX_SCHEMA_NESTING = 128
+
+
+def check_schema_nesting(schema: Any) -> None:
+    """Refuse a schema nested deeper than :data:`MAX_SCHEMA_NESTING` (checked without
+    recursion, so the check itself cannot overflow)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_NESTING:
+            raise GrammarTooLargeError(
+                f"JSON schema nests more than {MAX_SCHEMA_NESTING} objects/arrays deep"
+            )
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
 def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, Any]:
     """Move ``schema``'s ``$defs``/``definitions`` into ``defs_out`` under unique,
     GBNF-safe names starting with ``prefix`` and rewrite its local ``$ref``s.
@@ -845,6 +867,7 @@ def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, A
         schema = {}
     if not isinstance(schema, dict):
         raise ValueError(f"a schema must be an object, got {schema!r}")
+    check_schema_nesting(schema)
     renames: dict[tuple[str, str], str] = {}
     raw_defs: dict[str, Any] = {}
     for section in ("$defs", "definitions"):
@@ -888,10 +911,10 @@ def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, A
 
 def _convert(root: dict[str, Any], defs: dict[str, Any], root_name: str = "") -> str:
     """Run the converter on ``root`` (with ``defs`` as its ``$defs``)."""
-    schema = copy.deepcopy(root)
-    if defs:
-        schema["$defs"] = copy.deepcopy(defs)
     try:
+        schema = copy.deepcopy(root)
+        if defs:
+            schema["$defs"] = copy.deepcopy(defs)
         conv = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         schema = conv.resolve_refs(schema, "")
         conv.visit(schema, root_name)
