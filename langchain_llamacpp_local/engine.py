@@ -24,7 +24,7 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 
 from .errors import DecodeError, ModelLoadError, RequestCancelledError
-from .gguf_meta import check_gguf_header, open_regular_file
+from .gguf_meta import check_hparams, open_regular_file, read_hparams
 
 logger = logging.getLogger(__name__)
 native_logger = logging.getLogger("langchain_llamacpp_local.llama_cpp")
@@ -183,9 +183,21 @@ def check_gguf_file(path: str) -> None:
     if magic != _GGUF_MAGIC:
         raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
     try:
-        check_gguf_header(p)
-    except (ValueError, OSError, struct.error, UnicodeDecodeError) as exc:
+        meta = read_hparams(p)
+    except (ValueError, OSError, struct.error, UnicodeDecodeError):
+        return  # unreadable header: llama.cpp's own loader reports it cleanly
+    try:
+        check_hparams(meta)
+    except ValueError as exc:
         raise ModelLoadError(f"invalid GGUF header in {path}: {exc}") from None
+
+
+def check_load_config(config: LoadConfig) -> None:
+    """Refuse settings llama.cpp would abort on (also for direct :class:`Engine` use)."""
+    from .validation import check_load_settings
+
+    settings = {k: v for k, v in vars(config).items() if k != "n_seq_max"}
+    check_load_settings({**settings, "n_slots": config.n_seq_max})
 
 
 def _kv_type(name: str | None, field: str) -> int | None:
@@ -194,17 +206,18 @@ def _kv_type(name: str | None, field: str) -> int | None:
     try:
         return KV_TYPES[name.lower()]
     except KeyError:
-        raise ValueError(f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}") from None
+        raise ValueError(
+            f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}"
+        ) from None
 
 
 class Engine:
     """A loaded model with one persistent context (see module docstring)."""
 
-    def __init__(
-        self, config: LoadConfig, progress: Callable[[float], None] | None = None
-    ) -> None:
+    def __init__(self, config: LoadConfig, progress: Callable[[float], None] | None = None) -> None:
         _init_backend()
         self.config = config
+        check_load_config(config)
         check_gguf_file(config.model_path)
         type_k = _kv_type(config.type_k, "type_k")
         type_v = _kv_type(config.type_v, "type_v")
@@ -356,7 +369,9 @@ class Engine:
                 M.mtmd_bitmap_set_id(bm, digest.encode())
                 bitmaps.append(bm)
             raw = text.encode("utf-8")
-            inp = M.mtmd_input_text(text=raw, text_len=len(raw), add_special=True, parse_special=True)
+            inp = M.mtmd_input_text(
+                text=raw, text_len=len(raw), add_special=True, parse_special=True
+            )
             arr = (M.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
             rc = M.mtmd_tokenize(self.mtmd, chunks, ctypes.byref(inp), arr, len(bitmaps))
             if rc == 1:
@@ -375,7 +390,10 @@ class Engine:
                 n_pos = int(M.mtmd_input_chunk_get_n_pos(ch))
                 cid = (M.mtmd_input_chunk_get_id(ch) or b"").decode()
                 media[len(entries)] = MediaChunk(
-                    M.mtmd_input_chunk_copy(ch), n_pos, int(M.mtmd_input_chunk_get_n_tokens(ch)), cid
+                    M.mtmd_input_chunk_copy(ch),
+                    n_pos,
+                    int(M.mtmd_input_chunk_get_n_tokens(ch)),
+                    cid,
                 )
                 entries.extend(("media", cid, k) for k in range(n_pos))
             return entries, media
@@ -390,7 +408,14 @@ class Engine:
 
         new_pos = C.llama_pos(0)
         rc = M.mtmd_helper_eval_chunk_single(
-            self.mtmd, self.ctx, media.chunk, pos, seq_id, self.n_batch, False, ctypes.byref(new_pos)
+            self.mtmd,
+            self.ctx,
+            media.chunk,
+            pos,
+            seq_id,
+            self.n_batch,
+            False,
+            ctypes.byref(new_pos),
         )
         if rc != 0:
             raise DecodeError(f"evaluating an image chunk failed with code {rc}")

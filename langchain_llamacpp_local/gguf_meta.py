@@ -220,9 +220,14 @@ def check_hparams(meta: dict[str, Any]) -> None:
         )
 
 
+def read_hparams(path: str | Path) -> dict[str, Any]:
+    """The header values :func:`check_hparams` looks at."""
+    return read_gguf_metadata(path, _HPARAM_KEYS, arrays=True)
+
+
 def check_gguf_header(path: str | Path) -> None:
     """Read ``path``'s header and run :func:`check_hparams` (``ValueError`` if bad)."""
-    check_hparams(read_gguf_metadata(path, _HPARAM_KEYS, arrays=True))
+    check_hparams(read_hparams(path))
 
 
 _HPARAM_KEYS = (

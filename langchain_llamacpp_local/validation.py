@@ -44,7 +44,7 @@ def unknown_names_error(unknown: Iterable[str], valid: Iterable[str], what: str)
     for name in sorted(unknown):
         guess = closest_name(name, valid)
         parts.append(f"{name!r} (did you mean {guess!r}?)" if guess else repr(name))
-    return TypeError(f"unknown {what}: {', '.join(parts)}")
+    return TypeError(f"unexpected {what}: {', '.join(parts)}")
 
 
 def _int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None) -> int:
