@@ -15,12 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .sampling import JSON_OBJECT_GRAMMAR, SamplingParams, json_schema_to_grammar, tool_call_grammar
-from .templates import (
-    ChatTemplate,
-    flatten_tool_messages,
-    inject_tool_prompt,
-    select_template,
-)
+from .templates import ChatTemplate, adapt_messages, select_template
 from .tool_parsers import StreamDelta, StreamParser, detect_format
 
 if TYPE_CHECKING:
@@ -170,20 +165,10 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         template = fmt.template
     tool_format = detect_format(template.source) if job.chat_template else fmt.tool_format
 
-    messages = job.messages
-    render_tools: list[dict[str, Any]] | None = None
+    messages, render_tools = adapt_messages(template, job.messages, tools if use_tools else None)
     parse_format: str | None = None
     if use_tools:
-        if template.supports_tools:
-            render_tools = list(tools)
-            parse_format = tool_format
-        else:
-            messages = inject_tool_prompt(messages, list(tools))
-            parse_format = "hermes"
-    if "tool_calls" not in template.source and any(
-        m.get("tool_calls") or m.get("role") == "tool" for m in messages
-    ):
-        messages = flatten_tool_messages(messages)
+        parse_format = tool_format if template.supports_tools else "hermes"
 
     kwargs = dict(job.chat_template_kwargs)
     if job.reasoning is not None:
