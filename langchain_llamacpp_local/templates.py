@@ -441,8 +441,9 @@ class ChatTemplate:
 
     @property
     def supports_tools(self) -> bool:
-        """Whether the template reads ``tools`` (else the caller injects a tool prompt)."""
-        return "tools" in self._variables
+        """Whether the template reads ``tools`` (or FireFunction's ``functions``); else the
+        caller injects a tool prompt."""
+        return "tools" in self._variables or "functions" in self._variables
 
     @property
     def supports_tool_calls(self) -> bool:
