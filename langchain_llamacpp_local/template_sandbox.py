@@ -186,7 +186,9 @@ def _add(left: Any, right: Any) -> Any:
         _check_size(left, "an operand")
         cap = _budget().limits.max_output_chars
         if len(left) + len(right) > cap:
-            raise TemplateLimitError(f"a '+' result of {len(left) + len(right)} items exceeds the cap of {cap}")
+            raise TemplateLimitError(
+                f"a '+' result of {len(left) + len(right)} items exceeds the cap of {cap}"
+            )
     return left + right
 
 
@@ -331,8 +333,8 @@ class LimitedSandbox(SandboxedEnvironment):
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         budget = _tick()
         name = getattr(__obj, "__name__", "")
-        if name in ("format", "format_map") and isinstance(getattr(__obj, "__self__", None), str):
-            _check_format_string(__obj.__self__)
+        if name in ("format", "format_map"):  # the sandbox wraps str.format (``__wrapped__``)
+            _check_format_string(getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None))
         elif name in ("ljust", "rjust", "center", "zfill", "expandtabs"):
             for arg in args:
                 if isinstance(arg, int) and arg > budget.limits.max_repeat:

@@ -12,6 +12,7 @@ messages, consecutive turns of one role, tool calls and tool results).
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import json
 import logging
@@ -708,9 +709,11 @@ def _merge_adjacent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and not prev.get("tool_calls")
         ):
             merged = dict(prev)
-            merged["content"] = _append_text(
-                prev.get("content"), _prefix_sep(m.get("content"))
-            ) if isinstance(m.get("content"), str) else _join_parts(prev.get("content"), m.get("content"))
+            merged["content"] = (
+                _append_text(prev.get("content"), _prefix_sep(m.get("content")))
+                if isinstance(m.get("content"), str)
+                else _join_parts(prev.get("content"), m.get("content"))
+            )
             out[-1] = merged
         else:
             out.append(m)
@@ -1005,13 +1008,44 @@ def _builtin_for(metadata: Mapping[str, str]) -> str:
     return "chatml"
 
 
+def is_template_source(text: str) -> bool:
+    """The rule telling a template name from template source: source has Jinja markup.
+
+    Without it a typo such as ``"chatmlx"`` would be compiled as a template that
+    prints the word ``chatmlx`` for every prompt.
+    """
+    return any(mark in text for mark in ("{{", "{%", "{#"))
+
+
+def _named_template(metadata: Mapping[str, str], name: str, tokens: dict[str, str]) -> ChatTemplate:
+    gguf_key = f"tokenizer.chat_template.{name}"
+    if metadata.get(gguf_key):
+        return ChatTemplate(str(metadata[gguf_key]), origin=f"gguf:{gguf_key}", **tokens)
+    if name.lower() in BUILTIN_TEMPLATES:
+        key = name.lower()
+        return ChatTemplate(BUILTIN_TEMPLATES[key], origin=f"builtin:{key}", **tokens)
+    variants = sorted(
+        k.removeprefix("tokenizer.chat_template.")
+        for k in metadata
+        if k.startswith("tokenizer.chat_template.")
+    )
+    close = difflib.get_close_matches(name.lower(), [*BUILTIN_TEMPLATES, *variants], n=1)
+    raise ChatTemplateError(
+        f"chat_template={name!r} is not a built-in template name "
+        f"({', '.join(BUILTIN_TEMPLATES)})"
+        + (f" nor one of the model's named templates ({', '.join(variants)})" if variants else "")
+        + (f"; did you mean {close[0]!r}?" if close else "")
+        + " (Jinja template source must contain '{{' or '{%')"
+    )
+
+
 def select_template(
     metadata: Mapping[str, str], *, override: str | None = None, with_tools: bool = False
 ) -> ChatTemplate:
     """Pick and compile the chat template for a model.
 
     Order: ``override`` (a built-in name, a GGUF named variant such as ``"tool_use"``,
-    or Jinja source); the GGUF ``tokenizer.chat_template.tool_use`` when
+    or Jinja source — see :func:`is_template_source`; an unknown name raises); the GGUF ``tokenizer.chat_template.tool_use`` when
     ``with_tools``; the GGUF ``tokenizer.chat_template``; a built-in chosen from
     ``general.architecture``/``general.name``. A GGUF template that fails to compile
     is logged and replaced by the built-in, so the model stays usable; a bad
@@ -1023,13 +1057,8 @@ def select_template(
         "eos_token": str(metadata.get("_eos_token") or ""),
     }
     if override is not None:
-        key = override.strip()
-        gguf_key = f"tokenizer.chat_template.{key}"
-        if metadata.get(gguf_key):
-            return ChatTemplate(str(metadata[gguf_key]), origin=f"gguf:{gguf_key}", **tokens)
-        if key.lower() in BUILTIN_TEMPLATES:
-            name = key.lower()
-            return ChatTemplate(BUILTIN_TEMPLATES[name], origin=f"builtin:{name}", **tokens)
+        if not is_template_source(override):
+            return _named_template(metadata, override.strip(), tokens)
         return ChatTemplate(override, origin="override", **tokens)
     keys = ["tokenizer.chat_template"]
     if with_tools:

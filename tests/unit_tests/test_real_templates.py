@@ -128,7 +128,9 @@ def test_agent_conversation_renders(name: str) -> None:
 
 
 def test_kimi_k2_list_append_is_allowed() -> None:
-    text = render_chat(load("Kimi-K2-Instruct.jinja"), convert_messages(agent_conversation()), TOOLS)
+    text = render_chat(
+        load("Kimi-K2-Instruct.jinja"), convert_messages(agent_conversation()), TOOLS
+    )
     assert "get_weather" in text and "Asia/Tokyo" in text
 
 
