@@ -14,6 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .prompt_tokens import (
+    check_fits,
+    content_has_control_text,
+    protect_content,
+    restore,
+    tokenize_protected,
+    vocab_info,
+)
 from .sampling import JSON_OBJECT_GRAMMAR, SamplingParams, json_schema_to_grammar, tool_call_grammar
 from .templates import ChatTemplate, adapt_messages, select_template
 from .tool_parsers import StreamDelta, StreamParser, detect_format
@@ -173,15 +181,31 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         kwargs.setdefault("enable_thinking", bool(job.reasoning))
     images: list[Any] = []
     messages = _inline_images(messages, images)
-    text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
+    info = vocab_info(eng)
+    injected = content_has_control_text(info, messages)
+    mapping: dict[str, str] = {}
+    if injected:  # content that spells control tokens: render with placeholders
+        logger.debug("message content contains control-token text %s", injected[:5])
+        messages, mapping = protect_content(messages, injected)
+    rendered = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
+    text = restore(rendered, mapping) if mapping else rendered
+    check_fits(eng, text, job.max_tokens)
 
     media: dict[int, Any] = {}
     if images:
         body = _strip_bos(eng, fmt, text)
+        if mapping:
+            raise ValueError(
+                "message content with control-token text "
+                f"({', '.join(repr(t) for t in injected[:3])}) cannot be combined with images"
+            )
         tokens, media = eng.tokenize_multimodal(
             body, [(im.width, im.height, im.rgb, im.digest) for im in images]
         )
         boundaries: tuple[int, ...] = ()
+    elif mapping:
+        tokens = tokenize_protected(eng, info, _strip_bos(eng, fmt, rendered), mapping)
+        boundaries = ()
     else:
         tokens = _tokenize(eng, fmt, text)
         boundaries = _last_user_boundary(
