@@ -70,24 +70,25 @@ class VocabInfo:
     """Whether the byte bound holds (SPM and BPE vocabularies; others normalize text)."""
 
     def __post_init__(self) -> None:
-        by_head: dict[str, list[str]] = {}
-        for text in sorted(self.control_texts, key=len, reverse=True):
-            by_head.setdefault(text[:2], []).append(text)
-        object.__setattr__(self, "_by_head", by_head)
         heads = "".join(sorted({re.escape(t[0]) for t in self.control_texts}))
+        lengths = sorted({len(t) for t in self.control_texts}, reverse=True)
         object.__setattr__(self, "_head_re", re.compile(f"[{heads}]") if heads else None)
+        object.__setattr__(self, "_lengths", lengths)
 
     def find_control(self, text: str) -> list[str]:
-        """Control-token texts occurring in ``text`` (cheap: scans only their first chars)."""
+        """Control-token texts occurring in ``text``: at each possible first character, one
+        set lookup per distinct control-text length (no scan over thousands of texts)."""
         head_re: re.Pattern[str] | None = self._head_re  # type: ignore[attr-defined]
         if head_re is None or not text:
             return []
-        by_head: dict[str, list[str]] = self._by_head  # type: ignore[attr-defined]
+        lengths: list[int] = self._lengths  # type: ignore[attr-defined]
+        controls = self.control_texts
         found: set[str] = set()
         for m in head_re.finditer(text):
             i = m.start()
-            for cand in by_head.get(text[i : i + 2], ()):
-                if text.startswith(cand, i):
+            for n in lengths:
+                cand = text[i : i + n]
+                if cand in controls:
                     found.add(cand)
                     break
         return sorted(found, key=len, reverse=True)

@@ -181,15 +181,19 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         kwargs.setdefault("enable_thinking", bool(job.reasoning))
     images: list[Any] = []
     messages = _inline_images(messages, images)
+    text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
+    check_fits(eng, text, job.max_tokens)  # before anything that scales with the prompt
     info = vocab_info(eng)
     injected = content_has_control_text(info, messages)
     mapping: dict[str, str] = {}
-    if injected:  # content that spells control tokens: render with placeholders
+    rendered = text
+    if injected:  # content that spells control tokens: render again with placeholders
         logger.debug("message content contains control-token text %s", injected[:5])
-        messages, mapping = protect_content(messages, injected)
-    rendered = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
-    text = restore(rendered, mapping) if mapping else rendered
-    check_fits(eng, text, job.max_tokens)
+        protected, mapping = protect_content(messages, injected)
+        rendered = template.render(
+            protected, tools=render_tools, add_generation_prompt=True, **kwargs
+        )
+        text = restore(rendered, mapping)
 
     media: dict[int, Any] = {}
     if images:

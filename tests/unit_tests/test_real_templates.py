@@ -206,3 +206,69 @@ def test_tojson_of_generators_and_macro_scoping() -> None:
 def test_null_and_undefined_concatenate_as_empty_like_llama_cpp() -> None:
     tpl = ChatTemplate("{{ 'a' + messages[0].missing }}|{{ 'b' ~ none }}")
     assert tpl.render([{"role": "user", "content": "x"}]) == "a|b"
+
+
+# llama.cpp tests/test-jinja.cpp:1068-1124 (test_macros, test_namespace): macro arguments,
+# caller() and macro scoping, the constructs MiroThinker's template relies on.
+_CALLER_MACRO = (
+    "{%- macro nest_dict(o, i, ff='') %}\n"
+    "  {{- caller(ff) }}\n"
+    "  {%- for k, v in o|items %}\n"
+    "    {{- i + k + ': ' }}\n"
+    "    {%- if v is mapping %}\n"
+    "      {{- '{' }}\n"
+    "      {% call(f) nest_dict(v, i + '    ') %}\n"
+    "        {{- 'fail' if ff is undefined }}\n"
+    "      {%- endcall %}\n"
+    "      {{- i + '}' }}\n"
+    "    {% else %}\n"
+    "      {{- v|string }}\n"
+    "    {% endif %}\n"
+    "  {%- endfor %}\n"
+    "{%- endmacro %}\n"
+    "{%- call(f) nest_dict({'root1': 1, 'root2': {'nest1': 1, 'nest2': {'nest3': 2}}}, '    ', 'Dict') %}\n"
+    "  {{- 'fail' if ff is defined }}\n"
+    "  {{- f + ' {' }}\n"
+    "{% endcall %}\n"
+    "{{- '}' }}"
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            "{% macro greet(name) %}Hello {{ name }}{% endmacro %}{{ greet('World') }}",
+            "Hello World",
+        ),
+        ("{% macro greet(name='Guest') %}Hi {{ name }}{% endmacro %}{{ greet() }}", "Hi Guest"),
+        (
+            "{% macro my_func(a, b=False) %}{% if b %}{{ a }}{% else %}nope{% endif %}"
+            "{% endmacro %}{{ my_func(1, b=True) }}",
+            "1",
+        ),
+        (
+            "{% macro add(a, b, c=0) %}{{ a + b + c }}{% endmacro %}"
+            "{{ add(1, 2) }},{{ add(1, 2, 3) }},{{ add(1, b=10) }},{{ add(1, 2, c=5) }}",
+            "3,6,11,8",
+        ),
+        (
+            "{% macro greet(first, last, greeting='Hello') %}{{ greeting }}, {{ first }} "
+            "{{ last }}{% endmacro %}{{ greet(last='Smith', first='John') }},"
+            "{{ greet(last='Doe', greeting='Hi', first='Jane') }}",
+            "Hello, John Smith,Hi, Jane Doe",
+        ),
+        (
+            _CALLER_MACRO,
+            "Dict {\n    root1: 1\n    root2: {\n        nest1: 1\n        nest2: {\n"
+            "            nest3: 2\n        }\n    }\n}",
+        ),
+        (
+            "{% set ns = namespace(count=0) %}{% for i in range(3) %}"
+            "{% set ns.count = ns.count + 1 %}{% endfor %}{{ ns.count }}",
+            "3",
+        ),
+    ],
+)
+def test_llama_cpp_jinja_macro_cases(source: str, expected: str) -> None:
+    assert ChatTemplate(source).render([]) == expected
