@@ -73,9 +73,12 @@ class ChatTemplateError(ValueError):
     (its ``raise_exception``), so the message is the template's own.
     """
 
-    def __init__(self, message: str, *, raised_by_template: bool = False) -> None:
+    def __init__(
+        self, message: str, *, raised_by_template: bool = False, limit: bool = False
+    ) -> None:
         super().__init__(message)
         self.raised_by_template = raised_by_template
+        self.limit = limit
 
 
 # --------------------------------------------------------------------------- messages
@@ -504,7 +507,9 @@ class ChatTemplate:
         ]
         try:
             text = self._render(_apply_conventions(messages, conv), _PROBE_TOOLS, True, {})
-        except ChatTemplateError:
+        except ChatTemplateError as exc:
+            if exc.limit:  # a runaway template: no point probing it further
+                raise
             return (False,)
         args_clean = (
             "probe_arg" in text
@@ -524,10 +529,14 @@ class ChatTemplate:
         user = {"role": "user", "content": "Hi"}
         try:
             text = self._render([{"role": "system", "content": _PROBE}, user], None, True, {})
-        except ChatTemplateError:
+        except ChatTemplateError as exc:
+            if exc.limit:
+                raise
             try:
                 self._render([user], None, True, {})
-            except ChatTemplateError:
+            except ChatTemplateError as exc2:
+                if exc2.limit:
+                    raise
                 return True
             return False
         return _PROBE in text
@@ -537,7 +546,9 @@ class ChatTemplate:
         """Probe: the template rejects two user turns in a row but accepts one."""
         try:
             self._render([{"role": "user", "content": "a"}], None, True, {})
-        except ChatTemplateError:
+        except ChatTemplateError as exc:
+            if exc.limit:
+                raise
             return False
         try:
             self._render(
@@ -546,7 +557,9 @@ class ChatTemplate:
                 True,
                 {},
             )
-        except ChatTemplateError:
+        except ChatTemplateError as exc:
+            if exc.limit:
+                raise
             return True
         return False
 
@@ -637,7 +650,7 @@ class ChatTemplate:
                 f"chat template {self.origin!r}: {exc}", raised_by_template=True
             ) from None
         except TemplateLimitError as exc:
-            raise ChatTemplateError(f"chat template {self.origin!r}: {exc}") from None
+            raise ChatTemplateError(f"chat template {self.origin!r}: {exc}", limit=True) from None
         except RecursionError:
             raise ChatTemplateError(f"chat template {self.origin!r} recursed too deeply") from None
         except MemoryError:

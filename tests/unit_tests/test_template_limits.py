@@ -117,3 +117,30 @@ def test_deeply_nested_gguf_template_falls_back(caplog: pytest.LogCaptureFixture
     assert "nested too deeply" in caplog.text and "falling back" in caplog.text
     with pytest.raises(ChatTemplateError, match="nested too deeply"):
         select_template(meta, override=deep)
+
+
+def test_probes_stop_at_the_first_limit() -> None:
+    """A runaway template with system and tool messages costs one time limit, not one per probe."""
+    tpl = ChatTemplate(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+        "{{ tool_calls }}",
+        origin="override",
+        limits=RenderLimits(timeout_s=0.3),
+    )
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "r"},
+    ]
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="time limit") as info:
+        tpl.render(messages)
+    assert info.value.limit
+    assert time.monotonic() - start < 1.5
