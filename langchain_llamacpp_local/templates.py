@@ -1,10 +1,13 @@
 """Chat templates and LangChain message conversion, as pure functions.
 
 GGUF files carry Hugging Face style Jinja chat templates. They are untrusted
-code from a downloaded file, so they are compiled in Jinja's immutable sandbox
-(the same environment ``transformers`` uses) and every failure, sandbox
-violations included, surfaces as :class:`ChatTemplateError` naming where the
-template came from. Models without a usable template fall back to lenient
+code from a downloaded file, so they run in a resource-limited Jinja sandbox
+(:mod:`.template_sandbox`) and every failure, sandbox violations and limits
+included, surfaces as :class:`ChatTemplateError` naming where the template came
+from. Each template's conventions for tool calls (arguments as dict or JSON text,
+``content=None``, id form) are found by rendering probe conversations, the way
+llama.cpp's capability probe does, so real templates render what llama.cpp and
+transformers render. Models without a usable template fall back to lenient
 built-in templates that accept anything LangChain sends (several system
 messages, consecutive turns of one role, tool calls and tool results).
 """
