@@ -281,22 +281,28 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+_WIDTH_FILTERS = frozenset({"do_center", "do_indent"})  # allocate their width argument
+
+
 def _guard_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Filters bypass ``call()``: check the deadline, int arguments (``center(10**9)``) and
-    the result size around each."""
+    """Filters bypass ``call()``: check the deadline, width arguments (``center(10**9)``),
+    format strings and the result size around each."""
+    value_at = 1 if getattr(fn, "jinja_pass_arg", None) is not None else 0
+    name = fn.__name__
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         budget = _tick()
-        cap = budget.limits.max_repeat
-        for arg in (*args[1:], *kwargs.values()):
-            if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > cap:
-                raise TemplateLimitError(
-                    f"filter {fn.__name__!r} argument {arg} exceeds the cap of {cap}"
-                )
-        if fn.__name__ in ("do_format",) and args:
-            _check_format_string(args[0])
-        return _check_size(fn(*args, **kwargs), f"the result of filter {fn.__name__!r}")
+        if name in _WIDTH_FILTERS:
+            cap = budget.limits.max_repeat
+            for arg in (*args[value_at + 1 :], *kwargs.values()):
+                if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > cap:
+                    raise TemplateLimitError(
+                        f"filter {name!r} argument {arg} exceeds the cap of {cap}"
+                    )
+        elif name == "do_format" and len(args) > value_at:
+            _check_format_string(args[value_at])
+        return _check_size(fn(*args, **kwargs), f"the result of filter {name!r}")
 
     return wrapper
 

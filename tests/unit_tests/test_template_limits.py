@@ -144,3 +144,15 @@ def test_probes_stop_at_the_first_limit() -> None:
         tpl.render(messages)
     assert info.value.limit
     assert time.monotonic() - start < 1.5
+
+
+def test_large_numbers_are_fine_where_nothing_is_allocated() -> None:
+    tpl = ChatTemplate(
+        "{{ nothing | default(10000000) }} {{ 1700000000 | string }} {{ [5000000, 1] | max }}"
+        " {{ 'abc' | truncate(100000000) }} {{ ('%d' | format(123456789)) }}"
+    )
+    assert tpl.render(MSGS) == "10000000 1700000000 5000000 abc 123456789"
+    with pytest.raises(ChatTemplateError, match="filter 'do_indent' argument"):
+        ChatTemplate("{{ 'a\\nb' | indent(100000000) }}").render(MSGS)
+    with pytest.raises(ChatTemplateError, match="field width"):
+        ChatTemplate("{{ '%01000000000d' | format(1) }}").render(MSGS)
