@@ -726,7 +726,7 @@ def _merge_adjacent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ):
             merged = dict(prev)
             merged["content"] = (
-                _append_text(prev.get("content"), _prefix_sep(m.get("content")))
+                _append_text(prev.get("content"), "\n\n" + m["content"])
                 if isinstance(m.get("content"), str)
                 else _join_parts(prev.get("content"), m.get("content"))
             )
@@ -734,10 +734,6 @@ def _merge_adjacent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             out.append(m)
     return out
-
-
-def _prefix_sep(text: str) -> str:
-    return "\n\n" + text
 
 
 def _join_parts(a: Any, b: Any) -> Any:
