@@ -27,12 +27,29 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import re
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call
+
+from .base import (
+    Options,
+    _Call,
+    _call_from_obj,
+    _json_prefix,
+    _loads,
+    _scan_regions,
+    _unfence,
+    checked,
+    json_safe,
+)
+from .families import SPECS, _py_literal
+
+logger = logging.getLogger(__name__)
 
 FORMATS: tuple[str, ...] = (
     "hermes",
@@ -47,6 +64,8 @@ FORMATS: tuple[str, ...] = (
     "gpt_oss",
     "generic",
     "content",
+    "ministral_3",
+    *(f for f in SPECS if f not in ("qwen3_coder", "command_r7b")),
 )
 
 THINK = ("<think>", "</think>")
@@ -109,173 +128,7 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-# --------------------------------------------------------------------------- detection
-
-
-def detect_format(chat_template: str) -> str:
-    """The tool-call format a chat template teaches its model (llama.cpp's order)."""
-    t = chat_template or ""
-    if _DS["calls_begin"] in t:
-        return "deepseek_r1"
-    if "<|START_ACTION|>" in t:
-        return "command_r7b"
-    if "<|tool_call|>" in t:
-        return "granite"
-    if "<tool_call>" in t and "<function=" in t and "<parameter=" in t:
-        return "qwen3_coder"
-    if "<tool_call>" in t:
-        return "hermes"
-    if "<|channel|>" in t:
-        return "gpt_oss"
-    if ">>>all" in t:
-        return "functionary_v3_2"
-    if "<|start_header_id|>ipython<|end_header_id|>" in t or "<|python_tag|>" in t:
-        return "llama3_json"
-    if "[TOOL_CALLS]" in t:
-        return "mistral"
-    if "<|tool_call_start|>" in t or "[func_name1(" in t or "func_name1(params_name1" in t:
-        return "pythonic"
-    if "<|start_header_id|>" in t and "tools" in t:
-        return "llama3_json"
-    return "generic"
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-@dataclass
-class _Call:
-    name: str | None
-    args: dict[str, Any] | None
-    raw: str
-    id: str | None = None
-    error: str | None = None
-    complete: bool = True
-
-
-def _json_args(value: Any) -> dict[str, Any] | None:
-    """Arguments as a dict: objects pass, JSON strings of objects are decoded."""
-    if isinstance(value, dict):
-        return value
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            decoded = json.loads(value) if value.strip() else {}
-        except ValueError:
-            return None
-        return decoded if isinstance(decoded, dict) else None
-    return None
-
-
-def _call_from_obj(obj: Any, raw: str, keys: tuple[str, ...] = ("arguments", "parameters")) -> _Call:
-    if not isinstance(obj, dict):
-        return _Call(None, None, raw, error="tool call is not a JSON object")
-    fn = obj.get("function") if isinstance(obj.get("function"), dict) else None
-    src = fn or obj
-    name = src.get("name")
-    if not isinstance(name, str) or not name:
-        return _Call(None, None, raw, error="tool call has no name")
-    args_val: Any = {}
-    for k in keys:
-        if k in src:
-            args_val = src[k]
-            break
-    args = _json_args(args_val)
-    cid = obj.get("id") or obj.get("tool_call_id")
-    if args is None:
-        return _Call(name, None, raw, id=str(cid) if cid else None, error="arguments are not a JSON object")
-    return _Call(name, args, raw, id=str(cid) if cid else None)
-
-
-def _loads(text: str) -> tuple[Any, str | None]:
-    try:
-        return json.loads(text), None
-    except ValueError as exc:
-        return None, f"invalid JSON: {exc}"
-
-
-def _json_prefix(text: str) -> tuple[Any, int] | None:
-    """Decode one JSON value at the start of ``text``; (value, end) or None."""
-    try:
-        return json.JSONDecoder().raw_decode(text)
-    except ValueError:
-        return None
-
-
-_FENCE = re.compile(r"^```(?:json|JSON)?\s*\n?(.*?)\n?```\s*$", re.S)
-
-
-def _unfence(text: str) -> str:
-    m = _FENCE.match(text.strip())
-    return m.group(1).strip() if m else text.strip()
-
-
-# --------------------------------------------------------------------------- reasoning
-
-
-def _split_reasoning(
-    text: str, reasoning: bool | None, think_open: bool, markers: tuple[str, str] = THINK
-) -> tuple[str | None, str, bool]:
-    """(reasoning text, rest, reasoning finished) for a leading think block."""
-    if reasoning is None:
-        return None, text, True
-    open_m, close_m = markers
-    body_start = 0
-    if not think_open:
-        stripped = text.lstrip()
-        if not stripped.startswith(open_m):
-            if open_m.startswith(stripped) and stripped:
-                return "", "", False  # a half-written opening marker
-            return None, text, True
-        body_start = len(text) - len(stripped) + len(open_m)
-    end = text.find(close_m, body_start)
-    if end < 0:
-        return text[body_start:], "", False
-    return text[body_start:end], text[end + len(close_m) :], True
-
-
-def _strip_think_anywhere(text: str) -> str:
-    return re.sub(r"<think>.*?(</think>|$)", "", text, flags=re.S)
-
-
 # --------------------------------------------------------------------------- per format
-
-
-def _scan_regions(
-    text: str, start: str, end: str | None, body: Any, final: bool
-) -> tuple[list[str], list[_Call], int]:
-    """Split ``text`` at ``start...end`` regions parsed by ``body(region) -> [calls]``.
-
-    Returns content pieces, calls and how much of ``text`` is settled (the rest is an
-    unfinished region, held back while streaming).
-    """
-    content: list[str] = []
-    calls: list[_Call] = []
-    pos = 0
-    while True:
-        i = text.find(start, pos)
-        if i < 0:
-            content.append(text[pos:])
-            return content, calls, len(text)
-        content.append(text[pos:i])
-        j = text.find(end, i + len(start)) if end else -1
-        if j < 0:
-            region = text[i + len(start) :]
-            if not final:
-                partial = body(region, False)
-                calls.extend(partial)
-                return content, calls, i
-            found = body(region, True)
-            for c in found:
-                if c.error is None and end is not None:
-                    c.error = f"unterminated tool call (no {end})"
-                    c.args = None
-                c.raw = c.raw or region
-            calls.extend(found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")])
-            return content, calls, len(text)
-        calls.extend(body(text[i + len(start) : j], True))
-        pos = j + len(end)
 
 
 def _hermes_body(region: str, final: bool) -> list[_Call]:
@@ -363,7 +216,7 @@ def _pythonic_calls(text: str) -> list[_Call] | None:
         return None
     try:
         tree = ast.parse(s, mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if not isinstance(tree.body, ast.List) or not tree.body.elts:
         return None
@@ -382,10 +235,12 @@ def _pythonic_calls(text: str) -> list[_Call] | None:
             continue
         name = ".".join([name_node.id, *reversed(parts)])
         try:
-            args = {kw.arg: ast.literal_eval(kw.value) for kw in el.keywords if kw.arg}
+            args = {kw.arg: _py_literal(kw.value) for kw in el.keywords if kw.arg}
             if el.args:
                 raise ValueError("positional arguments")
-        except (ValueError, SyntaxError, TypeError) as exc:
+            if any(kw.arg is None for kw in el.keywords):
+                raise ValueError("**kwargs")
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
             calls.append(_Call(name, None, raw, error=f"arguments are not literals: {exc}"))
             continue
         calls.append(_Call(name, args, raw))
@@ -515,175 +370,319 @@ class _Scan:
     settled: bool  # False: the tail is an unfinished call/marker (streaming only)
 
 
-def _gpt_oss(text: str, reasoning: bool | None, final: bool) -> _Scan:
-    """Harmony: ``<|channel|>analysis|commentary|final ... <|message|>body<|end|>``."""
-    if "<|channel|>" not in text:
-        s = text.lstrip()
-        if not final and s.startswith("<|"):
-            return _Scan(None, "", [], False)  # a header still being written
-        return _Scan(None, text, [], True)
+@dataclass
+class _Reasoning:
+    text: str | None  # extracted reasoning (None: none, or not extracting)
+    raw: str  # the think block as written (with the prompt's opening marker)
+    rest: str  # what follows the think block
+    done: bool  # the block is closed (or there is none)
+    held: bool = False  # a half-written opening marker (streaming)
+
+
+def _think_markers(fmt: str) -> tuple[str, str] | None:
+    spec = SPECS.get(fmt)
+    return spec.think if spec is not None else THINK
+
+
+def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reasoning:
+    """The leading think block (opened by the model or already by the prompt)."""
+    markers = _think_markers(fmt)
+    if markers is None:
+        return _Reasoning(None, "", text, True)
+    start, end = markers
+    lead = SPECS[fmt].reasoning_lead if fmt in SPECS else ""
+    opened = opts.think_open or (opts.opened(start) if start else bool(lead) and opts.opened(lead))
+    if opened:
+        body_start = 0
+        raw_open = opts.prefill[opts.prefill.rfind(start) :] if start and start in opts.prefill else ""
+    else:
+        stripped = text.lstrip()
+        if start and stripped.startswith(start):
+            body_start = len(text) - len(stripped) + len(start)
+            raw_open = ""
+        elif start and not final and stripped and start.startswith(stripped):
+            return _Reasoning("", "", "", False, held=True)
+        else:
+            return _Reasoning(None, "", text, True)
+    j = text.find(end, body_start)
+    if j < 0:
+        body, rest, done, raw = text[body_start:], "", False, raw_open + text
+    else:
+        body, rest, done, raw = text[body_start:j], text[j + len(end) :], True, raw_open + text[: j + len(end)]
+    if opts.reasoning is None:
+        return _Reasoning(None, raw, rest, done)
+    if lead and opened:
+        body = lead + body
+    return _Reasoning(body if body.strip() else None, raw, rest, done)
+
+
+def _scan_multi(
+    text: str, regions: tuple[tuple[str, str | None, Any], ...], opts: Options, final: bool
+) -> tuple[list[str], list[_Call], int]:
+    """Split ``text`` at the tool-call regions ``(start, end, body)`` (earliest start first).
+
+    Returns the content pieces, the calls and how much of ``text`` is settled (the rest
+    is an unfinished region, held back while streaming).
+    """
+    content: list[str] = []
+    calls: list[_Call] = []
+    pos = 0
+    while True:
+        best: tuple[int, str, str | None, Any] | None = None
+        for start, end, body in regions:
+            i = text.find(start, pos)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, start, end, body)
+        if best is None:
+            content.append(text[pos:])
+            return content, calls, len(text)
+        i, start, end, body = best
+        content.append(text[pos:i])
+        j = text.find(end, i + len(start)) if end else -1
+        if j < 0:
+            region = text[i + len(start) :]
+            if not final:
+                calls.extend(body(region, False, opts))
+                return content, calls, i
+            found = body(region, True, opts)
+            for c in found:
+                if c.error is None and end is not None:
+                    c.error = f"unterminated tool call (no {end})"
+                    c.args = None
+            calls.extend(found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")])
+            return content, calls, len(text)
+        calls.extend(body(text[i + len(start) : j], True, opts))
+        pos = j + len(end)
+
+
+def _scan_spec(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, list[_Call], bool]:
+    spec = SPECS[fmt]
+    for m in spec.strip:
+        rest = rest.replace(m, "")
+    if fmt == "functionary_v3_1" and "<|python_tag|>" in rest:
+        i = rest.index("<|python_tag|>")
+        code = rest[i + len("<|python_tag|>") :]
+        pieces, calls, settled_at = _scan_multi(rest[:i], spec.regions, opts, final)
+        calls.append(_Call("python", {"code": code}, code, complete=final))
+        return "".join(pieces), calls, final
+    pieces, calls, settled_at = _scan_multi(rest, spec.regions, opts, final)
+    return "".join(pieces), calls, settled_at >= len(rest)
+
+
+_HERMES_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
+
+
+def _hermes_json(region: str, final: bool, opts: Options) -> list[_Call]:
+    return _hermes_body(region, final)
+
+
+def _hermes_fn(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<function=NAME>{json}</function>`` or ``<function name="NAME">{json}</function>``."""
+    m = re.match(r'^(?:=([^>\s]+)|\s+name="([^"]*)")>(.*)$', region, re.S)
+    if not m:
+        return [_Call(None, None, region, complete=False)] if not final else [
+            _Call(None, None, region, error="cannot read the <function> call")
+        ]
+    name = m.group(1) or m.group(2)
+    if not final:
+        return [_Call(name, None, region, complete=False)]
+    args, err = _loads(m.group(3).strip() or "{}")
+    if err or not isinstance(args, dict):
+        return [_Call(name, None, m.group(3).strip(), error=err or "arguments are not a JSON object")]
+    return [_Call(name, args, m.group(3).strip())]
+
+
+_HERMES_REGIONS: tuple[tuple[str, str | None, Any], ...] = (
+    *((f"<{t}>", f"</{t}>", _hermes_json) for t in _HERMES_TAGS),
+    ("<function", "</function>", _hermes_fn),
+)
+
+
+def _bare_call(text: str) -> list[_Call] | None:
+    """A whole output that is one ``{"name", "arguments"}`` object (maybe fenced)."""
+    s = _unfence(text)
+    if not s.startswith("{"):
+        return None
+    obj, err = _loads(s)
+    if err or not isinstance(obj, dict) or "name" not in obj or not ({"arguments", "parameters"} & obj.keys()):
+        return None
+    return [_call_from_obj(obj, s)]
+
+
+def _mistral_calls(rest: str, final: bool) -> tuple[str, list[_Call], bool]:
+    i = rest.find("[TOOL_CALLS]")
+    if i < 0:
+        return rest, [], True
+    calls: list[_Call] = []
+    if final:
+        for seg in rest[i:].split("[TOOL_CALLS]")[1:]:
+            calls.extend(_mistral_body(seg, True))
+        return rest[:i], calls, True
+    for seg in rest[i:].split("[TOOL_CALLS]")[1:]:
+        m = re.match(r"\s*([\w.\-]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]", seg)
+        calls.append(_Call(m.group(1) if m else None, None, seg, complete=False))
+    return rest[:i], calls, False
+
+
+def _legacy_body(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, list[_Call], bool] | None:
+    """Content and calls of the classic formats; None: hold everything back (streaming)."""
+    if fmt == "hermes":
+        pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
+        content = "".join(pieces)
+        if not calls:
+            s = content.strip()
+            if not final and (s.startswith("{") or s.startswith("```")):
+                return None
+            bare = _bare_call(content) if final else None
+            if bare is not None:
+                return "", bare, True
+        return content, calls, settled_at >= len(rest)
+    if fmt == "granite":
+        c = rest.replace("<response>", "").replace("</response>", "")
+        pieces, calls, settled_at = _scan_regions(c, "<|tool_call|>", None, _list_body, final)
+        return "".join(pieces), calls, settled_at >= len(c)
+    if fmt in ("mistral", "ministral_3"):
+        return _mistral_calls(rest, final)
+    if fmt == "functionary_v3_2":
+        text = ">>>" + rest if opts.opened(">>>") else rest
+        pieces, calls, settled_at = _functionary_body(text, final)
+        return "".join(pieces), calls, settled_at >= len(text)
+    if fmt == "deepseek_r1":
+        c = rest.replace(_DS["calls_end"], "")
+        pieces, calls, settled_at = _scan_regions(c, _DS["calls_begin"], None, _deepseek_body, final)
+        return "".join(pieces), calls, settled_at >= len(c)
+    if fmt == "pythonic":
+        m = re.search(r"<\|tool_call_start\|>(.*?)(<\|tool_call_end\|>|$)", rest, re.S)
+        if m:
+            if not m.group(2) and not final:
+                return rest[: m.start()], [_Call(None, None, m.group(1), complete=False)], False
+            found = _pythonic_calls(m.group(1))
+            calls = found if found is not None else [_Call(None, None, m.group(1), error="not a list of calls")]
+            return rest[: m.start()] + rest[m.end() :], calls, True
+        if not final and rest.lstrip().startswith("["):
+            return None
+        found = _pythonic_calls(rest) if final else None
+        return ("", found, True) if found is not None else (rest, [], True)
+    if fmt == "llama3_json":
+        s = rest.strip()
+        if not final and (s.startswith("{") or "<|python_tag|>" in s or s and "<|python_tag|>".startswith(s)):
+            return None
+        found = _llama3_calls(rest) if final else None
+        if found is not None:
+            return "", found, True
+        return rest, [], True
+    if fmt == "generic":
+        s = rest.strip()
+        if not final and (s.startswith("{") or s.startswith("`")):
+            return None
+        generic = _generic_calls(rest) if final else None
+        if generic is not None:
+            return generic[1], generic[0], True
+        return rest, [], True
+    return rest, [], True  # content
+
+
+def _scan(text: str, fmt: str, opts: Options, final: bool) -> _Scan:
+    if fmt == "gpt_oss":
+        return _gpt_oss(text, opts, final)
+    r = _split_reasoning(text, fmt, opts, final)
+    if r.held:
+        return _Scan(None, "", [], False)
+    prefix = r.raw if opts.reasoning is None else ""
+    if not r.done:
+        return _Scan(r.text, prefix, [], final)
+    if fmt in SPECS:
+        content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
+    else:
+        body = _legacy_body(r.rest, fmt, opts, final)
+        if body is None:
+            return _Scan(r.text, prefix, [], False)
+        content, calls, settled = body
+    return _Scan(r.text, prefix + content, calls, settled and all(c.complete for c in calls))
+
+
+# --------------------------------------------------------------------------- gpt-oss (harmony)
+
+_HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
+
+
+def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
+    """Harmony messages: ``[<|start|>assistant][ to=R]<|channel|>C[ to=R][<|constrain|>x]<|message|>body<|end|>``.
+
+    ``analysis`` is reasoning; ``final`` and recipient-less ``commentary`` are content; a
+    ``to=functions.NAME`` recipient makes the body a call's JSON arguments; other
+    recipients (built-in tools such as ``python``, ``container.exec``) are not function
+    calls and are dropped, like llama.cpp does. The end of generation (``<|call|>`` is an
+    end-of-generation token) ends the last message.
+    """
     content: list[str] = []
     thought: list[str] = []
     calls: list[_Call] = []
     settled = True
-    pat = re.compile(
-        r"(?:<\|start\|>assistant)?(?P<head>[^<]*?)<\|channel\|>(?P<chan>\w+)(?P<hdr>[^<]*?)"
-        r"(?:<\|constrain\|>\w+)?<\|message\|>(?P<body>.*?)(?P<end><\|end\|>|<\|call\|>|<\|return\|>|$)",
-        re.S,
-    )
     pos = 0
-    for m in pat.finditer(text):
-        if m.start() == m.end():
-            break
-        pre = text[pos : m.start()]
-        if pre.strip():
-            content.append(pre)
-        pos = m.end()
-        chan, body, end = m.group("chan"), m.group("body"), m.group("end")
-        to = re.search(r"to=functions\.([\w.\-]+)", (m.group("head") or "") + (m.group("hdr") or ""))
-        if to:
-            if not end and not final:
-                calls.append(_Call(to.group(1), None, body, complete=False))
+    n = len(text)
+    while pos < n:
+        if text.startswith("<|start|>", pos):
+            pos += len("<|start|>")
+        k = text.find("<|message|>", pos)
+        if k < 0:
+            tail = text[pos:]
+            if "<|channel|>" not in tail and "<|" not in tail and "to=" not in tail:
+                content.append(tail)  # plain text with no harmony header
+            elif not final:
                 settled = False
-                continue
-            obj, err = _loads(body.strip() or "{}")
-            if not end:
-                err = err or "unterminated tool call"
-            if err or not isinstance(obj, dict):
-                calls.append(
-                    _Call(to.group(1), None, body.strip(), error=err or "arguments are not a JSON object")
-                )
             else:
-                calls.append(_Call(to.group(1), obj, body.strip()))
-        elif chan == "analysis" and reasoning is not None:
-            thought.append(body)
+                content.append(tail)
+            break
+        header = text[pos:k]
+        body_start = k + len("<|message|>")
+        m = _HARMONY_END.search(text, body_start)
+        body = text[body_start : m.start() if m else n]
+        end = m.end() if m else n
+        chan = re.findall(r"<\|channel\|>\s*(\w+)", header)
+        channel = chan[-1] if chan else ""
+        to = [t for t in re.findall(r"to=([^\s<]+)", header) if t != "assistant"]
+        recipient = to[-1] if to else None
+        if recipient is not None:
+            if recipient.startswith("functions."):
+                name = recipient[len("functions.") :]
+                if not m and not final:
+                    calls.append(_Call(name, None, body, complete=False))
+                    settled = False
+                else:
+                    obj, err = _loads(body.strip() or "{}")
+                    if err or not isinstance(obj, dict):
+                        calls.append(_Call(name, None, body.strip(), error=err or "arguments are not a JSON object"))
+                    else:
+                        calls.append(_Call(name, obj, body.strip()))
+        elif channel == "analysis":
+            if opts.reasoning is None:
+                content.append(text[pos:end].removeprefix("assistant"))
+            else:
+                thought.append(body)
         else:
             content.append(body)
-        if not end:
-            settled = False
-    if pos < len(text):
-        if final:
-            content.append(text[pos:])
-        else:
-            settled = False  # the next header is still being written
-    r: str | None = "".join(thought) if thought and reasoning else None
-    return _Scan(r, "".join(content), calls, settled)
+        if not m and not final:
+            settled = settled and recipient is None
+        pos = end
+    reasoning = "".join(thought) if thought and opts.reasoning is not None else None
+    return _Scan(reasoning if reasoning and reasoning.strip() else None, "".join(content), calls, settled)
 
 
-def _scan(text: str, fmt: str, reasoning: bool | None, think_open: bool, final: bool) -> _Scan:
-    if fmt == "gpt_oss":
-        return _gpt_oss(text, reasoning, final)
-    markers = ("<|START_THINKING|>", "<|END_THINKING|>") if fmt == "command_r7b" else THINK
-    r, rest, r_done = _split_reasoning(text, reasoning, think_open, markers)
-    if reasoning is False:
-        r = None
-        if not r_done:
-            return _Scan(None, "", [], final)
-        rest = _strip_think_anywhere(rest)
-    if not r_done and not final:
-        return _Scan(r, "", [], False)
-    calls: list[_Call] = []
-    settled_at = len(rest)
-    pieces: list[str]
-    if fmt in ("hermes", "qwen3_coder"):
-        body = _qwen3_coder_body if fmt == "qwen3_coder" else _hermes_body
-        pieces, calls, settled_at = _scan_regions(rest, "<tool_call>", "</tool_call>", body, final)
-        if not calls and "<function=" in rest and fmt == "hermes":
-            pieces, calls, settled_at = _scan_regions(
-                rest,
-                "<function=",
-                "</function>",
-                lambda reg, fin: _hermes_body("<function=" + reg + ("</function>" if fin else ""), fin),
-                final,
-            )
-        content = "".join(pieces)
-    elif fmt == "granite":
-        c = rest.replace("<response>", "").replace("</response>", "")
-        pieces, calls, settled_at = _scan_regions(c, "<|tool_call|>", None, _list_body, final)
-        content = "".join(pieces)
-        rest = c
-    elif fmt == "mistral":
-        i = rest.find("[TOOL_CALLS]")
-        if i < 0:
-            content = rest
-        else:
-            content = rest[:i]
-            if final:
-                for seg in rest[i:].split("[TOOL_CALLS]")[1:]:
-                    calls.extend(_mistral_body(seg, True))
-            else:
-                settled_at = i
-                m = re.match(r"\[TOOL_CALLS\]\s*([\w.\-]+)\[ARGS\]", rest[i:])
-                if m:
-                    calls.append(_Call(m.group(1), None, "", complete=False))
-    elif fmt == "functionary_v3_2":
-        pieces, calls, settled_at = _functionary_body(rest, final)
-        content = "".join(pieces)
-    elif fmt == "deepseek_r1":
-        c = rest.replace(_DS["calls_end"], "")
-        pieces, calls, settled_at = _scan_regions(c, _DS["calls_begin"], None, _deepseek_body, final)
-        content = "".join(pieces)
-        rest = c
-    elif fmt == "command_r7b":
-        c = rest.replace("<|START_RESPONSE|>", "").replace("<|END_RESPONSE|>", "")
-        pieces, calls, settled_at = _scan_regions(c, "<|START_ACTION|>", "<|END_ACTION|>", _command_r7b_body, final)
-        content = "".join(pieces)
-        rest = c
-    elif fmt == "pythonic":
-        s = rest
-        m = re.search(r"<\|tool_call_start\|>(.*?)(<\|tool_call_end\|>|$)", s, re.S)
-        if m:
-            if not m.group(2) and not final:
-                return _Scan(r, s[: m.start()], [], False)
-            found = _pythonic_calls(m.group(1))
-            calls = found if found is not None else [_Call(None, None, m.group(1), error="not a list of calls")]
-            content = s[: m.start()] + s[m.end() :]
-        else:
-            found = _pythonic_calls(s) if final else None
-            if found is not None:
-                calls, content = found, ""
-            elif not final and s.lstrip().startswith("["):
-                return _Scan(r, "", [], False)
-            else:
-                content = s
-    elif fmt == "llama3_json":
-        s = rest.strip()
-        if not final and (s.startswith("{") or s.startswith("<|python_tag|>") or "<|python_tag|>".startswith(s) and s):
-            return _Scan(r, "", [], False)
-        found = _llama3_calls(rest) if final else None
-        if found is not None:
-            calls, content = found, ""
-        elif "<|python_tag|>" in rest:
-            i = rest.find("<|python_tag|>")
-            content = rest[:i]
-            body = rest[i + len("<|python_tag|>") :]
-            calls = [_Call(None, None, body.strip(), error="cannot read the <|python_tag|> call")]
-        else:
-            content = rest
-    elif fmt == "generic":
-        s = rest.strip()
-        if not final and (s.startswith("{") or s.startswith("`")):
-            return _Scan(r, "", [], False)
-        found = _generic_calls(rest) if final else None
-        if found is not None:
-            calls, content = found
-        else:
-            content = rest
-    else:  # content
-        content = rest
-    settled = settled_at >= len(rest) and all(c.complete for c in calls)
-    return _Scan(r, content, calls, settled)
+# --------------------------------------------------------------------------- public API
 
 
 def _finish_calls(calls: list[_Call], ids: list[str] | None = None) -> tuple[list[ToolCall], list[InvalidToolCall]]:
     good: list[ToolCall] = []
     bad: list[InvalidToolCall] = []
     for n, c in enumerate(calls):
+        checked(c)
         cid = ids[n] if ids is not None and n < len(ids) else (c.id or new_call_id())
         if c.error is None and c.name and c.args is not None:
             good.append(tool_call(name=c.name, args=c.args, id=cid))
         else:
-            bad.append(invalid_tool_call(name=c.name, args=c.raw, id=cid, error=c.error or "malformed tool call"))
+            raw = c.raw if isinstance(c.raw, str) else str(c.raw)
+            bad.append(invalid_tool_call(name=c.name, args=raw, id=cid, error=c.error or "malformed tool call"))
     return good, bad
 
 
@@ -692,14 +691,31 @@ def _check_fmt(fmt: str) -> None:
         raise ValueError(f"unknown tool-call format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
-def parse(text: str, fmt: str, *, reasoning: bool | None = None, think_open: bool = False) -> ParsedOutput:
-    """Split a finished generation into content, reasoning and tool calls (never raises)."""
+def parse(
+    text: str,
+    fmt: str,
+    *,
+    reasoning: bool | None = None,
+    think_open: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    prefill: str = "",
+    partial: bool = False,
+) -> ParsedOutput:
+    """Split a generation into content, reasoning and tool calls (never raises on the text).
+
+    ``tools`` (OpenAI tool dicts) type tagged arguments by their schema; ``prefill`` is the
+    end of the rendered prompt (what it already opened); ``partial`` parses a generation
+    still under way (unfinished calls are left out).
+    """
     _check_fmt(fmt)
+    opts = Options.make(reasoning, think_open, tools, prefill)
     try:
-        sc = _scan(text, fmt, reasoning, think_open, final=True)
+        sc = _scan(text, fmt, opts, final=not partial)
     except Exception:  # defensive: model output must never crash a request
+        logger.exception("tool-call parser failed on model output; returning it as content")
         return ParsedOutput(content=text.strip())
-    good, bad = _finish_calls(sc.calls)
+    calls = [c for c in sc.calls if c.complete] if partial else sc.calls
+    good, bad = _finish_calls(calls)
     return ParsedOutput(
         content=sc.content.strip(),
         reasoning=sc.reasoning.strip() if sc.reasoning is not None else None,
@@ -719,6 +735,20 @@ def _held_suffix(text: str, markers: tuple[str, ...]) -> int:
     return best
 
 
+def _markers(fmt: str) -> tuple[str, ...]:
+    spec = SPECS.get(fmt)
+    out = list(START_MARKERS.get(fmt, ()))
+    if spec is not None:
+        out += [r[0] for r in spec.regions] + list(spec.strip) + list(spec.held)
+        if spec.think is not None:
+            out += [m for m in spec.think if m]
+    else:
+        out += list(THINK)
+    if fmt == "hermes":
+        out += [r[0] for r in _HERMES_REGIONS]
+    return tuple(dict.fromkeys(m for m in out if m))
+
+
 class StreamParser:
     """Incremental :func:`parse`: feed text deltas, get content/reasoning/tool-call deltas.
 
@@ -734,12 +764,15 @@ class StreamParser:
         reasoning: bool | None = None,
         think_open: bool = False,
         id_prefix: str = "call_",
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        prefill: str = "",
     ) -> None:
         _check_fmt(fmt)
         self.fmt = fmt
         self.reasoning = reasoning
         self.think_open = think_open
         self.id_prefix = id_prefix
+        self._opts = Options.make(reasoning, think_open, tools, prefill)
         self._buf = ""
         self._sent_content = 0
         self._sent_reasoning = 0
@@ -747,7 +780,9 @@ class StreamParser:
         self._calls_done = 0  # calls whose arguments were sent
         self._ids: list[str] = []
         self._result: ParsedOutput | None = None
-        self._markers = (*START_MARKERS.get(fmt, ()), *THINK)
+        self._markers = _markers(fmt)
+        think = _think_markers(fmt) if fmt != "gpt_oss" else None
+        self._think_end = tuple(m for m in (think or ()) if m)
 
     @property
     def result(self) -> ParsedOutput:
@@ -765,10 +800,11 @@ class StreamParser:
     def feed(self, delta: str) -> list[StreamDelta]:
         self._buf += delta
         try:
-            sc = _scan(self._buf, self.fmt, self.reasoning, self.think_open, final=False)
-        except Exception:
+            sc = _scan(self._buf, self.fmt, self._opts, final=False)
+            return self._emit(sc, final=False)
+        except Exception:  # model output must never crash a request: finish() decides
+            logger.exception("tool-call parser failed on partial model output")
             return []
-        return self._emit(sc, final=False)
 
     def _emit(self, sc: _Scan, final: bool) -> list[StreamDelta]:
         out: list[StreamDelta] = []
@@ -777,7 +813,7 @@ class StreamParser:
             if final:
                 keep = len(text.rstrip())
             else:
-                keep = len(text) - _held_suffix(text, ("</think>", "<|END_THINKING|>", *self._markers))
+                keep = len(text) - _held_suffix(text, (*self._think_end, *self._markers))
                 keep = len(text[:keep].rstrip())
             if keep > self._sent_reasoning:
                 out.append(StreamDelta("reasoning", text[self._sent_reasoning : keep]))
@@ -794,10 +830,13 @@ class StreamParser:
             out.append(StreamDelta("content", content[self._sent_content : keep]))
             self._sent_content = keep
         for n, c in enumerate(sc.calls):
+            if final:
+                checked(c)
             if n >= self._calls_named and c.name:
                 out.append(StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name))
                 self._calls_named = n + 1
             if n >= self._calls_done and (c.complete or final):
+                checked(c)
                 if n >= self._calls_named:  # an invalid call without a name
                     out.append(StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name))
                     self._calls_named = n + 1
@@ -807,11 +846,17 @@ class StreamParser:
         return out
 
     def finish(self) -> list[StreamDelta]:
+        """End of generation: settle everything still held back."""
         try:
-            sc = _scan(self._buf, self.fmt, self.reasoning, self.think_open, final=True)
+            sc = _scan(self._buf, self.fmt, self._opts, final=True)
         except Exception:
+            logger.exception("tool-call parser failed on model output; returning it as content")
             sc = _Scan(None, self._buf, [], True)
-        out = self._emit(sc, final=True)
+        try:
+            out = self._emit(sc, final=True)
+        except Exception:
+            logger.exception("tool-call parser failed to emit its result")
+            sc, out = _Scan(None, self._buf, [], True), []
         ids = [self._id(n, c.id) for n, c in enumerate(sc.calls)]
         good, bad = _finish_calls(sc.calls, ids)
         self._result = ParsedOutput(
