@@ -47,7 +47,7 @@ from .base import (
     checked,
     json_safe,
 )
-from .families import SPECS, _py_literal
+from .families import SPECS, Spec, _py_literal
 
 logger = logging.getLogger(__name__)
 
@@ -405,10 +405,15 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
         else:
             return _Reasoning(None, "", text, True)
     j = text.find(end, body_start)
+    end_len = len(end)
+    for stop in SPECS[fmt].think_stops if fmt in SPECS else ():
+        k = text.find(stop, body_start)
+        if k >= 0 and (j < 0 or k < j):
+            j, end_len = k, 0
     if j < 0:
         body, rest, done, raw = text[body_start:], "", False, raw_open + text
     else:
-        body, rest, done, raw = text[body_start:j], text[j + len(end) :], True, raw_open + text[: j + len(end)]
+        body, rest, done, raw = text[body_start:j], text[j + end_len :], True, raw_open + text[: j + end_len]
     if opts.reasoning is None:
         return _Reasoning(None, raw, rest, done)
     if lead and opened:
@@ -457,16 +462,20 @@ def _scan_multi(
 
 def _scan_spec(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, list[_Call], bool]:
     spec = SPECS[fmt]
-    for m in spec.strip:
-        rest = rest.replace(m, "")
+    calls: list[_Call] = []
     if fmt == "functionary_v3_1" and "<|python_tag|>" in rest:
         i = rest.index("<|python_tag|>")
         code = rest[i + len("<|python_tag|>") :]
-        pieces, calls, settled_at = _scan_multi(rest[:i], spec.regions, opts, final)
+        rest = rest[:i]
         calls.append(_Call("python", {"code": code}, code, complete=final))
-        return "".join(pieces), calls, final
-    pieces, calls, settled_at = _scan_multi(rest, spec.regions, opts, final)
-    return "".join(pieces), calls, settled_at >= len(rest)
+    pieces, found, settled_at = _scan_multi(rest, spec.regions, opts, final)
+    content = "".join(pieces)
+    if not final and spec.strip:
+        # a stripped marker may be the start of a longer one: settle only what cannot grow
+        content = content[: len(content) - _held_suffix(content, spec.strip)]
+    for m in spec.strip:
+        content = content.replace(m, "")
+    return content, found + calls, settled_at >= len(rest)
 
 
 _HERMES_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
@@ -509,19 +518,20 @@ def _bare_call(text: str) -> list[_Call] | None:
     return [_call_from_obj(obj, s)]
 
 
-def _mistral_calls(rest: str, final: bool) -> tuple[str, list[_Call], bool]:
-    i = rest.find("[TOOL_CALLS]")
-    if i < 0:
-        return rest, [], True
+def _mistral_region(region: str, final: bool, opts: Options) -> list[_Call]:
+    """Everything after the first ``[TOOL_CALLS]``: a JSON list, or ``name[CALL_ID]id[ARGS]{...}`` segments."""
     calls: list[_Call] = []
-    if final:
-        for seg in rest[i:].split("[TOOL_CALLS]")[1:]:
+    for seg in region.split("[TOOL_CALLS]"):
+        if final:
             calls.extend(_mistral_body(seg, True))
-        return rest[:i], calls, True
-    for seg in rest[i:].split("[TOOL_CALLS]")[1:]:
-        m = re.match(r"\s*([\w.\-]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]", seg)
-        calls.append(_Call(m.group(1) if m else None, None, seg, complete=False))
-    return rest[:i], calls, False
+            continue
+        m = re.match(r"\s*([\w.\-]+)(?:\[CALL_ID\]([^\[]*)\[ARGS\]|\[ARGS\])", seg)
+        calls.append(_Call(m.group(1) if m else None, None, seg, id=m.group(2) if m else None, complete=False))
+    return calls
+
+
+SPECS["mistral"] = Spec(think=None, regions=(("[TOOL_CALLS]", None, _mistral_region),))
+SPECS["ministral_3"] = Spec(think=("[THINK]", "[/THINK]"), regions=(("[TOOL_CALLS]", None, _mistral_region),))
 
 
 def _legacy_body(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, list[_Call], bool] | None:
@@ -541,8 +551,6 @@ def _legacy_body(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, 
         c = rest.replace("<response>", "").replace("</response>", "")
         pieces, calls, settled_at = _scan_regions(c, "<|tool_call|>", None, _list_body, final)
         return "".join(pieces), calls, settled_at >= len(c)
-    if fmt in ("mistral", "ministral_3"):
-        return _mistral_calls(rest, final)
     if fmt == "functionary_v3_2":
         text = ">>>" + rest if opts.opened(">>>") else rest
         pieces, calls, settled_at = _functionary_body(text, final)
@@ -555,7 +563,8 @@ def _legacy_body(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, 
         m = re.search(r"<\|tool_call_start\|>(.*?)(<\|tool_call_end\|>|$)", rest, re.S)
         if m:
             if not m.group(2) and not final:
-                return rest[: m.start()], [_Call(None, None, m.group(1), complete=False)], False
+                named = re.match(r"\s*\[\s*([\w.\-]+)\(", m.group(1))
+                return rest[: m.start()], [_Call(named and named.group(1), None, m.group(1), complete=False)], False
             found = _pythonic_calls(m.group(1))
             calls = found if found is not None else [_Call(None, None, m.group(1), error="not a list of calls")]
             return rest[: m.start()] + rest[m.end() :], calls, True
@@ -622,16 +631,19 @@ def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
     pos = 0
     n = len(text)
     while pos < n:
+        in_header = pos > 0
         if text.startswith("<|start|>", pos):
             pos += len("<|start|>")
+            in_header = True
         k = text.find("<|message|>", pos)
         if k < 0:
             tail = text[pos:]
-            if "<|channel|>" not in tail and "<|" not in tail and "to=" not in tail:
+            harmony = in_header or "<|" in tail or "to=" in tail
+            if not harmony:
                 content.append(tail)  # plain text with no harmony header
             elif not final:
-                settled = False
-            else:
+                settled = False  # a header still being written
+            elif not re.match(r"\s*(assistant\b|<\||to=)", tail):
                 content.append(tail)
             break
         header = text[pos:k]
@@ -714,7 +726,12 @@ def parse(
     except Exception:  # defensive: model output must never crash a request
         logger.exception("tool-call parser failed on model output; returning it as content")
         return ParsedOutput(content=text.strip())
-    calls = [c for c in sc.calls if c.complete] if partial else sc.calls
+    calls = sc.calls
+    if partial:  # a call still being written is reported once its name is known
+        calls = [c for c in calls if c.complete or c.name]
+        for c in calls:
+            if not c.complete:
+                c.error = c.error or "tool call still being written"
     good, bad = _finish_calls(calls)
     return ParsedOutput(
         content=sc.content.strip(),

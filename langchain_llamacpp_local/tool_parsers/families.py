@@ -30,6 +30,7 @@ class Spec:
     #: text the template's generation prompt puts before the reasoning (kept in reasoning)
     reasoning_lead: str = ""
     held: tuple[str, ...] = field(default=())  # extra markers held back while streaming
+    think_stops: tuple[str, ...] = ()  # markers that also end reasoning (left in place)
 
 
 def _args_obj(text: str, name: str | None, raw: str) -> _Call:
@@ -64,11 +65,13 @@ _GLM_ARG = re.compile(r"<arg_key>(?P<k>.*?)</arg_key>\s*<arg_value>(?P<v>.*?)</a
 
 def glm_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``NAME<arg_key>k</arg_key><arg_value>v</arg_value>...`` (GLM 4.5+, Ling, Laguna)."""
-    i = region.find("<arg_key>")
-    head = region if i < 0 else region[:i]
-    name = head.strip() or None
-    if i < 0 and not final and "\n" not in head.lstrip():
-        return [_Call(None, None, region, complete=False)]
+    m = re.match(r"\s*([^<\n]+?)\s*(?=<arg_key>|\n|$)", region)
+    name = m.group(1) if m else None
+    named = m is not None and (final or m.end() < len(region))
+    if not final:
+        return [_Call(name if named else None, None, region, complete=False)]
+    if not name:
+        return [_Call(None, None, region, error="tool call has no name")]
     return [_tagged_args(region, _GLM_ARG, name, opts, region, True, final)]
 
 
@@ -102,6 +105,14 @@ _QWEN_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>\n?(?P<v>.*?)\n?</parameter
 def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<function=NAME>\\n<parameter=k>\\nv\\n</parameter>\\n</function>`` (Qwen3-Coder, Qwen3.5, Seed-OSS)."""
     return _xml_function_calls(region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _QWEN_PARAM)
+
+
+_SEED_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>(?P<v>.*?)</parameter>", re.S)
+
+
+def seed_oss_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """Seed-OSS: like Qwen3-Coder, but parameter values are verbatim (no newline framing)."""
+    return _xml_function_calls(region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _SEED_PARAM)
 
 
 _MINIMAX_PARAM = re.compile(r'<parameter name="(?P<k>[^"]*)">(?P<v>.*?)</parameter>', re.S)
@@ -209,8 +220,9 @@ def _name_sep_json(region: str, final: bool, sep: str, name_prefix: str = "") ->
 
 def _split_calls(region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[_Call]]) -> list[_Call]:
     out: list[_Call] = []
-    for m in re.finditer(re.escape(begin) + r"(.*?)(" + re.escape(end) + r"|$)", region, re.S):
-        closed = bool(m.group(2))
+    # a call ends at its end marker, or (a model that skips it) where the next call begins
+    for m in re.finditer(re.escape(begin) + r"(.*?)(" + re.escape(end) + r"|(?=" + re.escape(begin) + r")|$)", region, re.S):
+        closed = bool(m.group(2)) or m.end() < len(region)
         calls = one(m.group(1), closed or final)
         if not closed:
             for c in calls:
@@ -256,7 +268,13 @@ def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call
 def command_r_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``[{"tool_call_id", "tool_name", "parameters"}]`` (Command R7B / R+ / Cohere2)."""
     if not final:
-        return [_Call(None, None, region, complete=False)] if region.strip() else []
+        names = re.findall(r'"tool_name"\s*:\s*"([^"\\]*)"', region)
+        ids = re.findall(r'"tool_call_id"\s*:\s*"([^"\\]*)"', region)
+        if not names:
+            return [_Call(None, None, region, complete=False)] if region.strip() else []
+        return [
+            _Call(n, None, region, id=ids[k] if k < len(ids) else None, complete=False) for k, n in enumerate(names)
+        ]
     s = _unfence(region.strip())
     parsed = _json_prefix(s)
     if parsed is None:
@@ -266,7 +284,7 @@ def command_r_body(region: str, final: bool, opts: Options) -> list[_Call]:
     calls = []
     for o in items:
         if isinstance(o, dict) and "tool_name" in o:
-            o = {"name": o.get("tool_name"), "parameters": o.get("parameters", {})}
+            o = {"name": o.get("tool_name"), "parameters": o.get("parameters", {}), "id": o.get("tool_call_id")}
         calls.append(_call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments")))
     return calls
 
@@ -309,7 +327,8 @@ def gemma4_body(region: str, final: bool, opts: Options) -> list[_Call]:
         return [_Call(None, None, s, error="not a call:NAME{...} tool call")]
     name = m.group(1)
     if not final:
-        return [_Call(name, None, region, complete=False)]
+        named = m.end() < len(s) and s[m.end()] == "{"
+        return [_Call(name if named else None, None, region, complete=False)]
     try:
         args = _gemma_value(s[m.end() :].strip() or "{}")
     except ValueError as exc:
@@ -354,10 +373,11 @@ SPECS: dict[str, Spec] = {
             ("<function=", "</function>", rewrap("<function=", "</function>", qwen3_coder_body)),
         ),
         strip=("</tool_call>",),
+        think_stops=("<tool_call>",),
     ),
     "seed_oss": Spec(
         think=("<seed:think>", "</seed:think>"),
-        regions=(("<seed:tool_call>", "</seed:tool_call>", qwen3_coder_body),),
+        regions=(("<seed:tool_call>", "</seed:tool_call>", seed_oss_body),),
     ),
     "glm45": Spec(regions=(("<tool_call>", "</tool_call>", glm_body),), strip=("<|role_end|>",)),
     "minimax_m2": Spec(regions=(("<minimax:tool_call>", "</minimax:tool_call>", minimax_body),)),
@@ -370,9 +390,15 @@ SPECS: dict[str, Spec] = {
             (f"<{_DSML}function_calls>", f"</{_DSML}function_calls>", dsml_body),
             (f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>", dsml_body),
         ),
+        think_stops=(f"<{_DSML}function_calls>", f"<{_DSML}tool_calls>"),
     ),
     "kimi_k2": Spec(
-        regions=(("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", kimi_k2_body),),
+        regions=(
+            ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", kimi_k2_body),
+            ("<|tool_call_begin|>", None, rewrap("<|tool_call_begin|>", "", kimi_k2_body)),
+        ),
+        strip=("<|tool_calls_section_end|>",),
+        think_stops=("<|tool_calls_section_begin|>", "<|tool_call_begin|>"),
     ),
     "nemotron_v2": Spec(regions=(("<TOOLCALL>", "</TOOLCALL>", json_list_body),)),
     "apertus": Spec(
@@ -384,7 +410,7 @@ SPECS: dict[str, Spec] = {
         reasoning_lead="Here are my reasoning steps:\n",
         regions=(("<tool_calls>", "</tool_calls>", json_list_body),),
     ),
-    "firefunction_v2": Spec(think=None, regions=((" functools[", None, rewrap("[", "", json_list_body)),)),
+    "firefunction_v2": Spec(think=None, regions=(("functools[", None, rewrap("[", "", json_list_body)),)),
     "functionary_v3_1": Spec(
         think=None,
         regions=(("<function=", "</function>", functionary_v3_1_body),),
@@ -408,6 +434,8 @@ SPECS: dict[str, Spec] = {
     "gemma4": Spec(
         think=("<|channel>thought", "<channel|>"),
         regions=(("<|tool_call>", "<tool_call|>", gemma4_body),),
+        # stray channel markup a model writes around its answer never reaches content
+        strip=("<|channel>thought\n<channel|>", "<|channel>thought<channel|>", "<channel|>", "<|channel>"),
     ),
     "minicpm5": Spec(regions=(("<function", "</function>", rewrap("", "</function>", minicpm5_body)),)),
 }
