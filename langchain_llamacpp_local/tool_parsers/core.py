@@ -93,7 +93,7 @@ START_MARKERS: dict[str, tuple[str, ...]] = {
         "<|END_RESPONSE|>",
         "<|START_THINKING|>",
     ),
-    "gpt_oss": ("<|channel|>", "<|start|>", "<|end|>", "<|call|>", "<|return|>", "<|message|>"),
+    "gpt_oss": ("<|channel|>", "<|start|>", "<|end|>", "<|call|>", "<|return|>", "<|message|>", "to="),
     "generic": (),
     "content": (),
 }
@@ -402,6 +402,8 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
             raw_open = ""
         elif start and not final and stripped and start.startswith(stripped):
             return _Reasoning("", "", "", False, held=True)
+        elif fmt in SPECS and SPECS[fmt].think_implicit and end in text:
+            body_start, raw_open = 0, ""
         else:
             return _Reasoning(None, "", text, True)
     j = text.find(end, body_start)
@@ -415,7 +417,11 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     else:
         body, rest, done, raw = text[body_start:j], text[j + end_len :], True, raw_open + text[: j + end_len]
     if opts.reasoning is None:
-        return _Reasoning(None, raw, rest, done)
+        settled_body = body
+        if not done and not final:  # the end (or a stop marker) may be half-written
+            stops = (end, *(SPECS[fmt].think_stops if fmt in SPECS else ()))
+            settled_body = body[: len(body) - _held_suffix(body, stops)]
+        return _Reasoning(None, raw if settled_body.strip() or not opened else "", rest, done)
     if lead and opened:
         body = lead + body
     return _Reasoning(body if body.strip() else None, raw, rest, done)
@@ -475,6 +481,12 @@ def _scan_spec(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, li
         content = content[: len(content) - _held_suffix(content, spec.strip)]
     for m in spec.strip:
         content = content.replace(m, "")
+    if spec.strip_re:
+        if not final:  # a header still being written is held back
+            cut = max(content.rfind("to="), content.rfind("<|start|>"))
+            if cut >= 0 and "<|message|>" not in content[cut:]:
+                content = content[:cut]
+        content = re.sub(spec.strip_re, "", content)
     return content, found + calls, settled_at >= len(rest)
 
 

@@ -31,6 +31,9 @@ class Spec:
     reasoning_lead: str = ""
     held: tuple[str, ...] = field(default=())  # extra markers held back while streaming
     think_stops: tuple[str, ...] = ()  # markers that also end reasoning (left in place)
+    #: reasoning may start without its opening marker (the model is always thinking first)
+    think_implicit: bool = False
+    strip_re: str | None = None  # a pattern of header markup removed from content
 
 
 def _args_obj(text: str, name: str | None, raw: str) -> _Call:
@@ -47,6 +50,8 @@ def _tagged_args(
     args: dict[str, object] = {}
     for m in pattern.finditer(inner):
         key, value = m.group("k").strip(), m.group("v")
+        if value.startswith("<![CDATA[") and value.endswith("]]>"):
+            value = value[len("<![CDATA[") : -len("]]>")]
         if m.groupdict().get("s") is not None:  # DSML: string="true|false"
             args[key] = value if m.group("s") == "true" else typed_value(value, None)
         else:
@@ -136,7 +141,7 @@ def dsml_body(region: str, final: bool, opts: Options) -> list[_Call]:
     )
 
 
-_MINICPM_PARAM = re.compile(r'<param name="(?P<k>[^"]*)">(?P<v>.*?)</param>', re.S)
+_MINICPM_PARAM = re.compile(r'<param name="(?P<k>[^"]*)">(?P<v><!\[CDATA\[.*?\]\]>|.*?)</param>', re.S)
 
 
 def minicpm5_body(region: str, final: bool, opts: Options) -> list[_Call]:
@@ -356,6 +361,88 @@ def _py_literal(node: ast.AST) -> object:
     return json_safe(ast.literal_eval(node))
 
 
+# --------------------------------------------------------------------------- more families
+
+_MM = "]<]minimax[>["
+_MMQ = re.escape(_MM)
+_MM_PARAM = re.compile(rf"(?:{_MMQ})?<(?P<k>[\w.\-]+)>(?P<v>.*?)(?:{_MMQ})?</(?P=k)>", re.S)
+
+
+def _mm_value(text: str, types: set[str] | None) -> object:
+    """A MiniMax M3 value: text, or nested ``<k>v</k>`` tags (``<item>`` ones make a list)."""
+    if types is not None and "string" in types:
+        return text  # a string-typed value stays text even when it looks structured
+    children = list(_MM_PARAM.finditer(text))
+    if not children:
+        return typed_value(text.strip(), types)
+    if all(c.group("k") == "item" for c in children):
+        return [_mm_value(c.group("v"), None) for c in children]
+    return {c.group("k"): _mm_value(c.group("v"), None) for c in children}
+
+
+def minimax_m3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``]<]minimax[>[<invoke name="X">]<]minimax[>[<k>v]<]minimax[>[</k>...`` (MiniMax M3)."""
+    out: list[_Call] = []
+    pat = rf'(?:{_MMQ})?<invoke name="(?P<name>[^"]*)">(?P<body>.*?)(?P<close>(?:{_MMQ})?</invoke>|$)'
+    for m in re.finditer(pat, region, re.S):
+        name, closed = m.group("name"), bool(m.group("close"))
+        if not closed:
+            out.append(_Call(name, None, m.group(0), error="unterminated tool call" if final else None, complete=final))
+            continue
+        args = {
+            p.group("k"): _mm_value(p.group("v"), opts.param_types(name, p.group("k")))
+            for p in _MM_PARAM.finditer(m.group("body"))
+        }
+        out.append(_Call(name, args, m.group(0)))
+    if not out and final and region.strip():
+        out.append(_Call(None, None, region, error="cannot read the tool call"))
+    return out
+
+
+_K3_ARG = re.compile(
+    r'<\|open\|>argument key="(?P<k>[^"]*)"(?: type="(?P<t>[^"]*)")?<\|sep\|>(?P<v>.*?)<\|close\|>argument<\|sep\|>', re.S
+)
+
+
+def kimi_k3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<|open|>call tool="X" index="1"<|sep|><|open|>argument key="k" type="number"<|sep|>v<|close|>argument<|sep|>``."""
+    out: list[_Call] = []
+    pat = r'<\|open\|>call tool="(?P<name>[^"]*)"[^<]*<\|sep\|>(?P<body>.*?)(?P<close><\|close\|>call<\|sep\|>|$)'
+    for m in re.finditer(pat, region, re.S):
+        name, closed = m.group("name"), bool(m.group("close"))
+        if not closed:
+            out.append(_Call(name, None, m.group(0), error="unterminated tool call" if final else None, complete=final))
+            continue
+        args: dict[str, object] = {}
+        for a in _K3_ARG.finditer(m.group("body")):
+            t = a.group("t")
+            types = {"string"} if t == "string" else opts.param_types(name, a.group("k")) if t is None else {t, "integer"}
+            args[a.group("k")] = typed_value(a.group("v"), types)
+        out.append(_Call(name, args, m.group(0)))
+    if not out and final and region.strip():
+        out.append(_Call(None, None, region, error="cannot read the tool call"))
+    return out
+
+
+def json_call_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """One ``{"name", "arguments"}`` object (GigaChat)."""
+    if not final:
+        m = re.match(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', region)
+        return [_Call(m.group(1) if m else None, None, region, complete=False)] if region.strip() else []
+    parsed = _json_prefix(region.strip())
+    if parsed is None:
+        return [_Call(None, None, region.strip(), error="invalid JSON in the tool call")]
+    return [_call_from_obj(parsed[0], region.strip())]
+
+
+_ATEM_PARAM = re.compile(r'<atem:parameter name="(?P<k>[^"]*)">(?P<v>.*?)</atem:parameter>', re.S)
+
+
+def muse_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<atem:invoke name="X"><atem:parameter name="k">v</atem:parameter></atem:invoke>`` (Muse Glimmer)."""
+    return _xml_function_calls(region, final, opts, r'<atem:invoke name="(?P<name>[^"]*)">', "</atem:invoke>", _ATEM_PARAM)
+
+
 # --------------------------------------------------------------------------- specs
 
 
@@ -436,6 +523,29 @@ SPECS: dict[str, Spec] = {
         regions=(("<|tool_call>", "<tool_call|>", gemma4_body),),
         # stray channel markup a model writes around its answer never reaches content
         strip=("<|channel>thought\n<channel|>", "<|channel>thought<channel|>", "<channel|>", "<|channel>"),
+    ),
+    "minimax_m3": Spec(
+        think=("<mm:think>", "</mm:think>"),
+        think_implicit=True,
+        regions=((_MM + "<tool_call>", _MM + "</tool_call>", minimax_m3_body),),
+        held=(_MM,),
+    ),
+    "kimi_k3": Spec(
+        think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+        regions=(("<|open|>tools<|sep|>", "<|close|>tools<|sep|>", kimi_k3_body),),
+        think_stops=("<|open|>response<|sep|>", "<|open|>tools<|sep|>"),
+        strip=("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>"),
+    ),
+    "gigachat_v3": Spec(
+        think=None, regions=(("<|message_sep|>\n\nfunction call<|role_sep|>\n", None, json_call_body),)
+    ),
+    "gigachat_v3_1": Spec(think=None, regions=(("<|function_call|>", None, json_call_body),)),
+    "muse_glimmer": Spec(
+        think=(" to=self<|message|>", "<|eom|>"),
+        regions=(("<atem:function_calls>", "</atem:function_calls>", muse_body),),
+        strip=("<|eot|>", "<|eom|>"),
+        held=("to=",),
+        strip_re=r"(?:<\|start\|>assistant)?(?: to=[^<\s]*)?<\|message\|>",
     ),
     "minicpm5": Spec(regions=(("<function", "</function>", rewrap("", "</function>", minicpm5_body)),)),
 }
