@@ -37,7 +37,9 @@ def _json_args(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def _call_from_obj(obj: Any, raw: str, keys: tuple[str, ...] = ("arguments", "parameters")) -> _Call:
+def _call_from_obj(
+    obj: Any, raw: str, keys: tuple[str, ...] = ("arguments", "parameters")
+) -> _Call:
     if not isinstance(obj, dict):
         return _Call(None, None, raw, error="tool call is not a JSON object")
     fn = obj.get("function") if isinstance(obj.get("function"), dict) else None
@@ -53,7 +55,9 @@ def _call_from_obj(obj: Any, raw: str, keys: tuple[str, ...] = ("arguments", "pa
     args = _json_args(args_val)
     cid = obj.get("id") or obj.get("tool_call_id")
     if args is None:
-        return _Call(name, None, raw, id=str(cid) if cid else None, error="arguments are not a JSON object")
+        return _Call(
+            name, None, raw, id=str(cid) if cid else None, error="arguments are not a JSON object"
+        )
     return _Call(name, args, raw, id=str(cid) if cid else None)
 
 
@@ -110,12 +114,12 @@ def _scan_regions(
                     c.error = f"unterminated tool call (no {end})"
                     c.args = None
                 c.raw = c.raw or region
-            calls.extend(found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")])
+            calls.extend(
+                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")]
+            )
             return content, calls, len(text)
         calls.extend(body(text[i + len(start) : j], True))
         pos = j + len(end)
-
-
 
 
 # --------------------------------------------------------------------------- options
@@ -191,7 +195,14 @@ def _schema_types(schema: Any) -> set[str] | None:
     return out or None
 
 
-_JSON_TYPES = {dict: "object", list: "array", bool: "boolean", int: "integer", float: "number", str: "string"}
+_JSON_TYPES = {
+    dict: "object",
+    list: "array",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+}
 
 
 def typed_value(raw: str, types: set[str] | None) -> Any:

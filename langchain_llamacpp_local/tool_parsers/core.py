@@ -45,7 +45,6 @@ from .base import (
     _scan_regions,
     _unfence,
     checked,
-    json_safe,
 )
 from .families import SPECS, Spec, _py_literal
 
@@ -93,7 +92,15 @@ START_MARKERS: dict[str, tuple[str, ...]] = {
         "<|END_RESPONSE|>",
         "<|START_THINKING|>",
     ),
-    "gpt_oss": ("<|channel|>", "<|start|>", "<|end|>", "<|call|>", "<|return|>", "<|message|>", "to="),
+    "gpt_oss": (
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|call|>",
+        "<|return|>",
+        "<|message|>",
+        "to=",
+    ),
     "generic": (),
     "content": (),
 }
@@ -139,7 +146,15 @@ def _hermes_body(region: str, final: bool) -> list[_Call]:
             return [_Call(m.group(1), None, s, complete=False)]
         args, err = _loads(m.group(2) or "{}")
         if err or not isinstance(args, dict):
-            return [_Call(m.group(1), None, s, error=err or "arguments are not a JSON object", complete=final)]
+            return [
+                _Call(
+                    m.group(1),
+                    None,
+                    s,
+                    error=err or "arguments are not a JSON object",
+                    complete=final,
+                )
+            ]
         return [_Call(m.group(1), args, s)]
     if not final:
         name = re.match(r'^\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', s)
@@ -166,7 +181,9 @@ def _qwen3_coder_body(region: str, final: bool) -> list[_Call]:
     for m in re.finditer(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", s, re.S):
         name, inner = m.group(1).strip(), m.group(2)
         args: dict[str, Any] = {}
-        for p in re.finditer(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", inner, re.S):
+        for p in re.finditer(
+            r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", inner, re.S
+        ):
             args[p.group(1).strip()] = _parse_value(p.group(2))
         closed = "</function>" in m.group(0)
         if not closed and final:
@@ -178,7 +195,9 @@ def _qwen3_coder_body(region: str, final: bool) -> list[_Call]:
     return out
 
 
-def _list_body(region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")) -> list[_Call]:
+def _list_body(
+    region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")
+) -> list[_Call]:
     if not final:
         return []
     s = _unfence(region.strip())
@@ -282,7 +301,9 @@ def _generic_calls(text: str) -> tuple[list[_Call], str] | None:
     if "tool_calls" in obj and isinstance(obj["tool_calls"], list):
         return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj["tool_calls"]], ""
     if "tool_call" in obj:
-        return [_call_from_obj(obj["tool_call"], json.dumps(obj["tool_call"], ensure_ascii=False))], ""
+        return [
+            _call_from_obj(obj["tool_call"], json.dumps(obj["tool_call"], ensure_ascii=False))
+        ], ""
     if "response" in obj:
         resp = obj["response"]
         return [], resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False)
@@ -315,7 +336,14 @@ def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], i
         else:
             obj, err = _loads(body.strip() or "{}")
             if err or not isinstance(obj, dict):
-                calls.append(_Call(name or None, None, body.strip(), error=err or "arguments are not a JSON object"))
+                calls.append(
+                    _Call(
+                        name or None,
+                        None,
+                        body.strip(),
+                        error=err or "arguments are not a JSON object",
+                    )
+                )
             else:
                 calls.append(_Call(name, obj, body.strip()))
         offset += 3 + len(part)
@@ -338,7 +366,14 @@ def _deepseek_body(region: str, final: bool) -> list[_Call]:
         if not closed:
             err = err or "unterminated tool call"
         if err or not isinstance(obj, dict):
-            out.append(_Call(name.strip() or None, None, inner, error=err or "arguments are not a JSON object"))
+            out.append(
+                _Call(
+                    name.strip() or None,
+                    None,
+                    inner,
+                    error=err or "arguments are not a JSON object",
+                )
+            )
         else:
             out.append(_Call(name.strip(), obj, inner))
     return out
@@ -354,8 +389,14 @@ def _command_r7b_body(region: str, final: bool) -> list[_Call]:
     calls = []
     for o in items:
         if isinstance(o, dict) and "tool_name" in o:
-            o = {"name": o.get("tool_name"), "parameters": o.get("parameters", {}), "id": o.get("tool_call_id")}
-        calls.append(_call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments")))
+            o = {
+                "name": o.get("tool_name"),
+                "parameters": o.get("parameters", {}),
+                "id": o.get("tool_call_id"),
+            }
+        calls.append(
+            _call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments"))
+        )
     return calls
 
 
@@ -394,7 +435,9 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     opened = opts.think_open or (opts.opened(start) if start else bool(lead) and opts.opened(lead))
     if opened:
         body_start = 0
-        raw_open = opts.prefill[opts.prefill.rfind(start) :] if start and start in opts.prefill else ""
+        raw_open = (
+            opts.prefill[opts.prefill.rfind(start) :] if start and start in opts.prefill else ""
+        )
     else:
         stripped = text.lstrip()
         if start and stripped.startswith(start):
@@ -415,7 +458,12 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     if j < 0:
         body, rest, done, raw = text[body_start:], "", False, raw_open + text
     else:
-        body, rest, done, raw = text[body_start:j], text[j + end_len :], True, raw_open + text[: j + end_len]
+        body, rest, done, raw = (
+            text[body_start:j],
+            text[j + end_len :],
+            True,
+            raw_open + text[: j + end_len],
+        )
     if opts.reasoning is None:
         settled_body = body
         if not done and not final:  # the end (or a stop marker) may be half-written
@@ -460,7 +508,9 @@ def _scan_multi(
                 if c.error is None and end is not None:
                     c.error = f"unterminated tool call (no {end})"
                     c.args = None
-            calls.extend(found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")])
+            calls.extend(
+                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")]
+            )
             return content, calls, len(text)
         calls.extend(body(text[i + len(start) : j], True, opts))
         pos = j + len(end)
@@ -501,15 +551,19 @@ def _hermes_fn(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<function=NAME>{json}</function>`` or ``<function name="NAME">{json}</function>``."""
     m = re.match(r'^(?:=([^>\s]+)|\s+name="([^"]*)")>(.*)$', region, re.S)
     if not m:
-        return [_Call(None, None, region, complete=False)] if not final else [
-            _Call(None, None, region, error="cannot read the <function> call")
-        ]
+        return (
+            [_Call(None, None, region, complete=False)]
+            if not final
+            else [_Call(None, None, region, error="cannot read the <function> call")]
+        )
     name = m.group(1) or m.group(2)
     if not final:
         return [_Call(name, None, region, complete=False)]
     args, err = _loads(m.group(3).strip() or "{}")
     if err or not isinstance(args, dict):
-        return [_Call(name, None, m.group(3).strip(), error=err or "arguments are not a JSON object")]
+        return [
+            _Call(name, None, m.group(3).strip(), error=err or "arguments are not a JSON object")
+        ]
     return [_Call(name, args, m.group(3).strip())]
 
 
@@ -525,7 +579,12 @@ def _bare_call(text: str) -> list[_Call] | None:
     if not s.startswith("{"):
         return None
     obj, err = _loads(s)
-    if err or not isinstance(obj, dict) or "name" not in obj or not ({"arguments", "parameters"} & obj.keys()):
+    if (
+        err
+        or not isinstance(obj, dict)
+        or "name" not in obj
+        or not ({"arguments", "parameters"} & obj.keys())
+    ):
         return None
     return [_call_from_obj(obj, s)]
 
@@ -538,15 +597,23 @@ def _mistral_region(region: str, final: bool, opts: Options) -> list[_Call]:
             calls.extend(_mistral_body(seg, True))
             continue
         m = re.match(r"\s*([\w.\-]+)(?:\[CALL_ID\]([^\[]*)\[ARGS\]|\[ARGS\])", seg)
-        calls.append(_Call(m.group(1) if m else None, None, seg, id=m.group(2) if m else None, complete=False))
+        calls.append(
+            _Call(
+                m.group(1) if m else None, None, seg, id=m.group(2) if m else None, complete=False
+            )
+        )
     return calls
 
 
 SPECS["mistral"] = Spec(think=None, regions=(("[TOOL_CALLS]", None, _mistral_region),))
-SPECS["ministral_3"] = Spec(think=("[THINK]", "[/THINK]"), regions=(("[TOOL_CALLS]", None, _mistral_region),))
+SPECS["ministral_3"] = Spec(
+    think=("[THINK]", "[/THINK]"), regions=(("[TOOL_CALLS]", None, _mistral_region),)
+)
 
 
-def _legacy_body(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, list[_Call], bool] | None:
+def _legacy_body(
+    rest: str, fmt: str, opts: Options, final: bool
+) -> tuple[str, list[_Call], bool] | None:
     """Content and calls of the classic formats; None: hold everything back (streaming)."""
     if fmt == "hermes":
         pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
@@ -569,16 +636,26 @@ def _legacy_body(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, 
         return "".join(pieces), calls, settled_at >= len(text)
     if fmt == "deepseek_r1":
         c = rest.replace(_DS["calls_end"], "")
-        pieces, calls, settled_at = _scan_regions(c, _DS["calls_begin"], None, _deepseek_body, final)
+        pieces, calls, settled_at = _scan_regions(
+            c, _DS["calls_begin"], None, _deepseek_body, final
+        )
         return "".join(pieces), calls, settled_at >= len(c)
     if fmt == "pythonic":
         m = re.search(r"<\|tool_call_start\|>(.*?)(<\|tool_call_end\|>|$)", rest, re.S)
         if m:
             if not m.group(2) and not final:
                 named = re.match(r"\s*\[\s*([\w.\-]+)\(", m.group(1))
-                return rest[: m.start()], [_Call(named and named.group(1), None, m.group(1), complete=False)], False
+                return (
+                    rest[: m.start()],
+                    [_Call(named and named.group(1), None, m.group(1), complete=False)],
+                    False,
+                )
             found = _pythonic_calls(m.group(1))
-            calls = found if found is not None else [_Call(None, None, m.group(1), error="not a list of calls")]
+            calls = (
+                found
+                if found is not None
+                else [_Call(None, None, m.group(1), error="not a list of calls")]
+            )
             return rest[: m.start()] + rest[m.end() :], calls, True
         if not final and rest.lstrip().startswith("["):
             return None
@@ -586,7 +663,9 @@ def _legacy_body(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, 
         return ("", found, True) if found is not None else (rest, [], True)
     if fmt == "llama3_json":
         s = rest.strip()
-        if not final and (s.startswith("{") or "<|python_tag|>" in s or s and "<|python_tag|>".startswith(s)):
+        if not final and (
+            s.startswith("{") or "<|python_tag|>" in s or s and "<|python_tag|>".startswith(s)
+        ):
             return None
         found = _llama3_calls(rest) if final else None
         if found is not None:
@@ -676,7 +755,14 @@ def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
                 else:
                     obj, err = _loads(body.strip() or "{}")
                     if err or not isinstance(obj, dict):
-                        calls.append(_Call(name, None, body.strip(), error=err or "arguments are not a JSON object"))
+                        calls.append(
+                            _Call(
+                                name,
+                                None,
+                                body.strip(),
+                                error=err or "arguments are not a JSON object",
+                            )
+                        )
                     else:
                         calls.append(_Call(name, obj, body.strip()))
         elif channel == "analysis":
@@ -690,13 +776,17 @@ def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
             settled = settled and recipient is None
         pos = end
     reasoning = "".join(thought) if thought and opts.reasoning is not None else None
-    return _Scan(reasoning if reasoning and reasoning.strip() else None, "".join(content), calls, settled)
+    return _Scan(
+        reasoning if reasoning and reasoning.strip() else None, "".join(content), calls, settled
+    )
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def _finish_calls(calls: list[_Call], ids: list[str] | None = None) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+def _finish_calls(
+    calls: list[_Call], ids: list[str] | None = None
+) -> tuple[list[ToolCall], list[InvalidToolCall]]:
     good: list[ToolCall] = []
     bad: list[InvalidToolCall] = []
     for n, c in enumerate(calls):
@@ -706,7 +796,11 @@ def _finish_calls(calls: list[_Call], ids: list[str] | None = None) -> tuple[lis
             good.append(tool_call(name=c.name, args=c.args, id=cid))
         else:
             raw = c.raw if isinstance(c.raw, str) else str(c.raw)
-            bad.append(invalid_tool_call(name=c.name, args=raw, id=cid, error=c.error or "malformed tool call"))
+            bad.append(
+                invalid_tool_call(
+                    name=c.name, args=raw, id=cid, error=c.error or "malformed tool call"
+                )
+            )
     return good, bad
 
 
@@ -869,7 +963,11 @@ class StreamParser:
                 if n >= self._calls_named:  # an invalid call without a name
                     out.append(StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name))
                     self._calls_named = n + 1
-                args = json.dumps(c.args, ensure_ascii=False) if c.error is None and c.args is not None else c.raw
+                args = (
+                    json.dumps(c.args, ensure_ascii=False)
+                    if c.error is None and c.args is not None
+                    else c.raw
+                )
                 out.append(StreamDelta("tool_call", index=n, args=args))
                 self._calls_done = n + 1
         return out

@@ -14,7 +14,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .base import Options, _Call, _call_from_obj, _json_prefix, _loads, _unfence, json_safe, typed_value
+from .base import (
+    Options,
+    _Call,
+    _call_from_obj,
+    _json_prefix,
+    _loads,
+    _unfence,
+    json_safe,
+    typed_value,
+)
 
 #: body(region, final, opts) -> calls
 Body = Callable[[str, bool, Options], list[_Call]]
@@ -44,7 +53,13 @@ def _args_obj(text: str, name: str | None, raw: str) -> _Call:
 
 
 def _tagged_args(
-    inner: str, pattern: re.Pattern[str], name: str | None, opts: Options, raw: str, closed: bool, final: bool
+    inner: str,
+    pattern: re.Pattern[str],
+    name: str | None,
+    opts: Options,
+    raw: str,
+    closed: bool,
+    final: bool,
 ) -> _Call:
     """Arguments written as tagged key/value pairs, typed by the tool's schema."""
     args: dict[str, object] = {}
@@ -89,10 +104,17 @@ def _xml_function_calls(
     arg: re.Pattern[str],
 ) -> list[_Call]:
     out: list[_Call] = []
-    for m in re.finditer(open_re + r"(?P<body>.*?)(?P<close>" + re.escape(close) + r"|$)", region, re.S):
+    for m in re.finditer(
+        open_re + r"(?P<body>.*?)(?P<close>" + re.escape(close) + r"|$)", region, re.S
+    ):
         name = m.group("name").strip()
         closed = bool(m.group("close"))
-        if not closed and not final and not m.group("body").strip() and not m.group(0).endswith(">"):
+        if (
+            not closed
+            and not final
+            and not m.group("body").strip()
+            and not m.group(0).endswith(">")
+        ):
             out.append(_Call(None, None, m.group(0), complete=False))
             continue
         out.append(_tagged_args(m.group("body"), arg, name, opts, m.group(0), closed, final))
@@ -109,7 +131,9 @@ _QWEN_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>\n?(?P<v>.*?)\n?</parameter
 
 def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<function=NAME>\\n<parameter=k>\\nv\\n</parameter>\\n</function>`` (Qwen3-Coder, Qwen3.5, Seed-OSS)."""
-    return _xml_function_calls(region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _QWEN_PARAM)
+    return _xml_function_calls(
+        region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _QWEN_PARAM
+    )
 
 
 _SEED_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>(?P<v>.*?)</parameter>", re.S)
@@ -117,7 +141,9 @@ _SEED_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>(?P<v>.*?)</parameter>", re
 
 def seed_oss_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """Seed-OSS: like Qwen3-Coder, but parameter values are verbatim (no newline framing)."""
-    return _xml_function_calls(region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _SEED_PARAM)
+    return _xml_function_calls(
+        region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _SEED_PARAM
+    )
 
 
 _MINIMAX_PARAM = re.compile(r'<parameter name="(?P<k>[^"]*)">(?P<v>.*?)</parameter>', re.S)
@@ -125,29 +151,44 @@ _MINIMAX_PARAM = re.compile(r'<parameter name="(?P<k>[^"]*)">(?P<v>.*?)</paramet
 
 def minimax_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<invoke name="X"><parameter name="k">v</parameter></invoke>`` (MiniMax M2)."""
-    return _xml_function_calls(region, final, opts, r'<invoke name="(?P<name>[^"]*)">', "</invoke>", _MINIMAX_PARAM)
+    return _xml_function_calls(
+        region, final, opts, r'<invoke name="(?P<name>[^"]*)">', "</invoke>", _MINIMAX_PARAM
+    )
 
 
 _DSML = "｜DSML｜"
 _DSML_PARAM = re.compile(
-    rf'<{_DSML}parameter name="(?P<k>[^"]*)"(?: string="(?P<s>true|false)")?>(?P<v>.*?)</{_DSML}parameter>', re.S
+    rf'<{_DSML}parameter name="(?P<k>[^"]*)"(?: string="(?P<s>true|false)")?>(?P<v>.*?)</{_DSML}parameter>',
+    re.S,
 )
 
 
 def dsml_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """DeepSeek V3.2/V4 DSML: ``<｜DSML｜invoke name="X"><｜DSML｜parameter name="k" string="true">v...``."""
     return _xml_function_calls(
-        region, final, opts, rf'<{_DSML}invoke name="(?P<name>[^"]*)">', f"</{_DSML}invoke>", _DSML_PARAM
+        region,
+        final,
+        opts,
+        rf'<{_DSML}invoke name="(?P<name>[^"]*)">',
+        f"</{_DSML}invoke>",
+        _DSML_PARAM,
     )
 
 
-_MINICPM_PARAM = re.compile(r'<param name="(?P<k>[^"]*)">(?P<v><!\[CDATA\[.*?\]\]>|.*?)</param>', re.S)
+_MINICPM_PARAM = re.compile(
+    r'<param name="(?P<k>[^"]*)">(?P<v><!\[CDATA\[.*?\]\]>|.*?)</param>', re.S
+)
 
 
 def minicpm5_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<function name="X"><param name="k">v</param></function>`` (MiniCPM5)."""
     return _xml_function_calls(
-        "<function" + region, final, opts, r'<function name="(?P<name>[^"]*)">', "</function>", _MINICPM_PARAM
+        "<function" + region,
+        final,
+        opts,
+        r'<function name="(?P<name>[^"]*)">',
+        "</function>",
+        _MINICPM_PARAM,
     )
 
 
@@ -223,10 +264,16 @@ def _name_sep_json(region: str, final: bool, sep: str, name_prefix: str = "") ->
     return [_args_obj(_unfence(body), name or None, body.strip())]
 
 
-def _split_calls(region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[_Call]]) -> list[_Call]:
+def _split_calls(
+    region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[_Call]]
+) -> list[_Call]:
     out: list[_Call] = []
     # a call ends at its end marker, or (a model that skips it) where the next call begins
-    for m in re.finditer(re.escape(begin) + r"(.*?)(" + re.escape(end) + r"|(?=" + re.escape(begin) + r")|$)", region, re.S):
+    for m in re.finditer(
+        re.escape(begin) + r"(.*?)(" + re.escape(end) + r"|(?=" + re.escape(begin) + r")|$)",
+        region,
+        re.S,
+    ):
         closed = bool(m.group(2)) or m.end() < len(region)
         calls = one(m.group(1), closed or final)
         if not closed:
@@ -240,7 +287,11 @@ def _split_calls(region: str, begin: str, end: str, final: bool, one: Callable[[
 def deepseek_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`` (DeepSeek V3.1)."""
     return _split_calls(
-        region, "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", final, lambda s, f: _name_sep_json(s, f, _DS_SEP)
+        region,
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        final,
+        lambda s, f: _name_sep_json(s, f, _DS_SEP),
     )
 
 
@@ -264,7 +315,11 @@ def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call
     """``NAME>{json}`` after ``<function=`` (Functionary v3.1)."""
     name, found, body = region.partition(">")
     if not found:
-        return [_Call(None, None, region, complete=False)] if not final else [_Call(None, None, region, error="bad call")]
+        return (
+            [_Call(None, None, region, complete=False)]
+            if not final
+            else [_Call(None, None, region, error="bad call")]
+        )
     if not final:
         return [_Call(name.strip(), None, region, complete=False)]
     return [_args_obj(body, name.strip(), body.strip())]
@@ -278,7 +333,8 @@ def command_r_body(region: str, final: bool, opts: Options) -> list[_Call]:
         if not names:
             return [_Call(None, None, region, complete=False)] if region.strip() else []
         return [
-            _Call(n, None, region, id=ids[k] if k < len(ids) else None, complete=False) for k, n in enumerate(names)
+            _Call(n, None, region, id=ids[k] if k < len(ids) else None, complete=False)
+            for k, n in enumerate(names)
         ]
     s = _unfence(region.strip())
     parsed = _json_prefix(s)
@@ -289,8 +345,14 @@ def command_r_body(region: str, final: bool, opts: Options) -> list[_Call]:
     calls = []
     for o in items:
         if isinstance(o, dict) and "tool_name" in o:
-            o = {"name": o.get("tool_name"), "parameters": o.get("parameters", {}), "id": o.get("tool_call_id")}
-        calls.append(_call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments")))
+            o = {
+                "name": o.get("tool_name"),
+                "parameters": o.get("parameters", {}),
+                "id": o.get("tool_call_id"),
+            }
+        calls.append(
+            _call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments"))
+        )
     return calls
 
 
@@ -357,7 +419,7 @@ def _py_literal(node: ast.AST) -> object:
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise ValueError("dict unpacking")
-        return {_py_literal(k): _py_literal(v) for k, v in zip(node.keys, node.values)}  # type: ignore[arg-type]
+        return {_py_literal(k): _py_literal(v) for k, v in zip(node.keys, node.values, strict=False)}  # type: ignore[arg-type]
     return json_safe(ast.literal_eval(node))
 
 
@@ -383,11 +445,21 @@ def _mm_value(text: str, types: set[str] | None) -> object:
 def minimax_m3_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``]<]minimax[>[<invoke name="X">]<]minimax[>[<k>v]<]minimax[>[</k>...`` (MiniMax M3)."""
     out: list[_Call] = []
-    pat = rf'(?:{_MMQ})?<invoke name="(?P<name>[^"]*)">(?P<body>.*?)(?P<close>(?:{_MMQ})?</invoke>|$)'
+    pat = (
+        rf'(?:{_MMQ})?<invoke name="(?P<name>[^"]*)">(?P<body>.*?)(?P<close>(?:{_MMQ})?</invoke>|$)'
+    )
     for m in re.finditer(pat, region, re.S):
         name, closed = m.group("name"), bool(m.group("close"))
         if not closed:
-            out.append(_Call(name, None, m.group(0), error="unterminated tool call" if final else None, complete=final))
+            out.append(
+                _Call(
+                    name,
+                    None,
+                    m.group(0),
+                    error="unterminated tool call" if final else None,
+                    complete=final,
+                )
+            )
             continue
         args = {
             p.group("k"): _mm_value(p.group("v"), opts.param_types(name, p.group("k")))
@@ -400,7 +472,8 @@ def minimax_m3_body(region: str, final: bool, opts: Options) -> list[_Call]:
 
 
 _K3_ARG = re.compile(
-    r'<\|open\|>argument key="(?P<k>[^"]*)"(?: type="(?P<t>[^"]*)")?<\|sep\|>(?P<v>.*?)<\|close\|>argument<\|sep\|>', re.S
+    r'<\|open\|>argument key="(?P<k>[^"]*)"(?: type="(?P<t>[^"]*)")?<\|sep\|>(?P<v>.*?)<\|close\|>argument<\|sep\|>',
+    re.S,
 )
 
 
@@ -411,12 +484,26 @@ def kimi_k3_body(region: str, final: bool, opts: Options) -> list[_Call]:
     for m in re.finditer(pat, region, re.S):
         name, closed = m.group("name"), bool(m.group("close"))
         if not closed:
-            out.append(_Call(name, None, m.group(0), error="unterminated tool call" if final else None, complete=final))
+            out.append(
+                _Call(
+                    name,
+                    None,
+                    m.group(0),
+                    error="unterminated tool call" if final else None,
+                    complete=final,
+                )
+            )
             continue
         args: dict[str, object] = {}
         for a in _K3_ARG.finditer(m.group("body")):
             t = a.group("t")
-            types = {"string"} if t == "string" else opts.param_types(name, a.group("k")) if t is None else {t, "integer"}
+            types = (
+                {"string"}
+                if t == "string"
+                else opts.param_types(name, a.group("k"))
+                if t is None
+                else {t, "integer"}
+            )
             args[a.group("k")] = typed_value(a.group("v"), types)
         out.append(_Call(name, args, m.group(0)))
     if not out and final and region.strip():
@@ -428,7 +515,11 @@ def json_call_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """One ``{"name", "arguments"}`` object (GigaChat)."""
     if not final:
         m = re.match(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', region)
-        return [_Call(m.group(1) if m else None, None, region, complete=False)] if region.strip() else []
+        return (
+            [_Call(m.group(1) if m else None, None, region, complete=False)]
+            if region.strip()
+            else []
+        )
     parsed = _json_prefix(region.strip())
     if parsed is None:
         return [_Call(None, None, region.strip(), error="invalid JSON in the tool call")]
@@ -440,7 +531,36 @@ _ATEM_PARAM = re.compile(r'<atem:parameter name="(?P<k>[^"]*)">(?P<v>.*?)</atem:
 
 def muse_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<atem:invoke name="X"><atem:parameter name="k">v</atem:parameter></atem:invoke>`` (Muse Glimmer)."""
-    return _xml_function_calls(region, final, opts, r'<atem:invoke name="(?P<name>[^"]*)">', "</atem:invoke>", _ATEM_PARAM)
+    return _xml_function_calls(
+        region, final, opts, r'<atem:invoke name="(?P<name>[^"]*)">', "</atem:invoke>", _ATEM_PARAM
+    )
+
+
+_HY = ":opensource"
+_HY_ARG = re.compile(
+    rf"<arg_key{_HY}>(?P<k>.*?)</arg_key{_HY}>\s*<arg_value{_HY}>(?P<v>.*?)</arg_value{_HY}>", re.S
+)
+
+
+def hy3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<tool_call:opensource>NAME<tool_sep:opensource><arg_key:...>k</arg_key:...><arg_value:...>v...``."""
+
+    def one(s: str, fin: bool) -> list[_Call]:
+        head, found, body = s.partition(f"<tool_sep{_HY}>")
+        if not found:
+            return [_Call(None, None, s, error="no tool name" if fin else None, complete=fin)]
+        return [_tagged_args(body, _HY_ARG, head.strip(), opts, s, fin, fin)]
+
+    return _split_calls(region, f"<tool_call{_HY}>", f"</tool_call{_HY}>", final, one)
+
+
+def solar_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``ID<|tool_call:name|>NAME<|tool_call:args|>{json}`` (Solar Open)."""
+    cid, _, rest = region.partition("<|tool_call:name|>")
+    calls = _name_sep_json(rest, final, "<|tool_call:args|>")
+    for c in calls:
+        c.id = cid.strip() or None
+    return calls
 
 
 # --------------------------------------------------------------------------- specs
@@ -448,7 +568,9 @@ def muse_body(region: str, final: bool, opts: Options) -> list[_Call]:
 
 def rewrap(prefix: str, suffix: str, body: Body) -> Body:
     """A body that gets its region back with the start (and, once closed, end) marker."""
-    return lambda region, final, opts: body(prefix + region + (suffix if final else ""), final, opts)
+    return lambda region, final, opts: body(
+        prefix + region + (suffix if final else ""), final, opts
+    )
 
 
 _CMD = ("<|START_THINKING|>", "<|END_THINKING|>")
@@ -497,7 +619,9 @@ SPECS: dict[str, Spec] = {
         reasoning_lead="Here are my reasoning steps:\n",
         regions=(("<tool_calls>", "</tool_calls>", json_list_body),),
     ),
-    "firefunction_v2": Spec(think=None, regions=(("functools[", None, rewrap("[", "", json_list_body)),)),
+    "firefunction_v2": Spec(
+        think=None, regions=(("functools[", None, rewrap("[", "", json_list_body)),)
+    ),
     "functionary_v3_1": Spec(
         think=None,
         regions=(("<function=", "</function>", functionary_v3_1_body),),
@@ -522,7 +646,12 @@ SPECS: dict[str, Spec] = {
         think=("<|channel>thought", "<channel|>"),
         regions=(("<|tool_call>", "<tool_call|>", gemma4_body),),
         # stray channel markup a model writes around its answer never reaches content
-        strip=("<|channel>thought\n<channel|>", "<|channel>thought<channel|>", "<channel|>", "<|channel>"),
+        strip=(
+            "<|channel>thought\n<channel|>",
+            "<|channel>thought<channel|>",
+            "<channel|>",
+            "<|channel>",
+        ),
     ),
     "minimax_m3": Spec(
         think=("<mm:think>", "</mm:think>"),
@@ -537,7 +666,8 @@ SPECS: dict[str, Spec] = {
         strip=("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>"),
     ),
     "gigachat_v3": Spec(
-        think=None, regions=(("<|message_sep|>\n\nfunction call<|role_sep|>\n", None, json_call_body),)
+        think=None,
+        regions=(("<|message_sep|>\n\nfunction call<|role_sep|>\n", None, json_call_body),),
     ),
     "gigachat_v3_1": Spec(think=None, regions=(("<|function_call|>", None, json_call_body),)),
     "muse_glimmer": Spec(
@@ -547,5 +677,16 @@ SPECS: dict[str, Spec] = {
         held=("to=",),
         strip_re=r"(?:<\|start\|>assistant)?(?: to=[^<\s]*)?<\|message\|>",
     ),
-    "minicpm5": Spec(regions=(("<function", "</function>", rewrap("", "</function>", minicpm5_body)),)),
+    "hy3": Spec(
+        think=(f"<think{_HY}>", f"</think{_HY}>"),
+        regions=((f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", hy3_body),),
+    ),
+    "solar_open": Spec(
+        think=("<|think|>", "<|end|>"),
+        regions=(("<|tool_call:begin|>", "<|tool_call:end|>", solar_body),),
+        strip=("<|begin|>assistant", "<|content|>", "<|end|>", "<|tool_calls|>", "<|calls|>"),
+    ),
+    "minicpm5": Spec(
+        regions=(("<function", "</function>", rewrap("", "</function>", minicpm5_body)),)
+    ),
 }

@@ -73,7 +73,11 @@ def tokenize(src: str) -> list[tuple[str, Any, int]]:
             val = unescape(text[1:-1])
             # C++ byte escapes (\xNN) build UTF-8 sequences: re-decode them
             try:
-                val = val.encode("latin-1").decode("utf-8") if any(0x80 <= ord(ch) < 0x100 for ch in val) else val
+                val = (
+                    val.encode("latin-1").decode("utf-8")
+                    if any(0x80 <= ord(ch) < 0x100 for ch in val)
+                    else val
+                )
             except (UnicodeEncodeError, UnicodeDecodeError):
                 pass
         elif kind in ("comment", "ws"):
@@ -134,14 +138,19 @@ class Reader:
         raise Unsupported(f"unexpected token {val!r}")
 
 
-def msg(content: str = "", reasoning: str = "", name: str = "", args: str = "", cid: str = "") -> dict[str, Any]:
+def msg(
+    content: str = "", reasoning: str = "", name: str = "", args: str = "", cid: str = ""
+) -> dict[str, Any]:
     calls = [{"name": name, "arguments": args, "id": cid}] if name or cid else []
     return {"content": content, "reasoning": reasoning, "tool_calls": calls}
 
 
 def multi(reasoning: str, content: str, calls: list[list[str]]) -> dict[str, Any]:
-    return {"content": content, "reasoning": reasoning,
-            "tool_calls": [{"name": n, "arguments": a, "id": ""} for n, a in calls]}
+    return {
+        "content": content,
+        "reasoning": reasoning,
+        "tool_calls": [{"name": n, "arguments": a, "id": ""} for n, a in calls],
+    }
 
 
 FUNCS = {
@@ -159,13 +168,27 @@ def load_env(toks: list[tuple[str, Any, int]]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     r = Reader(toks, env)
     for i, (kind, val, _) in enumerate(toks):
-        if kind == "id" and val == "common_chat_tool" and toks[i + 1][0] == "id" and toks[i + 2][1] == "{":
+        if (
+            kind == "id"
+            and val == "common_chat_tool"
+            and toks[i + 1][0] == "id"
+            and toks[i + 2][1] == "{"
+        ):
             try:
                 items, _ = r.expr(i + 2)
-                env[toks[i + 1][1]] = {"name": items[0], "description": items[1], "parameters": json.loads(items[2]) if items[2].strip("{} \n") else {}}
+                env[toks[i + 1][1]] = {
+                    "name": items[0],
+                    "description": items[1],
+                    "parameters": json.loads(items[2]) if items[2].strip("{} \n") else {},
+                }
             except (Unsupported, IndexError, ValueError):
                 pass
-        if kind == "id" and val == "common_chat_msg" and toks[i + 1][0] == "id" and toks[i + 2][1] == "=":
+        if (
+            kind == "id"
+            and val == "common_chat_msg"
+            and toks[i + 1][0] == "id"
+            and toks[i + 2][1] == "="
+        ):
             try:
                 env[toks[i + 1][1]], _ = r.expr(i + 3)
             except Unsupported:
@@ -244,7 +267,10 @@ def main(root: str) -> None:
             except (Unsupported, AssertionError, IndexError, KeyError) as exc:
                 err = str(exc) or type(exc).__name__
             for tpl in testers[val]:
-                entry: dict[str, Any] = {"template": tpl, "source": f"tests/test-chat.cpp:{case_line}"}
+                entry: dict[str, Any] = {
+                    "template": tpl,
+                    "source": f"tests/test-chat.cpp:{case_line}",
+                }
                 if err:
                     entry["reason"] = f"cannot read the case: {err}"
                     unported.append(entry)
@@ -257,23 +283,31 @@ def main(root: str) -> None:
             i = j
             continue
         i += 1
-    print(json.dumps({
-        "license": "Cases from llama.cpp tests/test-chat.cpp (llama-cpp-python 0.3.36 sdist, llama.cpp @0c1e57098); "
-                   "MIT, copyright the ggml authors: see llama_cpp_templates/LICENSE.",
-        "cases": cases, "unported": unported}, ensure_ascii=False, indent=1))
 
 
 def build(chain: list[tuple[str, list[Any]]], entry: dict[str, Any]) -> dict[str, Any]:
     case = dict(entry)
-    case.update(input=chain[0][1][0], tools=[], reasoning_format="none", enable_thinking=True,
-                parallel_tool_calls=False, tool_choice="auto", is_partial=False)
+    case.update(
+        input=chain[0][1][0],
+        tools=[],
+        reasoning_format="none",
+        enable_thinking=True,
+        parallel_tool_calls=False,
+        tool_choice="auto",
+        is_partial=False,
+    )
     expect = {"content": "", "reasoning": "", "tool_calls": []}
     for name, args in chain[1:]:
         if name in SKIP_NOT_PARSING:
             case["reason"] = f"prompt-side feature ({name}): not a parse case"
             return case
         if name == "tools":
-            case["tools"] = [t if isinstance(t, dict) else {"name": t[0], "description": t[1], "parameters": json.loads(t[2])} for t in args[0]]
+            case["tools"] = [
+                t
+                if isinstance(t, dict)
+                else {"name": t[0], "description": t[1], "parameters": json.loads(t[2])}
+                for t in args[0]
+            ]
         elif name == "reasoning_format":
             case["reasoning_format"] = args[0].replace("COMMON_REASONING_FORMAT_", "").lower()
         elif name in ("enable_thinking", "parallel_tool_calls", "is_partial"):
@@ -287,7 +321,14 @@ def build(chain: list[tuple[str, list[Any]]], entry: dict[str, Any]) -> dict[str
         elif name == "expect_reasoning":
             expect["reasoning"] = args[0]
         elif name == "expect_tool_calls":
-            expect["tool_calls"] = [{"name": c[0], "arguments": c[1], "id": c[2] if len(c) > 2 and isinstance(c[2], str) else ""} for c in args[0]]
+            expect["tool_calls"] = [
+                {
+                    "name": c[0],
+                    "arguments": c[1],
+                    "id": c[2] if len(c) > 2 and isinstance(c[2], str) else "",
+                }
+                for c in args[0]
+            ]
         elif name in ("expect_reconstruction", "run"):
             pass
         else:

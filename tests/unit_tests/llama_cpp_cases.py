@@ -41,8 +41,12 @@ def _generation_prompt(name: str, tools_json: str, thinking: bool) -> str:
     tools = [{"type": "function", "function": t} for t in json.loads(tools_json)] or None
     msgs = [{"role": "user", "content": "Hey there!"}]
     try:
-        without = tpl.render(msgs, tools=tools, add_generation_prompt=False, enable_thinking=thinking)
-        with_gen = tpl.render(msgs, tools=tools, add_generation_prompt=True, enable_thinking=thinking)
+        without = tpl.render(
+            msgs, tools=tools, add_generation_prompt=False, enable_thinking=thinking
+        )
+        with_gen = tpl.render(
+            msgs, tools=tools, add_generation_prompt=True, enable_thinking=thinking
+        )
     except ChatTemplateError:
         # rendering is the templates' own test (test_templates.py); the parser needs only
         # the prompt's end, so fall back to rendering without tools, then to none
@@ -59,7 +63,9 @@ def _settings(case: dict[str, Any]) -> dict[str, Any]:
     return {
         "reasoning": (bool(case["enable_thinking"]) if extract else None),
         "tools": tools or None,
-        "prefill": _generation_prompt(case["template"], json.dumps(case["tools"]), case["enable_thinking"]),
+        "prefill": _generation_prompt(
+            case["template"], json.dumps(case["tools"]), case["enable_thinking"]
+        ),
     }
 
 
@@ -78,7 +84,11 @@ def _as_msg(out: ParsedOutput) -> dict[str, Any]:
         {"name": c["name"] or "", "arguments": _norm_args(c["args"]), "id": c["id"]}
         for c in out.invalid_tool_calls
     ]
-    return {"content": out.content.strip(), "reasoning": (out.reasoning or "").strip(), "tool_calls": calls}
+    return {
+        "content": out.content.strip(),
+        "reasoning": (out.reasoning or "").strip(),
+        "tool_calls": calls,
+    }
 
 
 def _check(expect: dict[str, Any], got: dict[str, Any]) -> str | None:
@@ -88,7 +98,7 @@ def _check(expect: dict[str, Any], got: dict[str, Any]) -> str | None:
         return f"reasoning {got['reasoning']!r} != {expect['reasoning'].strip()!r}"
     if len(expect["tool_calls"]) != len(got["tool_calls"]):
         return f"tool calls {got['tool_calls']!r} != {expect['tool_calls']!r}"
-    for e, g in zip(expect["tool_calls"], got["tool_calls"]):
+    for e, g in zip(expect["tool_calls"], got["tool_calls"], strict=False):
         if e["name"] != g["name"] or _norm_args(e["arguments"]) != _norm_args(g["arguments"]):
             return f"tool call {g!r} != {e!r}"
         if e["id"] and e["id"] != g["id"]:
@@ -130,8 +140,13 @@ def _stream(case: dict[str, Any], fmt: str, settings: dict[str, Any], seed: int)
     }
     if result is not None:
         final = _as_msg(result)
-        if final != {**msg, "tool_calls": final["tool_calls"]} or len(final["tool_calls"]) != len(msg["tool_calls"]):
-            return {**msg, "content": f"<stream deltas differ from the streamed result: {final!r} vs {msg!r}>"}
+        if final != {**msg, "tool_calls": final["tool_calls"]} or len(final["tool_calls"]) != len(
+            msg["tool_calls"]
+        ):
+            return {
+                **msg,
+                "content": f"<stream deltas differ from the streamed result: {final!r} vs {msg!r}>",
+            }
     return msg
 
 
