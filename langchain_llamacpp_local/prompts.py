@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .sampling import JSON_OBJECT_GRAMMAR, SamplingParams, json_schema_to_grammar, tool_call_grammar
+from .sampling import (
+    JSON_OBJECT_GRAMMAR,
+    WRAPPED_JSON_FORMATS,
+    SamplingParams,
+    json_schema_to_grammar,
+    tool_call_grammar,
+)
 from .templates import (
     ChatTemplate,
     flatten_tool_messages,
@@ -96,6 +102,8 @@ class PreparedPrompt:
     parse_format: str | None = None
     reasoning: bool | None = None
     think_open: bool = False
+    tools: tuple[dict[str, Any], ...] = ()  # bound tools: their schemas type tagged arguments
+    prefill: str = ""  # the end of the rendered prompt (what the template already opened)
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:
@@ -104,12 +112,36 @@ class PreparedPrompt:
             self.parse_format or "content",
             reasoning=self.reasoning,
             think_open=self.think_open,
+            tools=self.tools or None,
+            prefill=self.prefill,
         )
 
 
 #: Formats whose tool calls start with a marker our grammar also writes: with
 #: ``tool_choice="auto"`` the grammar switches on at that marker (llama.cpp's lazy grammar).
-_LAZY_TRIGGERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+_LAZY_TRIGGERS = {
+    "hermes": "<tool_call>",
+    "mistral": "[TOOL_CALLS]",
+    **{fmt: spec[0] for fmt, spec in WRAPPED_JSON_FORMATS.items()},
+}
+
+#: Formats whose output carries channel/turn markup even in plain chat: they are always
+#: parsed (reasoning extracted) so the markup never reaches ``content``.
+_MARKUP_FORMATS = frozenset(
+    {
+        "gpt_oss",
+        "ministral_3",
+        "command_r7b",
+        "cohere2moe",
+        "gemma4",
+        "kimi_k3",
+        "muse_glimmer",
+        "solar_open",
+        "apriel",
+    }
+)
+#: How much of the rendered prompt's end the parser sees (generation prompts are short).
+_PREFILL_CHARS = 256
 
 
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
@@ -230,8 +262,11 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     if grammar is not None:
         sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 
-    stripped = text.rstrip()
-    think_open = stripped.endswith("<think>")
+    reasoning = job.reasoning
+    if parse_format is None and tool_format in _MARKUP_FORMATS:
+        parse_format = tool_format
+    if reasoning is None and parse_format in _MARKUP_FORMATS:
+        reasoning = False  # extract what the model thinks uninvited; never leak markup
     return PreparedPrompt(
         text=text,
         tokens=tokens,
@@ -240,8 +275,9 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         stop=list(job.stop),
         boundaries=boundaries,
         parse_format=parse_format,
-        reasoning=job.reasoning,
-        think_open=think_open,
+        reasoning=reasoning,
+        tools=tuple(tools) if use_tools else (),
+        prefill=text[-_PREFILL_CHARS:],
     )
 
 
