@@ -266,10 +266,23 @@ def _pythonic_calls(text: str) -> list[_Call] | None:
     return calls
 
 
+def _builtin_call(code: str) -> list[_Call]:
+    """Llama 3.1 built-in tools after ``<|python_tag|>``: ``name.call(k=v)``, else Python code."""
+    s = code.strip()
+    m = re.match(r"^([A-Za-z_][\w]*)\.call\((.*)\)\s*;?$", s, re.S)
+    if m:
+        found = _pythonic_calls(f"[{m.group(1)}({m.group(2)})]")
+        if found:
+            return found
+    return [_Call("python", {"code": s}, s)]
+
+
 def _llama3_calls(text: str) -> list[_Call] | None:
     s = text.strip()
     if s.startswith("<|python_tag|>"):
         s = s[len("<|python_tag|>") :].strip()
+        if not s.startswith("{"):
+            return _builtin_call(s)
     if not s.startswith("{"):
         return None
     calls: list[_Call] = []
@@ -670,6 +683,9 @@ def _legacy_body(
         found = _llama3_calls(rest) if final else None
         if found is not None:
             return "", found, True
+        if final and "<|python_tag|>" in rest:
+            i = rest.index("<|python_tag|>")
+            return rest[:i], _llama3_calls(rest[i:]) or [], True
         return rest, [], True
     if fmt == "generic":
         s = rest.strip()

@@ -419,7 +419,9 @@ def _py_literal(node: ast.AST) -> object:
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise ValueError("dict unpacking")
-        return {_py_literal(k): _py_literal(v) for k, v in zip(node.keys, node.values, strict=False)}  # type: ignore[arg-type]
+        return {
+            _py_literal(k): _py_literal(v) for k, v in zip(node.keys, node.values, strict=False)
+        }  # type: ignore[arg-type]
     return json_safe(ast.literal_eval(node))
 
 

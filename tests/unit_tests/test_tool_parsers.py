@@ -332,7 +332,7 @@ def test_gpt_oss_call_ends_at_end_of_generation_and_builtins_are_not_content() -
 
 
 def test_mistral_ids_are_kept_and_unknown_format_errors() -> None:
-    out = parse(RECORDED[13][1], "mistral")
+    out = parse(next(r[1] for r in RECORDED if "a1b2c3d4e" in r[1]), "mistral")
     assert out.tool_calls[0]["id"] == "a1b2c3d4e"
     with pytest.raises(ValueError, match="unknown tool-call format"):
         parse("x", "nope")
