@@ -21,6 +21,7 @@ output: malformed calls come back with an ``error`` and their raw text.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import re
@@ -341,6 +342,16 @@ class TemplateAnalysis:
         if not marker and self.tool_format != "json":
             marker = self.name_prefix.strip()
         return marker
+
+    @property
+    def grammar_triggers(self) -> tuple[str, ...]:
+        """Words that start a lazy tool-call grammar (chat-auto-parser-generator.cpp:70-94):
+        none for bare-JSON formats, which llama.cpp only constrains when a call is required."""
+        if self.tool_format == "none" or not self.trigger:
+            return ()
+        if self.openai_wrapper_trigger:
+            return (self.trigger, '{"type": "function",')
+        return (self.trigger,)
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -1240,11 +1251,13 @@ def analyze_template_full(
     return replace(result, prompt_opens_reasoning=result.opens_reasoning(prompt))
 
 
+@functools.lru_cache(maxsize=16)
 def analyze_template(
     source: str, *, bos_token: str = "", eos_token: str = ""
 ) -> TemplateAnalysis | None:
     """The tool-call format a template teaches, learned from its renders; ``None``
-    when the template shows no tool calls (or does not compile)."""
+    when the template shows no tool calls (or does not compile). Cached: a few
+    dozen renders per template, done once per loaded model."""
     try:
         result = analyze_template_full(source, bos_token=bos_token, eos_token=eos_token)
     except ChatTemplateError as exc:

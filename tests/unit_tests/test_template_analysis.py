@@ -946,3 +946,15 @@ def test_not_a_template() -> None:
     assert analyze_template(source("google-gemma-2-2b-it.jinja")) is None
     a = analyze_template(source("Qwen-Qwen2.5-7B-Instruct.jinja"))
     assert a is not None and json.dumps(a.markers)
+
+
+def test_grammar_triggers() -> None:
+    """chat-auto-parser-generator.cpp:70-94: the section (else per-call) start; none for bare JSON."""
+    assert analysis("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja").grammar_triggers == (
+        "<tool_call>",
+    )
+    assert analysis("deepseek-ai-DeepSeek-V3.1.jinja").grammar_triggers == (
+        "<｜tool▁calls▁begin｜>",
+    )
+    assert analysis("meta-llama-Llama-3.1-8B-Instruct.jinja").grammar_triggers == ()
+    assert analysis("google-gemma-2-2b-it.jinja").grammar_triggers == ()
