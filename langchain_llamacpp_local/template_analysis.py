@@ -333,6 +333,7 @@ class TemplateAnalysis:
     arguments_as_string: bool = False
     content_none_with_calls: bool = False
     tool_role_native: bool = False
+    turn_end: str = ""
     preserved_tokens: tuple[str, ...] = ()
 
     @property
@@ -359,13 +360,25 @@ class TemplateAnalysis:
         return self.preserved_tokens
 
     def opens_reasoning(self, prompt: str) -> bool:
-        """Whether a rendered prompt ends inside an open reasoning block (thinking prefilled)."""
+        """Whether a rendered prompt leaves a reasoning block open (thinking prefilled)."""
+        return bool(self.reasoning_prefill(prompt))
+
+    def reasoning_prefill(self, prompt: str) -> str:
+        """The part of a generation prompt the parser must see before the model's output.
+
+        llama.cpp parses ``generation_prompt + output`` after consuming the prompt up
+        to the reasoning start marker (chat.cpp:1459, chat-peg-parser.cpp:869): when
+        the prompt opens a reasoning block that it does not close, that block's start
+        (and any boilerplate after it, Apriel's "Here are my reasoning steps:") belongs
+        to the reasoning.
+        """
         start, end = self.reasoning_start.strip(), self.reasoning_end.strip()
         if self.reasoning_mode == "none" or not start or not end:
-            return False
-        tail = prompt.rstrip()
-        i = tail.rfind(start)
-        return i >= 0 and tail.find(end, i) < 0 and not tail[i + len(start) :].strip()
+            return ""
+        i = prompt.find(start)
+        if i < 0 or end in prompt[i + len(start) :]:
+            return ""
+        return prompt[i:]
 
 
 class _Renderer:
@@ -1188,6 +1201,20 @@ def _preserved(st: _State) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _turn_end(st: _State, render: _Renderer) -> None:
+    """The marker that ends an assistant turn (``<|im_end|>``...): generation normally
+    stops on it, but a model that spells it out must not leave it in the content."""
+    out = render(messages=[_USER, _asst(ASSISTANT_MSG)])
+    if out is None or ASSISTANT_MSG not in out:
+        return
+    after = out[out.rfind(ASSISTANT_MSG) + len(ASSISTANT_MSG) :]
+    for seg in segmentize_markers(after):
+        if seg.value.strip():
+            if seg.marker and seg.value not in (st.content_end.strip(), st.reasoning_end.strip()):
+                st.set(turn_end=seg.value)
+            return
+
+
 def _generation_prompt(render: _Renderer) -> str:
     a = {"messages": [_USER], "add_generation_prompt": False}
     cmp = _compare(render, a, {**a, "add_generation_prompt": True})
@@ -1231,22 +1258,13 @@ def analyze_template_full(
             _call_ids(st, render)
         if st.tool_format != "none":
             _call_separator(st, render)
+    _turn_end(st, render)
     _workarounds(st, source)
     prompt = _generation_prompt(render)
     fields = dict(st.fields)
     fields["arg_encoding"] = "tagged" if st.tool_format == "tag_tagged" else "json"
     fields["preserved_tokens"] = _preserved(st)
     fields["generation_prompt"] = prompt
-    start = st.reasoning_start.strip()
-    if (
-        start
-        and start in prompt
-        and not prompt.rstrip().endswith(start)
-        and st.reasoning_end.strip() not in prompt
-    ):
-        # a template artifact, not a thinking opener (Apriel's <|begin_assistant|>):
-        # reasoning is delimited by its end marker only (docs/autoparser.md, case 3)
-        fields["reasoning_start"] = ""
     result = TemplateAnalysis(**fields)
     return replace(result, prompt_opens_reasoning=result.opens_reasoning(prompt))
 
@@ -1484,6 +1502,10 @@ class _CallScanner:
         for n in self.names:
             if self.text.startswith(n, pos):
                 end = pos + len(n)
+                if end >= len(self.text) and not self.final:
+                    raise _Incomplete(None)  # a longer name may follow
+                if end < len(self.text) and re.match(r"[\w.\-:/]", self.text[end]):
+                    continue  # only the start of a longer name
                 if not ender:
                     return n, end, None
                 if re.compile(ender).match(self.text, self._ws(end)):
@@ -1786,20 +1808,28 @@ def _scan_tagged(
     sc = _CallScanner(a, text, final, tools)
     calls: list[AnalysisCall] = []
     pos = 0
+    bare = _bare_call_prefix(a)
+
+    def bare_call_at(p: int) -> bool:
+        return bool(bare) and re.compile(_flex(bare)).match(text, sc._ws(p)) is not None
+
     if a.section_start.strip():
         end = sc._at(pos, a.section_start)
-        if end is None:
+        if end is None and not bare_call_at(pos):
             return calls, 0, True
-        pos = end
+        pos = end or 0
     while True:
         p = sc._ws(pos)
+        opener_skipped = False
         if a.per_call_start.strip():
             try:
                 end = sc._at(p, a.per_call_start)
             except _Incomplete:
                 return calls, pos, False
             if end is None:
-                break
+                if not bare_call_at(p):
+                    break
+                end, opener_skipped = p, True
             p = end
         elif calls:
             # calls without per-call markers follow each other (", " in llama.cpp)
@@ -1837,21 +1867,20 @@ def _scan_tagged(
             except _Incomplete:
                 calls.append(replace(call, complete=False))
                 return calls, pos, False
-            if e is None:
-                if sc._ws(end) >= len(text):
-                    if not final:
-                        calls.append(replace(call, complete=False))
-                        return calls, pos, False
-                    calls.append(
-                        replace(
-                            call,
-                            args=None,
-                            error=f"unterminated tool call (no {a.per_call_end.strip()})",
-                        )
-                    )
-                    return calls, len(text), True
-            else:
+            if e is not None:
                 end = e
+            elif not opener_skipped and sc._ws(end) >= len(text):
+                if not final:
+                    calls.append(replace(call, complete=False))
+                    return calls, pos, False
+                calls.append(
+                    replace(
+                        call,
+                        args=None,
+                        error=f"unterminated tool call (no {a.per_call_end.strip()})",
+                    )
+                )
+                return calls, len(text), True
         calls.append(call)
         pos = end
     if a.section_end.strip():
@@ -1864,6 +1893,30 @@ def _scan_tagged(
         elif sc._ws(pos) >= len(text) and not final:
             return calls, pos, False
     return calls, pos, True
+
+
+def _tool_start(a: TemplateAnalysis, text: str, start: int = 0) -> int:
+    """Where a tool-call region starts in ``text`` (-1 if nowhere)."""
+    if a.tool_format == "none":
+        return -1
+    pats = [p for p in (_flex(a.trigger), _flex(_bare_call_prefix(a))) if p]
+    if not pats:
+        return -1
+    m = re.compile("|".join(f"(?:{p})" for p in pats)).search(text, start)
+    return m.start() if m else -1
+
+
+def _bare_call_prefix(a: TemplateAnalysis) -> str:
+    """A tag format's name prefix (``<function=``), accepted without the section or
+    per-call opener that models sometimes skip (llama.cpp's Qwen3-Coder handler does)."""
+    prefix = a.name_prefix.strip()
+    if (
+        a.tool_format in ("tag_json", "tag_tagged")
+        and prefix[:1] in ("<", "[")
+        and prefix != a.trigger
+    ):
+        return prefix
+    return ""
 
 
 def _split_reasoning(
@@ -1890,9 +1943,17 @@ def _split_reasoning(
             return None, text, True
         return None, "", False
     j = text.find(end, body)
-    if j < 0:
-        return text[body:], "", False
-    return text[body:j], text[j + len(end) :], True
+    if j >= 0:
+        return text[body:j], text[j + len(end) :], True
+    # Unterminated: a model may call a tool straight from its thoughts. Until the
+    # end marker shows up (it may: a call can be quoted in the thoughts), a call
+    # there is held back; at the end it is a call.
+    k = _tool_start(a, text, body)
+    if k >= 0:
+        if final:
+            return text[body:k], text[k:], True
+        return text[body:k], "", False
+    return text[body:], "", False
 
 
 def _strip_content_markers(text: str, a: TemplateAnalysis) -> str:
@@ -1924,9 +1985,8 @@ def _parse(
     settled = True
     content = rest
     if a.tool_format != "none":
-        if trigger:
-            m = re.compile(_flex(trigger)).search(rest)
-            i = m.start() if m else -1
+        if trigger or _bare_call_prefix(a):
+            i = _tool_start(a, rest)
         else:
             opener = "[" if a.tools_array_wrapped else "{"
             i = rest.find(opener)
@@ -1950,7 +2010,11 @@ def _parse(
             else:
                 content = rest
     content = _strip_content_markers(content, a)
-    held = 0 if final else _held_suffix(content, (*markers, trigger) if trigger else markers)
+    turn_end = a.turn_end.strip()
+    if turn_end and content.rstrip().endswith(turn_end):
+        content = content.rstrip()[: -len(turn_end)]
+    hold = (*markers, trigger, turn_end) if trigger else (*markers, turn_end)
+    held = 0 if final else _held_suffix(content, [m for m in hold if m])
     return AnalysisParse(content, r, calls, held, r_held, settled)
 
 
@@ -1962,6 +2026,7 @@ def parse_with_analysis(
     reasoning: bool | None,
     think_open: bool,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    generation_prompt: str | None = None,
 ) -> AnalysisParse:
     """Split model output into content, reasoning and tool calls with a learned format.
 
@@ -1970,11 +2035,22 @@ def parse_with_analysis(
     characters of ``content`` may be a half-written marker. ``reasoning=None``
     leaves think blocks in the content; otherwise a leading block is returned as
     reasoning (also when thinking was disabled but the model thought anyway, as
-    llama.cpp does). ``think_open``: the prompt already opened the block.
+    llama.cpp does). ``think_open``: the prompt already opened the block; or pass
+    the ``generation_prompt`` (what the template appended for
+    ``add_generation_prompt``) and the parser sees what llama.cpp's does: the
+    reasoning block it opened, boilerplate included, is parsed with the output.
     ``tools`` (OpenAI tool dicts) make tagged values schema-typed: a ``string``
     parameter stays a string. Never raises.
     """
     try:
+        if generation_prompt is not None:
+            prefill = analysis.reasoning_prefill(generation_prompt)
+        elif think_open and analysis.reasoning_mode != "none":
+            prefill = analysis.reasoning_start
+        else:
+            prefill = ""
+        if prefill.strip():
+            text, think_open = prefill + text, False
         return _parse(text, analysis, final, reasoning, think_open, tools)
     except Exception:  # defensive: model output must never crash a request
         logger.exception("analysis-driven parse failed; returning the text as content")
