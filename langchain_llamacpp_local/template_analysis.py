@@ -390,6 +390,7 @@ class _Renderer:
         self.template = template
         self.args_as_string = args_as_string
         self.none_content = none_content
+        self._memo: dict[str, str | None] = {}  # the probes repeat: render each once
 
     def __call__(
         self,
@@ -397,6 +398,20 @@ class _Renderer:
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = False,
         enable_thinking: bool = True,
+    ) -> str | None:
+        key = json.dumps(
+            [messages, tools, add_generation_prompt, enable_thinking], sort_keys=True, default=str
+        )
+        if key not in self._memo:
+            self._memo[key] = self._render(messages, tools, add_generation_prompt, enable_thinking)
+        return self._memo[key]
+
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        enable_thinking: bool,
     ) -> str | None:
         msgs = _stringify(messages) if self.args_as_string else messages
         if self.none_content:
@@ -1222,14 +1237,20 @@ def _generation_prompt(render: _Renderer) -> str:
 
 
 def analyze_template_full(
-    source: str, *, bos_token: str = "", eos_token: str = ""
+    source: str | ChatTemplate, *, bos_token: str = "", eos_token: str = ""
 ) -> TemplateAnalysis:
     """Run every comparison; ``tool_format == "none"`` when no tool calls were found.
 
-    Raises :class:`~langchain_llamacpp_local.templates.ChatTemplateError` only when
-    the template does not compile; render failures just skip that probe.
+    ``source`` is the template text or an already compiled ``ChatTemplate`` (its
+    own BOS/EOS are used then; compiling costs more than the analysis). Raises
+    :class:`~langchain_llamacpp_local.templates.ChatTemplateError` only when the
+    template does not compile; render failures just skip that probe.
     """
-    template = ChatTemplate(source, origin="analysis", bos_token=bos_token, eos_token=eos_token)
+    if isinstance(source, ChatTemplate):
+        template = source
+        source = template.source
+    else:
+        template = ChatTemplate(source, origin="analysis", bos_token=bos_token, eos_token=eos_token)
     supports, as_string, none_content, parallel, native_tool = _probe_caps(template)
     render = _Renderer(template, as_string, none_content)
     st = _State()
@@ -1271,7 +1292,7 @@ def analyze_template_full(
 
 @functools.lru_cache(maxsize=16)
 def analyze_template(
-    source: str, *, bos_token: str = "", eos_token: str = ""
+    source: str | ChatTemplate, *, bos_token: str = "", eos_token: str = ""
 ) -> TemplateAnalysis | None:
     """The tool-call format a template teaches, learned from its renders; ``None``
     when the template shows no tool calls (or does not compile). Cached: a few

@@ -39,8 +39,13 @@ def source(name: str) -> str:
 
 
 @functools.cache
+def compiled(name: str) -> ChatTemplate:
+    return ChatTemplate(source(name), origin=name, bos_token="<s>", eos_token="</s>")
+
+
+@functools.cache
 def analysis(name: str) -> TemplateAnalysis:
-    return analyze_template_full(source(name), bos_token="<s>", eos_token="</s>")
+    return analyze_template_full(compiled(name))
 
 
 # ===================================================================== diff helpers
@@ -252,7 +257,7 @@ def test_compare_variants() -> None:
 
 def test_seed_oss_tool_presence_diff() -> None:
     """test-chat-auto-parser.cpp:1282-1343 (T1 on Seed-OSS: the call is the whole diff)."""
-    render = ta._Renderer(ChatTemplate(source("ByteDance-Seed-OSS.jinja")))
+    render = ta._Renderer(compiled("ByteDance-Seed-OSS.jinja"))
     tools = [
         {
             "type": "function",
@@ -700,11 +705,7 @@ def _assistant_part(
 ) -> tuple[str, bool]:
     """What the model would generate for ``calls``: the rendered assistant turn after
     the generation prompt, without the end-of-turn tokens (generation stops there)."""
-    render = ta._Renderer(
-        ChatTemplate(source(name), bos_token="<s>", eos_token="</s>"),
-        a.arguments_as_string,
-        a.content_none_with_calls,
-    )
+    render = ta._Renderer(compiled(name), a.arguments_as_string, a.content_none_with_calls)
     user = {"role": "user", "content": "What is the weather?"}
     full = render([user, ta._asst("", calls)], RT_TOOLS)
     prompt = render([user], RT_TOOLS, add_generation_prompt=True)
@@ -977,7 +978,7 @@ KNOWN_FAILURES = {
 @functools.cache
 def _generation_prompt(name: str, tools_json: str, thinking: bool) -> str:
     """What the template appends for ``add_generation_prompt`` (llama.cpp's suffix diff)."""
-    render = ta._Renderer(ChatTemplate(source(name)))
+    render = ta._Renderer(compiled(name))
     tools = [{"type": "function", "function": t} for t in json.loads(tools_json)] or None
     msgs = [{"role": "user", "content": "Hey there!"}]
     cmp = ta._compare(
