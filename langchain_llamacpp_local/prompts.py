@@ -21,6 +21,7 @@ from .sampling import (
     json_schema_to_grammar,
     tool_call_grammar,
 )
+from .template_analysis import TemplateAnalysis, analyze_template
 from .templates import (
     ChatTemplate,
     flatten_tool_messages,
@@ -62,6 +63,7 @@ class ChatFormat:
     bos_text: str
     eos_text: str
     _overrides: dict[str, ChatTemplate] = field(default_factory=dict)
+    analysis: TemplateAnalysis | None = None  # the learned syntax when tool_format is "auto"
 
     @classmethod
     def from_engine(cls, eng: Engine) -> ChatFormat:
@@ -76,9 +78,9 @@ class ChatFormat:
             if "tokenizer.chat_template.tool_use" in meta
             else None
         )
-        tool_format = detect_format((tool_template or template).source)
+        tool_format, analysis = resolve_format(tool_template or template)
         logger.debug("chat template %s, tool format %s", template.origin, tool_format)
-        return cls(meta, template, tool_template, tool_format, bos, eos)
+        return cls(meta, template, tool_template, tool_format, bos, eos, analysis=analysis)
 
     def override(self, source: str) -> ChatTemplate:
         """Compile (once) a per-request template override or built-in name."""
@@ -89,6 +91,20 @@ class ChatFormat:
                 self._overrides.clear()
             self._overrides[source] = tpl
         return tpl
+
+
+def resolve_format(template: ChatTemplate) -> tuple[str, TemplateAnalysis | None]:
+    """The template's tool format, as llama.cpp picks it: a hand-written family first, then
+    the differential analysis of the template (format ``"auto"``) for templates that write
+    tool calls in a syntax no family knows."""
+    fmt = detect_format(template.source)
+    if fmt != "generic" or not template.supports_tools:
+        return fmt, None
+    analysis = analyze_template(template)
+    if analysis is None:
+        return fmt, None
+    logger.info("chat template %s: tool-call syntax learned by analysis", template.origin)
+    return "auto", analysis
 
 
 @dataclass
@@ -104,6 +120,7 @@ class PreparedPrompt:
     think_open: bool = False
     tools: tuple[dict[str, Any], ...] = ()  # bound tools: their schemas type tagged arguments
     prefill: str = ""  # the end of the rendered prompt (what the template already opened)
+    analysis: TemplateAnalysis | None = None  # for parse_format "auto"
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:
@@ -114,6 +131,7 @@ class PreparedPrompt:
             think_open=self.think_open,
             tools=self.tools or None,
             prefill=self.prefill,
+            analysis=self.analysis,
         )
 
 
@@ -200,7 +218,10 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         template = fmt.tool_template
     else:
         template = fmt.template
-    tool_format = detect_format(template.source) if job.chat_template else fmt.tool_format
+    if job.chat_template:
+        tool_format, analysis = resolve_format(template)
+    else:
+        tool_format, analysis = fmt.tool_format, fmt.analysis
 
     messages = job.messages
     render_tools: list[dict[str, Any]] | None = None
@@ -278,6 +299,7 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         reasoning=reasoning,
         tools=tuple(tools) if use_tools else (),
         prefill=text[-_PREFILL_CHARS:],
+        analysis=analysis if parse_format == "auto" else None,
     )
 
 

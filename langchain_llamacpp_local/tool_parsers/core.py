@@ -32,7 +32,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call
 
@@ -47,6 +47,9 @@ from .base import (
     checked,
 )
 from .families import SPECS, Spec, _py_literal
+
+if TYPE_CHECKING:
+    from ..template_analysis import TemplateAnalysis
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ FORMATS: tuple[str, ...] = (
     "content",
     "ministral_3",
     *(f for f in SPECS if f not in ("qwen3_coder", "command_r7b")),
+    "auto",  # learned from the template by template_analysis (needs ``analysis=``)
 )
 
 THINK = ("<think>", "</think>")
@@ -698,7 +702,32 @@ def _legacy_body(
     return rest, [], True  # content
 
 
-def _scan(text: str, fmt: str, opts: Options, final: bool) -> _Scan:
+def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis) -> _Scan:
+    """A format learned from the template (llama.cpp's auto-parser route)."""
+    from ..template_analysis import parse_with_analysis
+
+    gen = analysis.reasoning_prefill(opts.prefill) or None
+    out = parse_with_analysis(
+        text,
+        analysis,
+        final=final,
+        reasoning=opts.reasoning,
+        think_open=opts.think_open,
+        tools=[{"function": {"name": k, "parameters": v}} for k, v in opts.schemas.items()] or None,
+        generation_prompt=gen,
+    )
+    content = out.content[: len(out.content) - out.held] if not final and out.held else out.content
+    calls = [_Call(c.name, c.args, c.raw, c.id, c.error, c.complete) for c in out.calls]
+    return _Scan(out.reasoning, content, calls, out.settled)
+
+
+def _scan(
+    text: str, fmt: str, opts: Options, final: bool, analysis: TemplateAnalysis | None = None
+) -> _Scan:
+    if fmt == "auto":
+        if analysis is None:
+            raise ValueError("format 'auto' needs the template's analysis (analysis=...)")
+        return _scan_auto(text, opts, final, analysis)
     if fmt == "gpt_oss":
         return _gpt_oss(text, opts, final)
     r = _split_reasoning(text, fmt, opts, final)
@@ -820,9 +849,11 @@ def _finish_calls(
     return good, bad
 
 
-def _check_fmt(fmt: str) -> None:
+def _check_fmt(fmt: str, analysis: TemplateAnalysis | None = None) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown tool-call format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "auto" and analysis is None:
+        raise ValueError("tool-call format 'auto' needs the template's analysis (analysis=...)")
 
 
 def parse(
@@ -834,17 +865,20 @@ def parse(
     tools: Sequence[Mapping[str, Any]] | None = None,
     prefill: str = "",
     partial: bool = False,
+    analysis: TemplateAnalysis | None = None,
 ) -> ParsedOutput:
     """Split a generation into content, reasoning and tool calls (never raises on the text).
 
     ``tools`` (OpenAI tool dicts) type tagged arguments by their schema; ``prefill`` is the
     end of the rendered prompt (what it already opened); ``partial`` parses a generation
-    still under way (unfinished calls are left out).
+    still under way (unfinished calls are left out); ``analysis`` (from
+    :func:`~langchain_llamacpp_local.template_analysis.analyze_template`) is the learned
+    syntax that format ``"auto"`` parses.
     """
-    _check_fmt(fmt)
+    _check_fmt(fmt, analysis)
     opts = Options.make(reasoning, think_open, tools, prefill)
     try:
-        sc = _scan(text, fmt, opts, final=not partial)
+        sc = _scan(text, fmt, opts, final=not partial, analysis=analysis)
     except Exception:  # defensive: model output must never crash a request
         logger.exception("tool-call parser failed on model output; returning it as content")
         return ParsedOutput(content=text.strip())
@@ -905,8 +939,10 @@ class StreamParser:
         id_prefix: str = "call_",
         tools: Sequence[Mapping[str, Any]] | None = None,
         prefill: str = "",
+        analysis: TemplateAnalysis | None = None,
     ) -> None:
-        _check_fmt(fmt)
+        _check_fmt(fmt, analysis)
+        self._analysis = analysis
         self.fmt = fmt
         self.reasoning = reasoning
         self.think_open = think_open
@@ -919,8 +955,10 @@ class StreamParser:
         self._calls_done = 0  # calls whose arguments were sent
         self._ids: list[str] = []
         self._result: ParsedOutput | None = None
-        self._markers = _markers(fmt)
-        think = _think_markers(fmt) if fmt != "gpt_oss" else None
+        self._markers = (
+            _markers(fmt) if analysis is None else tuple(m for m in analysis.markers if m)
+        )
+        think = _think_markers(fmt) if fmt not in ("gpt_oss", "auto") else None
         self._think_end = tuple(m for m in (think or ()) if m)
 
     @property
@@ -939,7 +977,7 @@ class StreamParser:
     def feed(self, delta: str) -> list[StreamDelta]:
         self._buf += delta
         try:
-            sc = _scan(self._buf, self.fmt, self._opts, final=False)
+            sc = _scan(self._buf, self.fmt, self._opts, final=False, analysis=self._analysis)
             return self._emit(sc, final=False)
         except Exception:  # model output must never crash a request: finish() decides
             logger.exception("tool-call parser failed on partial model output")
@@ -991,7 +1029,7 @@ class StreamParser:
     def finish(self) -> list[StreamDelta]:
         """End of generation: settle everything still held back."""
         try:
-            sc = _scan(self._buf, self.fmt, self._opts, final=True)
+            sc = _scan(self._buf, self.fmt, self._opts, final=True, analysis=self._analysis)
         except Exception:
             logger.exception("tool-call parser failed on model output; returning it as content")
             sc = _Scan(None, self._buf, [], True)
