@@ -497,7 +497,12 @@ texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max
 
 
 @settings(max_examples=150, deadline=None)
-@given(texts, st.sampled_from([f for f in FORMATS if f != "auto"]), st.sampled_from([None, True, False]), st.booleans())
+@given(
+    texts,
+    st.sampled_from([f for f in FORMATS if f != "auto"]),
+    st.sampled_from([None, True, False]),
+    st.booleans(),
+)
 def test_parse_never_raises(text: str, fmt: str, reasoning: bool | None, think_open: bool) -> None:
     out = parse(text, fmt, reasoning=reasoning, think_open=think_open)
     assert isinstance(out.content, str)
@@ -516,3 +521,65 @@ def test_stream_parser_never_raises_and_matches_parse(
     text: str, fmt: str, reasoning: bool | None, cuts: list[int]
 ) -> None:
     _check_stream(fmt, text, [c for c in cuts if c < len(text)], reasoning)
+
+
+_py_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.complex_numbers(),
+        st.text(max_size=5),
+        st.binary(max_size=5),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.frozensets(st.integers(), max_size=3),
+        st.dictionaries(
+            st.one_of(st.text(max_size=3), st.integers(), st.tuples(st.integers())),
+            inner,
+            max_size=3,
+        ),
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.from_regex(r"[a-z]{1,5}", fullmatch=True), _py_values, max_size=3),
+    st.booleans(),
+)
+def test_pythonic_calls_with_any_python_literal_never_raise(args: dict, streamed: bool) -> None:
+    """Issue 12 #2: whatever literal the model writes, the result is a JSON-safe call or an invalid one."""
+    text = "[f(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")]"
+    if streamed:
+        sp = StreamParser("pythonic")
+        for i in range(0, len(text), 4):
+            sp.feed(text[i : i + 4])
+        sp.finish()
+        out = sp.result
+    else:
+        out = parse(text, "pythonic")
+    assert len(out.tool_calls) + len(out.invalid_tool_calls) <= 1
+    for call in out.tool_calls:
+        json.dumps(call["args"], allow_nan=False)  # always plain JSON data
+
+
+def test_markup_never_leaks_into_content_without_tools() -> None:
+    """No tools bound, thinking not asked for (reasoning=False, what prompts.py uses)."""
+    cases = {
+        "ministral_3": "[THINK]plan[/THINK]Hi",
+        "command_r7b": "<|START_THINKING|>plan<|END_THINKING|><|START_RESPONSE|>Hi<|END_RESPONSE|>",
+        "cohere2moe": "<|START_THINKING|>plan<|END_THINKING|><|START_TEXT|>Hi<|END_TEXT|>",
+        "gemma4": "<|channel>thought\nplan<channel|>Hi",
+        "gpt_oss": "<|channel|>analysis<|message|>plan<|end|><|start|>assistant<|channel|>final<|message|>Hi",
+    }
+    for fmt, text in cases.items():
+        out = parse(text, fmt, reasoning=False)
+        assert (out.content, out.reasoning) == ("Hi", "plan"), fmt
+        sp = StreamParser(fmt, reasoning=False)
+        deltas = [d for ch in text for d in sp.feed(ch)] + sp.finish()
+        assert "".join(d.text for d in deltas if d.kind == "content") == "Hi", fmt
