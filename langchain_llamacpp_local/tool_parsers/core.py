@@ -1,26 +1,14 @@
-"""Tool-call and reasoning parsing for the output formats of the major model families.
+"""The parse loop: reasoning split, per-format tool-call scanning, streaming.
 
-Pure functions (no model needed), ported from the ideas of llama.cpp's
-``common/chat.cpp`` legacy parsers:
-
-- ``detect_format(chat_template)`` picks the format from the template's text;
-- ``parse(text, fmt)`` splits a finished generation into content, reasoning,
-  tool calls and invalid tool calls;
-- ``StreamParser`` does the same incrementally while tokens arrive, never
-  letting a half-written marker through as content.
-
-Formats: ``hermes`` (Hermes 2 Pro, Qwen 2.5/3: ``<tool_call>{json}</tool_call>``),
-``qwen3_coder`` (``<function=..><parameter=..>``), ``llama3_json``
-(``{"name", "parameters"}``, ``<|python_tag|>``), ``mistral`` (``[TOOL_CALLS][...]``
-and ``[TOOL_CALLS]name[ARGS]{...}``), ``pythonic`` (``[f(a=1), g()]``),
-``granite`` (``<|tool_call|>[...]``), ``functionary_v3_2`` (``>>>name``),
-``deepseek_r1`` (``<｜tool▁calls▁begin｜>``), ``command_r7b``
-(``<|START_ACTION|>``), ``gpt_oss`` (harmony ``to=functions.x``), ``generic``
-(``{"tool_call": ...}``/``{"tool_calls": [...]}``/``{"response": ...}``) and
-``content`` (no tool calls; reasoning only).
-
-Parsing never raises on model output: anything malformed becomes an
-``invalid_tool_calls`` entry with the raw text, never lost.
+``parse`` and :class:`StreamParser` scan the whole text so far on every delta (as
+llama.cpp's server re-parses the whole generation) and emit only what can no longer
+change: a half-written marker, an unfinished call or a header still being written is
+held back. The classic formats (``hermes``, ``llama3_json``, ``pythonic``, ``granite``,
+``functionary_v3_2``, ``deepseek_r1``, ``generic``, ``content``) are read here; the
+families described by a :class:`~.families.Spec` (markers + body reader) in
+:mod:`.families`; ``gpt_oss`` (harmony messages) by :func:`_gpt_oss`; ``auto`` by the
+template analysis. Anything malformed becomes an ``invalid_tool_calls`` entry with the
+raw text and a reason, never an exception.
 """
 
 from __future__ import annotations

@@ -283,6 +283,14 @@ def main(root: str) -> None:
             i = j
             continue
         i += 1
+    doc = {
+        "license": "Cases from llama.cpp tests/test-chat.cpp (llama-cpp-python 0.3.36 sdist, "
+        "llama.cpp @0c1e57098); MIT, copyright the ggml authors: see llama_cpp_templates/LICENSE.",
+        "cases": cases,
+        "unported": unported,
+        "xfail": {},
+    }
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
 
 
 def build(chain: list[tuple[str, list[Any]]], entry: dict[str, Any]) -> dict[str, Any]:
