@@ -22,7 +22,14 @@ from .prompt_tokens import (
     tokenize_protected,
     vocab_info,
 )
-from .sampling import JSON_OBJECT_GRAMMAR, SamplingParams, json_schema_to_grammar, tool_call_grammar
+from .sampling import (
+    JSON_OBJECT_GRAMMAR,
+    WRAPPED_JSON_FORMATS,
+    SamplingParams,
+    json_schema_to_grammar,
+    tool_call_grammar,
+)
+from .template_analysis import TemplateAnalysis, analyze_template
 from .templates import ChatTemplate, adapt_messages, select_template
 from .tool_parsers import StreamDelta, StreamParser, detect_format
 
@@ -59,6 +66,7 @@ class ChatFormat:
     bos_text: str
     eos_text: str
     _overrides: dict[str, ChatTemplate] = field(default_factory=dict)
+    analysis: TemplateAnalysis | None = None  # the learned syntax when tool_format is "auto"
 
     @classmethod
     def from_engine(cls, eng: Engine) -> ChatFormat:
@@ -74,9 +82,9 @@ class ChatFormat:
             if "tokenizer.chat_template.tool_use" in meta
             else None
         )
-        tool_format = detect_format((tool_template or template).source)
+        tool_format, analysis = resolve_format(tool_template or template)
         logger.debug("chat template %s, tool format %s", template.origin, tool_format)
-        return cls(meta, template, tool_template, tool_format, bos, eos)
+        return cls(meta, template, tool_template, tool_format, bos, eos, analysis=analysis)
 
     def override(self, source: str) -> ChatTemplate:
         """Compile (once) a per-request template override or built-in name."""
@@ -87,6 +95,20 @@ class ChatFormat:
                 self._overrides.clear()
             self._overrides[source] = tpl
         return tpl
+
+
+def resolve_format(template: ChatTemplate) -> tuple[str, TemplateAnalysis | None]:
+    """The template's tool format, as llama.cpp picks it: a hand-written family first, then
+    the differential analysis of the template (format ``"auto"``) for templates that write
+    tool calls in a syntax no family knows."""
+    fmt = detect_format(template.source)
+    if fmt != "generic" or not template.supports_tools:
+        return fmt, None
+    analysis = analyze_template(template)
+    if analysis is None:
+        return fmt, None
+    logger.info("chat template %s: tool-call syntax learned by analysis", template.origin)
+    return "auto", analysis
 
 
 @dataclass
@@ -100,6 +122,9 @@ class PreparedPrompt:
     parse_format: str | None = None
     reasoning: bool | None = None
     think_open: bool = False
+    tools: tuple[dict[str, Any], ...] = ()  # bound tools: their schemas type tagged arguments
+    prefill: str = ""  # the end of the rendered prompt (what the template already opened)
+    analysis: TemplateAnalysis | None = None  # for parse_format "auto"
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:
@@ -108,12 +133,37 @@ class PreparedPrompt:
             self.parse_format or "content",
             reasoning=self.reasoning,
             think_open=self.think_open,
+            tools=self.tools or None,
+            prefill=self.prefill,
+            analysis=self.analysis,
         )
 
 
 #: Formats whose tool calls start with a marker our grammar also writes: with
 #: ``tool_choice="auto"`` the grammar switches on at that marker (llama.cpp's lazy grammar).
-_LAZY_TRIGGERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+_LAZY_TRIGGERS = {
+    "hermes": "<tool_call>",
+    "mistral": "[TOOL_CALLS]",
+    **{fmt: spec[0] for fmt, spec in WRAPPED_JSON_FORMATS.items()},
+}
+
+#: Formats whose output carries channel/turn markup even in plain chat: they are always
+#: parsed (reasoning extracted) so the markup never reaches ``content``.
+_MARKUP_FORMATS = frozenset(
+    {
+        "gpt_oss",
+        "ministral_3",
+        "command_r7b",
+        "cohere2moe",
+        "gemma4",
+        "kimi_k3",
+        "muse_glimmer",
+        "solar_open",
+        "apriel",
+    }
+)
+#: How much of the rendered prompt's end the parser sees (generation prompts are short).
+_PREFILL_CHARS = 256
 
 
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
@@ -172,7 +222,10 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         template = fmt.tool_template
     else:
         template = fmt.template
-    tool_format = detect_format(template.source) if job.chat_template else fmt.tool_format
+    if job.chat_template:
+        tool_format, analysis = resolve_format(template)
+    else:
+        tool_format, analysis = fmt.tool_format, fmt.analysis
 
     messages, render_tools = adapt_messages(template, job.messages, tools if use_tools else None)
     parse_format: str | None = None
@@ -244,8 +297,11 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     if grammar is not None:
         sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 
-    stripped = text.rstrip()
-    think_open = stripped.endswith("<think>")
+    reasoning = job.reasoning
+    if parse_format is None and tool_format in _MARKUP_FORMATS:
+        parse_format = tool_format
+    if reasoning is None and parse_format in _MARKUP_FORMATS:
+        reasoning = False  # extract what the model thinks uninvited; never leak markup
     return PreparedPrompt(
         text=text,
         tokens=tokens,
@@ -254,8 +310,10 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         stop=list(job.stop),
         boundaries=boundaries,
         parse_format=parse_format,
-        reasoning=job.reasoning,
-        think_open=think_open,
+        reasoning=reasoning,
+        tools=tuple(tools) if use_tools else (),
+        prefill=text[-_PREFILL_CHARS:],
+        analysis=analysis if parse_format == "auto" else None,
     )
 
 

@@ -15,6 +15,7 @@ import codecs
 import copy
 import ctypes
 import dataclasses
+import json
 import math
 import re
 import types
@@ -947,8 +948,24 @@ def json_schema_to_grammar(schema: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- tool calls
 
+#: Formats whose calls are JSON after an opening marker: (opening, closing, shape).
+#: ``list``: a JSON list of calls; ``object``: one call object per opening marker;
+#: ``lines``: call objects one per line. The opening text is also the lazy-grammar
+#: trigger (``tool_choice="auto"``), so it starts the grammar.
+WRAPPED_JSON_FORMATS: dict[str, tuple[str, str, str]] = {
+    "nemotron_v2": ("<TOOLCALL>", "</TOOLCALL>", "list"),
+    "apriel": ("<tool_calls>", "</tool_calls>", "list"),
+    "granite": ("<|tool_call|>", "", "list"),
+    "firefunction_v2": ("functools", "", "list"),
+    "gigachat_v3_1": ("<|function_call|>", "", "object"),
+    "minimax_m1": ("<tool_calls>\n", "\n</tool_calls>", "lines"),
+    "apertus": ("<|tools_prefix|>", "<|tools_suffix|>", "list"),
+    "command_r7b": ("<|START_ACTION|>", "<|END_ACTION|>", "list"),
+    "cohere2moe": ("<|START_ACTION|>", "<|END_ACTION|>", "list"),
+}
+
 #: Wire formats :func:`tool_call_grammar` can force (and the parser understands).
-TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral", "generic")
+TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral", "generic", *WRAPPED_JSON_FORMATS)
 
 
 def _tool_function(tool: Any) -> dict[str, Any]:
@@ -998,7 +1015,9 @@ def tool_call_grammar(
     if not fns:
         raise ValueError("tool_call_grammar needs at least one tool")
 
-    args_key = "parameters" if fmt_used == "llama3_json" else "arguments"
+    args_key = (
+        "parameters" if fmt_used in ("llama3_json", "command_r7b", "cohere2moe") else "arguments"
+    )
     defs: dict[str, Any] = {}
     alternatives = []
     seen: set[str] = set()
@@ -1010,13 +1029,30 @@ def tool_call_grammar(
             params = _relocate(_tool_parameters(fn), f"t{i}-", defs)
         except ValueError as exc:
             raise ValueError(f"tool {fn['name']!r}: {exc}") from exc
-        alternatives.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": fn["name"]}, args_key: params},
-                "required": ["name", args_key],
-            }
-        )
+        if fmt_used == "apertus":  # {"NAME": {arguments}}
+            alternatives.append(
+                {"type": "object", "properties": {fn["name"]: params}, "required": [fn["name"]]}
+            )
+        elif fmt_used in ("command_r7b", "cohere2moe"):
+            alternatives.append(
+                {
+                    "type": "object",
+                    "properties": {
+                        "tool_call_id": {"enum": [str(i) for i in range(10)]},
+                        "tool_name": {"const": fn["name"]},
+                        "parameters": params,
+                    },
+                    "required": ["tool_call_id", "tool_name", "parameters"],
+                }
+            )
+        else:
+            alternatives.append(
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": fn["name"]}, args_key: params},
+                    "required": ["name", args_key],
+                }
+            )
     call: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
 
     if fmt_used == "generic":
@@ -1030,6 +1066,22 @@ def tool_call_grammar(
             doc["maxItems"] = 1
         rules = _convert(doc, defs, "calls")
         return f'root ::= "[TOOL_CALLS]" calls\n{rules}', fmt_used
+
+    if fmt_used in WRAPPED_JSON_FORMATS:
+        opening, closing, shape = WRAPPED_JSON_FORMATS[fmt_used]
+        lit = json.dumps  # a GBNF string literal is a JSON string literal
+        if shape == "list":
+            doc = {"type": "array", "items": call, "minItems": 1}
+            if not parallel:
+                doc["maxItems"] = 1
+            rules = _convert(doc, defs, "calls")
+            body = "calls"
+        else:
+            rules = _convert(call, defs, "call")
+            sep = '"\\n"' if shape == "lines" else lit(opening)
+            body = f"call ({sep} call)*" if parallel else "call"
+        closing_rule = f" {lit(closing)}" if closing else ""
+        return f"root ::= {lit(opening)} {body}{closing_rule}\n{rules}", fmt_used
 
     rules = _convert(call, defs, "call")
     if fmt_used == "hermes":

@@ -1,0 +1,265 @@
+"""Shared pieces of the tool-call parsers: call records, JSON helpers, schema-aware values."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# --------------------------------------------------------------------------- helpers
+
+
+@dataclass
+class _Call:
+    name: str | None
+    args: dict[str, Any] | None
+    raw: str
+    id: str | None = None
+    error: str | None = None
+    complete: bool = True
+
+
+def _json_args(value: Any) -> dict[str, Any] | None:
+    """Arguments as a dict: objects pass, JSON strings of objects are decoded."""
+    if isinstance(value, dict):
+        return value
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value) if value.strip() else {}
+        except ValueError:
+            return None
+        return decoded if isinstance(decoded, dict) else None
+    return None
+
+
+def _call_from_obj(
+    obj: Any, raw: str, keys: tuple[str, ...] = ("arguments", "parameters")
+) -> _Call:
+    if not isinstance(obj, dict):
+        return _Call(None, None, raw, error="tool call is not a JSON object")
+    fn = obj.get("function") if isinstance(obj.get("function"), dict) else None
+    src = fn or obj
+    name = src.get("name")
+    if not isinstance(name, str) or not name:
+        return _Call(None, None, raw, error="tool call has no name")
+    args_val: Any = {}
+    for k in keys:
+        if k in src:
+            args_val = src[k]
+            break
+    args = _json_args(args_val)
+    cid = obj.get("id") or obj.get("tool_call_id")
+    if args is None:
+        return _Call(
+            name, None, raw, id=str(cid) if cid else None, error="arguments are not a JSON object"
+        )
+    return _Call(name, args, raw, id=str(cid) if cid else None)
+
+
+def _loads(text: str) -> tuple[Any, str | None]:
+    try:
+        return json.loads(text), None
+    except ValueError as exc:
+        return None, f"invalid JSON: {exc}"
+
+
+def _json_prefix(text: str) -> tuple[Any, int] | None:
+    """Decode one JSON value at the start of ``text``; (value, end) or None."""
+    try:
+        return json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None
+
+
+_FENCE = re.compile(r"^```(?:json|JSON)?\s*\n?(.*?)\n?```\s*$", re.S)
+
+
+def _unfence(text: str) -> str:
+    m = _FENCE.match(text.strip())
+    return m.group(1).strip() if m else text.strip()
+
+
+def _scan_regions(
+    text: str, start: str, end: str | None, body: Any, final: bool
+) -> tuple[list[str], list[_Call], int]:
+    """Split ``text`` at ``start...end`` regions parsed by ``body(region) -> [calls]``.
+
+    Returns content pieces, calls and how much of ``text`` is settled (the rest is an
+    unfinished region, held back while streaming).
+    """
+    content: list[str] = []
+    calls: list[_Call] = []
+    pos = 0
+    while True:
+        i = text.find(start, pos)
+        if i < 0:
+            content.append(text[pos:])
+            return content, calls, len(text)
+        content.append(text[pos:i])
+        j = text.find(end, i + len(start)) if end else -1
+        if j < 0:
+            region = text[i + len(start) :]
+            if not final:
+                partial = body(region, False)
+                calls.extend(partial)
+                return content, calls, i
+            found = body(region, True)
+            for c in found:
+                if c.error is None and end is not None:
+                    c.error = f"unterminated tool call (no {end})"
+                    c.args = None
+                c.raw = c.raw or region
+            calls.extend(
+                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")]
+            )
+            return content, calls, len(text)
+        calls.extend(body(text[i + len(start) : j], True))
+        pos = j + len(end)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the parser knows besides the text: reasoning mode, bound tools, prompt end.
+
+    ``reasoning``: None leaves think blocks in the content (llama.cpp's
+    ``reasoning_format=none``); True or False extracts them (a model that thinks
+    uninvited still gets its thoughts returned as reasoning, as llama.cpp does).
+    ``prefill`` is the end of the rendered prompt (the template's generation prompt):
+    a think block or a recipient marker (``>>>``) it opens is known to be open.
+    """
+
+    reasoning: bool | None = None
+    think_open: bool = False
+    schemas: Mapping[str, Any] = field(default_factory=dict)
+    prefill: str = ""
+
+    @classmethod
+    def make(
+        cls,
+        reasoning: bool | None,
+        think_open: bool,
+        tools: Sequence[Mapping[str, Any]] | None,
+        prefill: str,
+    ) -> Options:
+        schemas: dict[str, Any] = {}
+        for t in tools or ():
+            fn = t.get("function", t) if isinstance(t, Mapping) else None
+            if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+                schemas[fn["name"]] = fn.get("parameters") or {}
+        return cls(reasoning, think_open, schemas, prefill or "")
+
+    def opened(self, marker: str) -> bool:
+        """Whether the prompt ends inside ``marker`` (e.g. a prefilled ``<think>``)."""
+        return bool(marker) and self.prefill.rstrip().endswith(marker.rstrip())
+
+    def param_types(self, tool: str | None, param: str) -> set[str] | None:
+        """JSON types the bound tool's schema allows for ``param`` (None: unknown)."""
+        schema = self.schemas.get(tool or "")
+        if not isinstance(schema, Mapping):
+            return None
+        props = schema.get("properties")
+        if not isinstance(props, Mapping) or param not in props:
+            return None
+        return _schema_types(props[param])
+
+
+def _schema_types(schema: Any) -> set[str] | None:
+    if not isinstance(schema, Mapping):
+        return None
+    out: set[str] = set()
+    t = schema.get("type")
+    if isinstance(t, str):
+        out.add(t)
+    elif isinstance(t, list):
+        out.update(x for x in t if isinstance(x, str))
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or ():
+            sub_types = _schema_types(sub)
+            if sub_types is None:
+                return None
+            out |= sub_types
+    if "enum" in schema and not out:
+        vals = schema["enum"]
+        if isinstance(vals, list) and vals and all(isinstance(v, str) for v in vals):
+            out.add("string")
+    if "const" in schema and not out and isinstance(schema["const"], str):
+        out.add("string")
+    return out or None
+
+
+_JSON_TYPES = {
+    dict: "object",
+    list: "array",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+}
+
+
+def typed_value(raw: str, types: set[str] | None) -> Any:
+    """A tagged argument's text as the schema wants it (llama.cpp's schema-aware typing).
+
+    A ``string``-only parameter keeps its text verbatim; a non-string one is read as JSON;
+    a union tries JSON for its non-string types first and falls back to the text.
+    Without a schema, JSON if it parses, else the text.
+    """
+    if types is not None and types <= {"string"}:
+        return raw
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    if types is None:
+        return value
+    kind = "null" if value is None else _JSON_TYPES.get(type(value), "")
+    if kind in types or kind == "integer" and "number" in types:
+        return value
+    return raw if "string" in types else value
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` if it is plain JSON data (finite numbers, string keys), else ValueError.
+
+    Model output decoded by ``ast.literal_eval`` can hold complex numbers, sets, bytes or
+    tuple keys, which must become an invalid call, never an exception later on.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite number {value!r}")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"non-string key {k!r}")
+            out[k] = json_safe(v)
+        return out
+    raise ValueError(f"{type(value).__name__} value {value!r} is not JSON")
+
+
+def checked(call: _Call) -> _Call:
+    """The call, or an invalid one when its arguments cannot be sent as JSON."""
+    if call.error is None and call.args is not None:
+        try:
+            call.args = json_safe(call.args)
+            json.dumps(call.args, ensure_ascii=False, allow_nan=False)
+        except (ValueError, TypeError, RecursionError) as exc:
+            call.error = f"arguments are not JSON data: {exc}"[:500]
+            call.args = None
+    return call
+
+
+Body = Callable[[str, bool], list[_Call]]
