@@ -1996,7 +1996,10 @@ def _parse(
     markers = a.markers
     r_held = 0
     if r is not None and not r_done and not final:
-        r_held = _held_suffix(r, (a.reasoning_end.strip(),))
+        # the end marker, or a call the model writes straight from its thoughts
+        r_held = _held_suffix(
+            r, [m for m in (a.reasoning_end.strip(), a.trigger, _bare_call_prefix(a)) if m]
+        )
     if not r_done and not final:
         return AnalysisParse("", r, [], 0, r_held, settled=False)
     if r is not None and not r.strip() and r_done:

@@ -963,11 +963,12 @@ def test_grammar_triggers() -> None:
 
 # ===================================================================== llama.cpp's parse cases
 
-AUTOPARSER_CASES = json.loads(
+_CASES_DATA = json.loads(
     (Path(__file__).resolve().parent.parent / "data" / "llama_cpp_autoparser_cases.json").read_text(
         encoding="utf-8"
     )
-)["cases"]
+)
+AUTOPARSER_CASES = _CASES_DATA["cases"] + _CASES_DATA["extra_cases"]
 # Cases that cannot pass yet, with the reason (none is hidden: each runs as xfail).
 KNOWN_FAILURES = {
     "tests/test-chat.cpp:5971": "FireFunction v2 needs the `functions` variable to render (templates.py)",
