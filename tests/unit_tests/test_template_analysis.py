@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from langchain_llamacpp_local import template_analysis as ta
 from langchain_llamacpp_local.template_analysis import (
     AnalysisParse,
     TemplateAnalysis,
@@ -27,6 +26,7 @@ from langchain_llamacpp_local.template_analysis import (
     segmentize_markers,
     until_common_prefix,
 )
+from langchain_llamacpp_local.template_analysis import analyzer as ta
 from langchain_llamacpp_local.templates import ChatTemplate
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "llama_cpp_templates"
