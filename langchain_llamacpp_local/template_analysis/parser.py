@@ -484,7 +484,7 @@ def _scan_json_native(
                 break
             p = ws(m.end())
         if p >= len(text):
-            if call_s and p > pos and not final:
+            if not final:  # the stream ends inside the tool region: more may come
                 return calls, pos, False
             if call_s and final and p > pos:
                 calls.append(
