@@ -115,8 +115,8 @@ def _run_stop(chunks: list[str], stops: list[str]) -> tuple[str, bool]:
             return out, True
         # ... and holds back no more than a stop string could still need
         assert len(fed) - len(out) < max(longest, 1), (chunks, stops, out)
-    out += m.flush()
-    return out, False
+    out += m.flush()  # a stop that matched while a longer, earlier one could complete
+    return out, m.stopped
 
 
 def test_stop_in_one_chunk() -> None:
