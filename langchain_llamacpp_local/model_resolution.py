@@ -343,6 +343,7 @@ def _from_path(spec: str, mmproj: str | None, tried: list[str]) -> ResolvedModel
 def _hf() -> Any:
     try:
         import huggingface_hub
+        import huggingface_hub.constants  # noqa: F401 - a submodule, read at call time
     except ImportError:  # pragma: no cover - depends on the environment
         raise ModelLoadError(
             "Hugging Face model specs need huggingface_hub: "
@@ -392,7 +393,7 @@ def _resolve_hf_cached(
     """:func:`_resolve_hf`, remembered per process: a per-call ``model=`` must not list
     the repo over the network on every call."""
     if offline is None:
-        offline = bool(_hf().constants.is_offline_mode())
+        offline = bool(_hf().constants.HF_HUB_OFFLINE)
     key = (spec, mmproj, cache_dir, offline, _hf().constants.HF_HUB_CACHE)
     hit = _hf_memo.get(key)
     if hit is not None and all(Path(p).exists() for p in (hit.model_path, hit.mmproj_path) if p):
@@ -415,7 +416,7 @@ def _resolve_hf(
 ) -> ResolvedModel | None:
     hf = _hf()
     if offline is None:
-        offline = bool(hf.constants.is_offline_mode())
+        offline = bool(hf.constants.HF_HUB_OFFLINE)
     files, cached = _hf_files(hf, hs.repo_id, cache_dir, offline, tried)
     if not files:
         return None

@@ -17,7 +17,7 @@ from langchain_core.messages import (
 )
 
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError, ModelLoadError
-from langchain_llamacpp_local.worker import live_workers
+from langchain_llamacpp_local.registry import live_workers, unload
 from tests.compare import GREEDY, assert_same_greedy
 
 FRESH = {"cache_prompt": False}  # same path for both sides of a comparison
@@ -50,7 +50,10 @@ def test_invoke_reports_usage_and_metadata(llm: ChatLlamaCpp) -> None:
     meta = msg.response_metadata
     assert meta["model_name"]
     assert meta["finish_reason"] in ("stop", "length")
-    assert meta["timings"]["prompt_ms"] >= 0 and meta["timings"]["predicted_n"] == usage["output_tokens"]
+    assert (
+        meta["timings"]["prompt_ms"] >= 0
+        and meta["timings"]["predicted_n"] == usage["output_tokens"]
+    )
 
 
 def test_max_tokens_gives_length(llm: ChatLlamaCpp) -> None:
@@ -84,7 +87,10 @@ def test_multi_turn_reuse_is_exact(llm: ChatLlamaCpp) -> None:
 
     # full match: the same prompt again re-decodes only its last token
     full = llm.invoke(edited)
-    assert full.usage_metadata["input_token_details"]["cache_read"] == full.usage_metadata["input_tokens"] - 1
+    assert (
+        full.usage_metadata["input_token_details"]["cache_read"]
+        == full.usage_metadata["input_tokens"] - 1
+    )
     assert_same_greedy(full, third)
 
     # shrink: back to the first turn
@@ -170,6 +176,7 @@ def test_context_overflow_is_a_clear_error_and_worker_keeps_serving(tiny_llama: 
 
 
 def test_instances_share_one_model_and_release_it(tiny_llama: str) -> None:
+    unload()  # models that earlier tests left in their keep-alive time
     gc.collect()
     before = live_workers()
     a = ChatLlamaCpp(model_path=tiny_llama, n_ctx=512, temperature=0, max_tokens=4)
@@ -186,6 +193,9 @@ def test_instances_share_one_model_and_release_it(tiny_llama: str) -> None:
     with b:
         pass  # context manager releases b
     gc.collect()
+    # the registry keeps the model for keep_alive seconds of idleness; unload() frees it now
+    assert live_workers() == before + 1
+    assert b.unload() == 1
     assert live_workers() == before
     # a closed instance loads again on next use
     assert a.invoke("back").usage_metadata["input_tokens"] > 0
@@ -249,7 +259,9 @@ THINK_TEMPLATE = (
 
 
 def test_reasoning_from_an_opened_think_block(tiny_llama: str) -> None:
-    base = ChatLlamaCpp(model_path=tiny_llama, chat_template=THINK_TEMPLATE, max_tokens=20, **GREEDY)
+    base = ChatLlamaCpp(
+        model_path=tiny_llama, chat_template=THINK_TEMPLATE, max_tokens=20, **GREEDY
+    )
     raw = base.invoke("why?", **FRESH)  # reasoning=None: text as generated
     thinking = base.invoke("why?", reasoning=True, **FRESH)
     # the template opened <think>; the random model never closes it: all of it is reasoning
