@@ -167,15 +167,15 @@ def _kv_type(name: str | None, field: str) -> int | None:
     try:
         return KV_TYPES[name.lower()]
     except KeyError:
-        raise ValueError(
-            f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}"
-        ) from None
+        raise ValueError(f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}") from None
 
 
 class Engine:
     """A loaded model with one persistent context (see module docstring)."""
 
-    def __init__(self, config: LoadConfig, progress: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self, config: LoadConfig, progress: Callable[[float], None] | None = None
+    ) -> None:
         _init_backend()
         self.config = config
         check_gguf_file(config.model_path)
@@ -328,9 +328,7 @@ class Engine:
                 M.mtmd_bitmap_set_id(bm, digest.encode())
                 bitmaps.append(bm)
             raw = text.encode("utf-8")
-            inp = M.mtmd_input_text(
-                text=raw, text_len=len(raw), add_special=True, parse_special=True
-            )
+            inp = M.mtmd_input_text(text=raw, text_len=len(raw), add_special=True, parse_special=True)
             arr = (M.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
             rc = M.mtmd_tokenize(self.mtmd, chunks, ctypes.byref(inp), arr, len(bitmaps))
             if rc == 1:
@@ -349,10 +347,7 @@ class Engine:
                 n_pos = int(M.mtmd_input_chunk_get_n_pos(ch))
                 cid = (M.mtmd_input_chunk_get_id(ch) or b"").decode()
                 media[len(entries)] = MediaChunk(
-                    M.mtmd_input_chunk_copy(ch),
-                    n_pos,
-                    int(M.mtmd_input_chunk_get_n_tokens(ch)),
-                    cid,
+                    M.mtmd_input_chunk_copy(ch), n_pos, int(M.mtmd_input_chunk_get_n_tokens(ch)), cid
                 )
                 entries.extend(("media", cid, k) for k in range(n_pos))
             return entries, media
@@ -367,14 +362,7 @@ class Engine:
 
         new_pos = C.llama_pos(0)
         rc = M.mtmd_helper_eval_chunk_single(
-            self.mtmd,
-            self.ctx,
-            media.chunk,
-            pos,
-            seq_id,
-            self.n_batch,
-            False,
-            ctypes.byref(new_pos),
+            self.mtmd, self.ctx, media.chunk, pos, seq_id, self.n_batch, False, ctypes.byref(new_pos)
         )
         if rc != 0:
             raise DecodeError(f"evaluating an image chunk failed with code {rc}")

@@ -81,10 +81,8 @@ def read_gguf_metadata(path: str | Path, keys: Iterable[str] | None = None) -> d
         for _ in range(n_kv):
             key = _read_str(f)
             vtype = _read(f, "<I")
-            match = (
-                wanted is None
-                or key in wanted
-                or any(w.startswith("*.") and key.endswith(w[1:]) for w in wanted)
+            match = wanted is None or key in wanted or any(
+                w.startswith("*.") and key.endswith(w[1:]) for w in wanted
             )
             value = _read_value(f, vtype, keep=match and vtype != _ARRAY)
             if match and value is not None:

@@ -251,7 +251,9 @@ class Sampler:
             tok = self._apply(logits, grammar_first=False, banned=banned)
             text = self._tail + self._piece(tok)
             hits = [
-                (i, len(t)) for t in self.params.grammar_lazy_triggers if (i := text.find(t)) >= 0
+                (i, len(t))
+                for t in self.params.grammar_lazy_triggers
+                if (i := text.find(t)) >= 0
             ]
             if hits:
                 start, n = min(hits)

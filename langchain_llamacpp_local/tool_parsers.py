@@ -168,9 +168,7 @@ def _json_args(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def _call_from_obj(
-    obj: Any, raw: str, keys: tuple[str, ...] = ("arguments", "parameters")
-) -> _Call:
+def _call_from_obj(obj: Any, raw: str, keys: tuple[str, ...] = ("arguments", "parameters")) -> _Call:
     if not isinstance(obj, dict):
         return _Call(None, None, raw, error="tool call is not a JSON object")
     fn = obj.get("function") if isinstance(obj.get("function"), dict) else None
@@ -186,9 +184,7 @@ def _call_from_obj(
     args = _json_args(args_val)
     cid = obj.get("id") or obj.get("tool_call_id")
     if args is None:
-        return _Call(
-            name, None, raw, id=str(cid) if cid else None, error="arguments are not a JSON object"
-        )
+        return _Call(name, None, raw, id=str(cid) if cid else None, error="arguments are not a JSON object")
     return _Call(name, args, raw, id=str(cid) if cid else None)
 
 
@@ -276,9 +272,7 @@ def _scan_regions(
                     c.error = f"unterminated tool call (no {end})"
                     c.args = None
                 c.raw = c.raw or region
-            calls.extend(
-                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")]
-            )
+            calls.extend(found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")])
             return content, calls, len(text)
         calls.extend(body(text[i + len(start) : j], True))
         pos = j + len(end)
@@ -292,15 +286,7 @@ def _hermes_body(region: str, final: bool) -> list[_Call]:
             return [_Call(m.group(1), None, s, complete=False)]
         args, err = _loads(m.group(2) or "{}")
         if err or not isinstance(args, dict):
-            return [
-                _Call(
-                    m.group(1),
-                    None,
-                    s,
-                    error=err or "arguments are not a JSON object",
-                    complete=final,
-                )
-            ]
+            return [_Call(m.group(1), None, s, error=err or "arguments are not a JSON object", complete=final)]
         return [_Call(m.group(1), args, s)]
     if not final:
         name = re.match(r'^\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', s)
@@ -327,9 +313,7 @@ def _qwen3_coder_body(region: str, final: bool) -> list[_Call]:
     for m in re.finditer(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", s, re.S):
         name, inner = m.group(1).strip(), m.group(2)
         args: dict[str, Any] = {}
-        for p in re.finditer(
-            r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", inner, re.S
-        ):
+        for p in re.finditer(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", inner, re.S):
             args[p.group(1).strip()] = _parse_value(p.group(2))
         closed = "</function>" in m.group(0)
         if not closed and final:
@@ -341,9 +325,7 @@ def _qwen3_coder_body(region: str, final: bool) -> list[_Call]:
     return out
 
 
-def _list_body(
-    region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")
-) -> list[_Call]:
+def _list_body(region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")) -> list[_Call]:
     if not final:
         return []
     s = _unfence(region.strip())
@@ -445,9 +427,7 @@ def _generic_calls(text: str) -> tuple[list[_Call], str] | None:
     if "tool_calls" in obj and isinstance(obj["tool_calls"], list):
         return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj["tool_calls"]], ""
     if "tool_call" in obj:
-        return [
-            _call_from_obj(obj["tool_call"], json.dumps(obj["tool_call"], ensure_ascii=False))
-        ], ""
+        return [_call_from_obj(obj["tool_call"], json.dumps(obj["tool_call"], ensure_ascii=False))], ""
     if "response" in obj:
         resp = obj["response"]
         return [], resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False)
@@ -480,14 +460,7 @@ def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], i
         else:
             obj, err = _loads(body.strip() or "{}")
             if err or not isinstance(obj, dict):
-                calls.append(
-                    _Call(
-                        name or None,
-                        None,
-                        body.strip(),
-                        error=err or "arguments are not a JSON object",
-                    )
-                )
+                calls.append(_Call(name or None, None, body.strip(), error=err or "arguments are not a JSON object"))
             else:
                 calls.append(_Call(name, obj, body.strip()))
         offset += 3 + len(part)
@@ -510,14 +483,7 @@ def _deepseek_body(region: str, final: bool) -> list[_Call]:
         if not closed:
             err = err or "unterminated tool call"
         if err or not isinstance(obj, dict):
-            out.append(
-                _Call(
-                    name.strip() or None,
-                    None,
-                    inner,
-                    error=err or "arguments are not a JSON object",
-                )
-            )
+            out.append(_Call(name.strip() or None, None, inner, error=err or "arguments are not a JSON object"))
         else:
             out.append(_Call(name.strip(), obj, inner))
     return out
@@ -533,14 +499,8 @@ def _command_r7b_body(region: str, final: bool) -> list[_Call]:
     calls = []
     for o in items:
         if isinstance(o, dict) and "tool_name" in o:
-            o = {
-                "name": o.get("tool_name"),
-                "parameters": o.get("parameters", {}),
-                "id": o.get("tool_call_id"),
-            }
-        calls.append(
-            _call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments"))
-        )
+            o = {"name": o.get("tool_name"), "parameters": o.get("parameters", {}), "id": o.get("tool_call_id")}
+        calls.append(_call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments")))
     return calls
 
 
@@ -580,9 +540,7 @@ def _gpt_oss(text: str, reasoning: bool | None, final: bool) -> _Scan:
             content.append(pre)
         pos = m.end()
         chan, body, end = m.group("chan"), m.group("body"), m.group("end")
-        to = re.search(
-            r"to=functions\.([\w.\-]+)", (m.group("head") or "") + (m.group("hdr") or "")
-        )
+        to = re.search(r"to=functions\.([\w.\-]+)", (m.group("head") or "") + (m.group("hdr") or ""))
         if to:
             if not end and not final:
                 calls.append(_Call(to.group(1), None, body, complete=False))
@@ -593,12 +551,7 @@ def _gpt_oss(text: str, reasoning: bool | None, final: bool) -> _Scan:
                 err = err or "unterminated tool call"
             if err or not isinstance(obj, dict):
                 calls.append(
-                    _Call(
-                        to.group(1),
-                        None,
-                        body.strip(),
-                        error=err or "arguments are not a JSON object",
-                    )
+                    _Call(to.group(1), None, body.strip(), error=err or "arguments are not a JSON object")
                 )
             else:
                 calls.append(_Call(to.group(1), obj, body.strip()))
@@ -640,9 +593,7 @@ def _scan(text: str, fmt: str, reasoning: bool | None, think_open: bool, final: 
                 rest,
                 "<function=",
                 "</function>",
-                lambda reg, fin: _hermes_body(
-                    "<function=" + reg + ("</function>" if fin else ""), fin
-                ),
+                lambda reg, fin: _hermes_body("<function=" + reg + ("</function>" if fin else ""), fin),
                 final,
             )
         content = "".join(pieces)
@@ -670,16 +621,12 @@ def _scan(text: str, fmt: str, reasoning: bool | None, think_open: bool, final: 
         content = "".join(pieces)
     elif fmt == "deepseek_r1":
         c = rest.replace(_DS["calls_end"], "")
-        pieces, calls, settled_at = _scan_regions(
-            c, _DS["calls_begin"], None, _deepseek_body, final
-        )
+        pieces, calls, settled_at = _scan_regions(c, _DS["calls_begin"], None, _deepseek_body, final)
         content = "".join(pieces)
         rest = c
     elif fmt == "command_r7b":
         c = rest.replace("<|START_RESPONSE|>", "").replace("<|END_RESPONSE|>", "")
-        pieces, calls, settled_at = _scan_regions(
-            c, "<|START_ACTION|>", "<|END_ACTION|>", _command_r7b_body, final
-        )
+        pieces, calls, settled_at = _scan_regions(c, "<|START_ACTION|>", "<|END_ACTION|>", _command_r7b_body, final)
         content = "".join(pieces)
         rest = c
     elif fmt == "pythonic":
@@ -689,11 +636,7 @@ def _scan(text: str, fmt: str, reasoning: bool | None, think_open: bool, final: 
             if not m.group(2) and not final:
                 return _Scan(r, s[: m.start()], [], False)
             found = _pythonic_calls(m.group(1))
-            calls = (
-                found
-                if found is not None
-                else [_Call(None, None, m.group(1), error="not a list of calls")]
-            )
+            calls = found if found is not None else [_Call(None, None, m.group(1), error="not a list of calls")]
             content = s[: m.start()] + s[m.end() :]
         else:
             found = _pythonic_calls(s) if final else None
@@ -705,12 +648,7 @@ def _scan(text: str, fmt: str, reasoning: bool | None, think_open: bool, final: 
                 content = s
     elif fmt == "llama3_json":
         s = rest.strip()
-        if not final and (
-            s.startswith("{")
-            or s.startswith("<|python_tag|>")
-            or "<|python_tag|>".startswith(s)
-            and s
-        ):
+        if not final and (s.startswith("{") or s.startswith("<|python_tag|>") or "<|python_tag|>".startswith(s) and s):
             return _Scan(r, "", [], False)
         found = _llama3_calls(rest) if final else None
         if found is not None:
@@ -737,9 +675,7 @@ def _scan(text: str, fmt: str, reasoning: bool | None, think_open: bool, final: 
     return _Scan(r, content, calls, settled)
 
 
-def _finish_calls(
-    calls: list[_Call], ids: list[str] | None = None
-) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+def _finish_calls(calls: list[_Call], ids: list[str] | None = None) -> tuple[list[ToolCall], list[InvalidToolCall]]:
     good: list[ToolCall] = []
     bad: list[InvalidToolCall] = []
     for n, c in enumerate(calls):
@@ -747,11 +683,7 @@ def _finish_calls(
         if c.error is None and c.name and c.args is not None:
             good.append(tool_call(name=c.name, args=c.args, id=cid))
         else:
-            bad.append(
-                invalid_tool_call(
-                    name=c.name, args=c.raw, id=cid, error=c.error or "malformed tool call"
-                )
-            )
+            bad.append(invalid_tool_call(name=c.name, args=c.raw, id=cid, error=c.error or "malformed tool call"))
     return good, bad
 
 
@@ -760,9 +692,7 @@ def _check_fmt(fmt: str) -> None:
         raise ValueError(f"unknown tool-call format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
-def parse(
-    text: str, fmt: str, *, reasoning: bool | None = None, think_open: bool = False
-) -> ParsedOutput:
+def parse(text: str, fmt: str, *, reasoning: bool | None = None, think_open: bool = False) -> ParsedOutput:
     """Split a finished generation into content, reasoning and tool calls (never raises)."""
     _check_fmt(fmt)
     try:
@@ -847,9 +777,7 @@ class StreamParser:
             if final:
                 keep = len(text.rstrip())
             else:
-                keep = len(text) - _held_suffix(
-                    text, ("</think>", "<|END_THINKING|>", *self._markers)
-                )
+                keep = len(text) - _held_suffix(text, ("</think>", "<|END_THINKING|>", *self._markers))
                 keep = len(text[:keep].rstrip())
             if keep > self._sent_reasoning:
                 out.append(StreamDelta("reasoning", text[self._sent_reasoning : keep]))
@@ -873,11 +801,7 @@ class StreamParser:
                 if n >= self._calls_named:  # an invalid call without a name
                     out.append(StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name))
                     self._calls_named = n + 1
-                args = (
-                    json.dumps(c.args, ensure_ascii=False)
-                    if c.error is None and c.args is not None
-                    else c.raw
-                )
+                args = json.dumps(c.args, ensure_ascii=False) if c.error is None and c.args is not None else c.raw
                 out.append(StreamDelta("tool_call", index=n, args=args))
                 self._calls_done = n + 1
         return out

@@ -412,7 +412,9 @@ class _WorkerState:
                 last_at=last,
             )
             # never inside an image: its positions are written by one mtmd call
-            targets = [t for t in targets if not any(s < t < s + m.n_pos for s, m in media.items())]
+            targets = [
+                t for t in targets if not any(s < t < s + m.n_pos for s, m in media.items())
+            ]
         sampler = Sampler(eng.vocab, prepared.sampling)
         return _Active(
             job=job,
@@ -465,11 +467,7 @@ class _WorkerState:
         n_cached = min(n_cached, len(tokens) - 1)
         src = max(self.slots, key=lambda s: lcp[s.seq_id])
         n_src = lcp[src.seq_id]
-        if (
-            cached is not None
-            and n_cached > max(n_target, n_src)
-            and n_cached * 4 >= len(cached.entries)
-        ):
+        if cached is not None and n_cached > max(n_target, n_src) and n_cached * 4 >= len(cached.entries):
             self._park(target)
             self._reset_slot(target)
             if eng.state_set(cached.data, target.seq_id, 0):
@@ -480,7 +478,11 @@ class _WorkerState:
                 logger.debug("restored %d cached entries from host RAM", len(cached.entries))
             else:
                 self._reset_slot(target)
-        elif n_src > n_target and src is not target and eng.memory_kind is MemoryKind.PARTIAL:
+        elif (
+            n_src > n_target
+            and src is not target
+            and eng.memory_kind is MemoryKind.PARTIAL
+        ):
             self._park(target)
             self._reset_slot(target)
             eng.seq_cp(src.seq_id, target.seq_id, 0, n_src)
@@ -497,7 +499,9 @@ class _WorkerState:
         if slot.n_past == 0 or self.ram.max_bytes <= 0:
             return
         data = eng.state_get(slot.seq_id, 0)
-        self.ram.put(CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items)))
+        self.ram.put(
+            CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items))
+        )
 
     def _make_room(self, needed: int, busy: set[int], reserve: Slot | None = None) -> bool:
         """Free KV cells (shared by all slots) for a request needing ``needed`` positions.
@@ -668,10 +672,7 @@ class _WorkerState:
                     self._save_checkpoint(act)
             else:
                 act.t_prefill = time.perf_counter()
-                if (
-                    eng.memory_kind is not MemoryKind.PARTIAL
-                    and self.cache.checkpoint_max_count > 0
-                ):
+                if eng.memory_kind is not MemoryKind.PARTIAL and self.cache.checkpoint_max_count > 0:
                     # the end of the prompt: where the next turn diverges when a
                     # template rewrites the reply (e.g. drops reasoning)
                     self._save_checkpoint(act)

@@ -50,10 +50,7 @@ def test_invoke_reports_usage_and_metadata(llm: ChatLlamaCpp) -> None:
     meta = msg.response_metadata
     assert meta["model_name"]
     assert meta["finish_reason"] in ("stop", "length")
-    assert (
-        meta["timings"]["prompt_ms"] >= 0
-        and meta["timings"]["predicted_n"] == usage["output_tokens"]
-    )
+    assert meta["timings"]["prompt_ms"] >= 0 and meta["timings"]["predicted_n"] == usage["output_tokens"]
 
 
 def test_max_tokens_gives_length(llm: ChatLlamaCpp) -> None:
@@ -87,10 +84,7 @@ def test_multi_turn_reuse_is_exact(llm: ChatLlamaCpp) -> None:
 
     # full match: the same prompt again re-decodes only its last token
     full = llm.invoke(edited)
-    assert (
-        full.usage_metadata["input_token_details"]["cache_read"]
-        == full.usage_metadata["input_tokens"] - 1
-    )
+    assert full.usage_metadata["input_token_details"]["cache_read"] == full.usage_metadata["input_tokens"] - 1
     assert_same_greedy(full, third)
 
     # shrink: back to the first turn
@@ -259,9 +253,7 @@ THINK_TEMPLATE = (
 
 
 def test_reasoning_from_an_opened_think_block(tiny_llama: str) -> None:
-    base = ChatLlamaCpp(
-        model_path=tiny_llama, chat_template=THINK_TEMPLATE, max_tokens=20, **GREEDY
-    )
+    base = ChatLlamaCpp(model_path=tiny_llama, chat_template=THINK_TEMPLATE, max_tokens=20, **GREEDY)
     raw = base.invoke("why?", **FRESH)  # reasoning=None: text as generated
     thinking = base.invoke("why?", reasoning=True, **FRESH)
     # the template opened <think>; the random model never closes it: all of it is reasoning
