@@ -107,14 +107,21 @@ class Lease:
     :meth:`release` is idempotent and safe from any thread, a finalizer included.
     """
 
-    __slots__ = ("worker", "_entry", "_keep_alive", "_once", "__weakref__")
+    __slots__ = ("_entry", "_keep_alive", "_once", "__weakref__")
 
     def __init__(self, entry: _Entry, keep_alive: float) -> None:
-        assert entry.worker is not None
-        self.worker: ModelWorker = entry.worker
+        # Created with ``_lock`` held, right after the entry's count was raised: from
+        # here on, however the caller unwinds, dropping the lease gives the count back.
+        self._once = [True]
         self._entry = entry
         self._keep_alive = keep_alive
-        self._once = [True]
+
+    @property
+    def worker(self) -> ModelWorker:
+        worker = self._entry.worker
+        if worker is None:
+            raise RuntimeError("the model of this lease has not finished loading")
+        return worker
 
     def release(self) -> None:
         """Give the hold back; the keep-alive clock starts when the last one goes."""
@@ -247,6 +254,7 @@ def acquire(
                     entry = None
                 if entry is not None:
                     entry.active += 1
+                    lease = Lease(entry, keep_alive)
                     break
                 while len(_table) >= budget:
                     idle = [e for e in _table.values() if e.worker is not None and not e.active]
@@ -261,6 +269,7 @@ def acquire(
                 if len(_table) < budget:
                     entry = _table[key] = _Entry(key, keep_alive)
                     entry.active = 1
+                    lease = Lease(entry, keep_alive)
                     new = True
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -284,34 +293,34 @@ def acquire(
                     _events.put(_WAKE)
     finally:
         _free(victims)
-    if new:
-        threading.Thread(
-            target=_load,
-            args=(entry, config, cache, progress),
-            name=f"llamacpp-load:{config.model_path}",
-            daemon=True,
-        ).start()
-    return _await_loaded(entry, keep_alive, deadline)
-
-
-def _await_loaded(entry: _Entry, keep_alive: float, deadline: float | None) -> Lease:
-    """Wait for ``entry`` to finish loading; our reservation is handed back on any failure."""
     try:
-        while not entry.loaded.wait(0.25):
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"loading {entry.key[0].model_path} took longer than the request's timeout "
-                    "(it goes on loading and will be reused)"
-                )
-        if entry.error is not None:
-            raise entry.error
-        return Lease(entry, keep_alive)
+        if new:
+            threading.Thread(
+                target=_load,
+                args=(entry, config, cache, progress),
+                name=f"llamacpp-load:{config.model_path}",
+                daemon=True,
+            ).start()
+        _await_loaded(entry, deadline)
     except BaseException:
         # KeyboardInterrupt, a cancelled task, a timeout or a failed load: the
         # reservation goes back through the event queue (no lock: we may be unwinding
         # anywhere), and the load itself finishes on its own thread.
-        _events.put(("release", entry, keep_alive, time.monotonic()))
+        lease.release()
         raise
+    return lease
+
+
+def _await_loaded(entry: _Entry, deadline: float | None) -> None:
+    """Wait for ``entry`` to finish loading (short waits: Ctrl-C is seen promptly)."""
+    while not entry.loaded.wait(0.25):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"loading {entry.key[0].model_path} took longer than the request's timeout "
+                "(it goes on loading and will be reused)"
+            )
+    if entry.error is not None:
+        raise entry.error
 
 
 def _load(
