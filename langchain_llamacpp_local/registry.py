@@ -138,7 +138,10 @@ class Lease:
         self.release()
 
     def __del__(self) -> None:
-        self.release()
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: the registry is going away too
+            pass
 
 
 # --------------------------------------------------------------------------- events
