@@ -444,8 +444,8 @@ class ChatLlamaCpp(BaseChatModel):
             raise
 
     def _reported_name(self, spec: str | None, resolved: ResolvedModel) -> str | None:
-        """``response_metadata["model_name"]``: ``model_name``, else the name asked for
-        (a path reports the GGUF's own name instead)."""
+        """``response_metadata["model_name"]``: ``model_name``, else a per-call ``model=``
+        as given, else the instance's ``model`` unless it is a path (None: the GGUF's name)."""
         if self.model_name:
             return self.model_name
         if spec is not None:
