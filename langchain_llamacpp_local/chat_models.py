@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -336,7 +337,9 @@ class ChatLlamaCpp(BaseChatModel):
         if resolved is None:
             resolved = self._resolve(None)
         return LoadConfig(
-            model_path=str(Path(resolved.model_path).expanduser().resolve()),
+            # absolute but not symlink-resolved: a split GGUF's parts are found by name
+            # beside the first (Hugging Face's cache links each name to a hashed blob)
+            model_path=os.path.abspath(Path(resolved.model_path).expanduser()),
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
             n_ubatch=self.n_ubatch,
@@ -353,7 +356,7 @@ class ChatLlamaCpp(BaseChatModel):
             rope_freq_base=self.rope_freq_base,
             rope_freq_scale=self.rope_freq_scale,
             mmproj_path=(
-                str(Path(resolved.mmproj_path).expanduser().resolve())
+                os.path.abspath(Path(resolved.mmproj_path).expanduser())
                 if resolved.mmproj_path
                 else None
             ),

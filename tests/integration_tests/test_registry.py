@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import gc
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from langchain_llamacpp_local import ChatLlamaCpp, registry
 from langchain_llamacpp_local.model_resolution import ModelNotFoundError
 from langchain_llamacpp_local.registry import live_workers, load_count, loaded_models
 from langchain_llamacpp_local.worker import CacheOptions
-from tests.gguf_models import write_tiny_llama
+from tests.gguf_models import write_tiny_llama, write_tiny_mmproj
 
 FAST: dict[str, Any] = {"temperature": 0.0, "max_tokens": 4, "n_ctx": 512, "n_slots": 2}
 
@@ -259,3 +260,47 @@ def test_unload_and_list(models: Path) -> None:
     assert ChatLlamaCpp.unload_all() == 1
     cache = CacheOptions()
     assert registry.unload(llm._load_config(), cache) == 0  # nothing left to free
+
+
+def _hub_cache(root: Path, repo_id: str, files: dict[str, Path]) -> None:
+    """Copy ``files`` into huggingface_hub's cache layout: blobs, snapshot symlinks, refs."""
+    repo_dir = root / ("models--" + repo_id.replace("/", "--"))
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    for name, src in files.items():
+        data = src.read_bytes()
+        blob = repo_dir / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = repo_dir / "snapshots" / commit / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path("../" * (name.count("/") + 2) + "blobs") / blob.name)
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+
+
+def test_a_hugging_face_split_gguf_and_its_mmproj_load_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end through huggingface_hub's offline cache: a split GGUF (3 parts) and,
+    with ``mmproj_path="auto"``, the repo's projector."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    src = tmp_path / "src"
+    src.mkdir()
+    first = write_tiny_llama(src / "Tiny-F32.gguf", seed=3, split_max_tensors=8)
+    parts = sorted(p for p in src.iterdir() if p.name.startswith("Tiny-F32-"))
+    assert first == parts[0] and len(parts) == 3
+    proj = write_tiny_mmproj(src / "mmproj-Tiny-F16.gguf", text_n_embd=64)
+    cache = tmp_path / "hub"
+    _hub_cache(cache, "acme/Tiny-GGUF", {p.name: p for p in [*parts, proj]})
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+
+    by_path = ChatLlamaCpp(model=str(first), keep_alive=0, **FAST).invoke("hi")
+    llm = ChatLlamaCpp(model="acme/Tiny-GGUF:F32", mmproj_path="auto", **FAST)
+    out = llm.invoke("hi")
+    assert out.content == by_path.content
+    assert out.response_metadata["model_name"] == "acme/Tiny-GGUF:F32"
+    [loaded] = [m for m in loaded_models() if m.mmproj_path]
+    assert Path(loaded.model_path).name == "Tiny-F32-00001-of-00003.gguf"
+    assert Path(loaded.mmproj_path or "").name == "mmproj-Tiny-F16.gguf"
+    assert "acme/Tiny-GGUF:F32" in {e.name for e in llm.list_models()}
