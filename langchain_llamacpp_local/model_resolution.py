@@ -567,10 +567,13 @@ def _size(p: Path) -> int:
 def _list_hf_cache(cache_dir: str | None) -> list[ModelEntry]:
     try:
         import huggingface_hub as hf
+        import huggingface_hub.constants
     except ImportError:  # pragma: no cover
         return []
     try:
-        info = hf.scan_cache_dir(cache_dir)
+        # scan_cache_dir's own default is bound when huggingface_hub is imported: pass
+        # the cache in force now (HF_HUB_CACHE may have been set since)
+        info = hf.scan_cache_dir(cache_dir or huggingface_hub.constants.HF_HUB_CACHE)
     except Exception:  # no cache yet
         return []
     out = []
