@@ -9,6 +9,7 @@ from .errors import (
     RequestCancelledError,
     WorkerDeadError,
 )
+from .model_resolution import ModelNotFoundError
 
 __all__ = [
     "ChatLlamaCpp",
@@ -16,6 +17,7 @@ __all__ = [
     "DecodeError",
     "LlamaCppError",
     "ModelLoadError",
+    "ModelNotFoundError",
     "RequestCancelledError",
     "WorkerDeadError",
 ]

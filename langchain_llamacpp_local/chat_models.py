@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
+import os
+import re
 import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import anyio
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -29,11 +33,14 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator, model_validator
 from typing_extensions import Self
 
+from . import registry
 from .errors import RequestCancelledError
 from .gguf_meta import read_gguf_metadata
+from .model_resolution import ModelEntry, ResolvedModel, resolve_model, resolve_path
+from .model_resolution import list_models as _list_models
 from .sampling import SamplingParams
 from .templates import convert_messages
 from .tool_parsers import StreamDelta
@@ -45,7 +52,7 @@ from .validation import (
     normalize_stop,
     unknown_names_error,
 )
-from .worker import CacheOptions, ChatJob, Done, ModelInfo, ModelWorker, get_worker
+from .worker import CacheOptions, ChatJob, Done, ModelInfo, ModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +84,7 @@ _CALL_KWARGS = {
     "cache_prompt",
     "timeout",
     "model",
+    "keep_alive",
     "strict",
     "ls_structured_output_format",
 }
@@ -129,10 +137,11 @@ class ChatLlamaCpp(BaseChatModel):
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
 
     # ------------------------------------------------------------------ loading
-    model_path: str
-    """Path of the GGUF model file."""
-    model_name: str | None = Field(default=None, alias="model")
-    """Name reported in ``response_metadata`` and traces (default: the GGUF's ``general.name``)."""
+    model_path: str | None = None
+    """Path of the GGUF model file (or give ``model``)."""
+    model_name: str | None = None
+    """Name reported in ``response_metadata`` and traces (default: the ``model`` name
+    asked for, else the GGUF's ``general.name``)."""
     n_ctx: int | None = None
     """Context window in tokens (default: the model's trained context, capped at 8192)."""
     n_batch: int = 512
@@ -163,7 +172,9 @@ class ChatLlamaCpp(BaseChatModel):
     rope_freq_scale: float = 0.0
     """RoPE frequency scale; 0 uses the model's own value."""
     mmproj_path: str | None = None
-    """Vision projector GGUF (llama.cpp mtmd) for image input; None: text only."""
+    """Vision projector GGUF (llama.cpp mtmd) for image input. None: only the one in a
+    ``models_dir`` model's own folder; ``"auto"``: also beside a path and in a Hugging
+    Face repo; ``"none"``: never (see docs/models.md)."""
     image_min_tokens: int | None = None
     """Fewest tokens an image may take (models with dynamic resolution)."""
     image_max_tokens: int | None = None
@@ -185,6 +196,21 @@ class ChatLlamaCpp(BaseChatModel):
     """Byte budget for the checkpoints of one conversation."""
     checkpoint_min_step: int = 512
     """Minimum spacing in tokens between periodic checkpoints."""
+
+    # ------------------------------------------------------------------ model selection
+    model: str | None = None
+    """The model: a GGUF path, a name in ``models_dir`` (``qwen3``, ``qwen3:Q4_K_M``) or a
+    Hugging Face spec (``owner/repo[:QUANT]``, ``owner/repo/file.gguf``); give this or
+    ``model_path``. Overridable per call (``invoke(..., model=...)``); see docs/models.md."""
+    models_dir: str | None = None
+    """Folder of models looked up by name (default: ``LLAMACPP_MODELS_DIR``)."""
+    keep_alive: float = registry.DEFAULT_KEEP_ALIVE
+    """Seconds a loaded model stays loaded once idle (Ollama's semantics: default 5 min,
+    0 frees it after the call, negative keeps it until ``unload()``); ``"10m"``-style
+    durations are accepted. Other instances and per-call instances reuse it meanwhile."""
+    max_loaded_models: int | None = None
+    """Process-wide limit on loaded models; loading one more evicts the least recently
+    used idle one (default: ``LLAMACPP_MAX_LOADED_MODELS`` or 3)."""
 
     # ------------------------------------------------------------------ sampling
     seed: int = -1
@@ -228,6 +254,7 @@ class ChatLlamaCpp(BaseChatModel):
     streaming: bool = False
     """Kept for compatibility with langchain-community: ``invoke`` always streams internally."""
 
+    list_models: ClassVar[Any]  # see _ClassOrInstanceMethod below the class
     _worker: ModelWorker | None = PrivateAttr(default=None)
     _closed: bool = PrivateAttr(default=False)
     _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
@@ -251,11 +278,32 @@ class ChatLlamaCpp(BaseChatModel):
         self._sampling()  # validates the sampling fields
         return self
 
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _parse_keep_alive(cls, value: Any) -> Any:
+        return _duration_seconds(value)
+
+    @model_validator(mode="after")
+    def _check_model_selection(self) -> Self:
+        if self.model is None and self.model_path is None:
+            raise ValueError(
+                "pass model= (a GGUF path, a name in models_dir or a Hugging Face "
+                "owner/repo[:QUANT]) or model_path="
+            )
+        if self.model is not None and self.model_path is not None:
+            raise ValueError(
+                "pass model= or model_path=, not both (model_name= sets the reported name)"
+            )
+        if self.max_loaded_models is not None and self.max_loaded_models < 1:
+            raise ValueError("max_loaded_models must be at least 1 (or None for the default)")
+        return self
+
     def _resolve_model_profile(self) -> ModelProfile | None:
         n_ctx = self.n_ctx
-        if n_ctx is None:
+        local = self._local_model_file()
+        if n_ctx is None and local is not None:
             try:
-                meta = read_gguf_metadata(self.model_path, ["*.context_length"])
+                meta = read_gguf_metadata(local, ["*.context_length"])
                 trained = next(iter(meta.values()), None)
                 n_ctx = min(int(trained), _DEFAULT_MAX_CTX) if trained else None
             except (OSError, ValueError):
@@ -263,7 +311,7 @@ class ChatLlamaCpp(BaseChatModel):
         profile: ModelProfile = {
             "text_inputs": True,
             "text_outputs": True,
-            "image_inputs": self.mmproj_path is not None,
+            "image_inputs": self.mmproj_path not in (None, "none"),
             "tool_calling": True,
             "tool_choice": True,
             "tool_call_streaming": True,
@@ -284,6 +332,7 @@ class ChatLlamaCpp(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {
             "model_path": self.model_path,
+            "model": self.model,
             "n_ctx": self.n_ctx,
             **{k: getattr(self, k) for k in _SAMPLING_FIELDS},
             "max_tokens": self.max_tokens,
@@ -309,15 +358,21 @@ class ChatLlamaCpp(BaseChatModel):
             return self.model_name
         if self._worker is not None and self._worker.info is not None:
             return self._worker.info.model_name
-        return Path(self.model_path).stem
+        if self.model is not None:
+            return self.model
+        return Path(self.model_path or "model").stem
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _load_config(self) -> Any:
+    def _load_config(self, resolved: ResolvedModel | None = None) -> Any:
         from .engine import LoadConfig
 
+        if resolved is None:
+            resolved = self._resolve(None)
         return LoadConfig(
-            model_path=str(Path(self.model_path).expanduser().resolve()),
+            # absolute but not symlink-resolved: a split GGUF's parts are found by name
+            # beside the first (Hugging Face's cache links each name to a hashed blob)
+            model_path=os.path.abspath(Path(resolved.model_path).expanduser()),
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
             n_ubatch=self.n_ubatch,
@@ -334,31 +389,122 @@ class ChatLlamaCpp(BaseChatModel):
             rope_freq_base=self.rope_freq_base,
             rope_freq_scale=self.rope_freq_scale,
             mmproj_path=(
-                str(Path(self.mmproj_path).expanduser().resolve()) if self.mmproj_path else None
+                os.path.abspath(Path(resolved.mmproj_path).expanduser())
+                if resolved.mmproj_path
+                else None
             ),
             image_min_tokens=self.image_min_tokens,
             image_max_tokens=self.image_max_tokens,
         )
 
     def load(self) -> Self:
-        """Load the model now (otherwise the first call does); returns ``self``."""
-        worker = self._worker
-        if worker is None or not worker.alive:
-            progress = _log_progress(self.model_path) if self.verbose else None
-            if self.verbose:
-                _enable_native_log()
-            self._worker = get_worker(
-                self._load_config(),
-                CacheOptions(
-                    checkpoint_max_count=self.checkpoint_max_count,
-                    checkpoint_max_bytes=self.checkpoint_max_bytes,
-                    checkpoint_min_step=self.checkpoint_min_step,
-                    prompt_cache_bytes=self.prompt_cache_bytes,
-                ),
-                progress,
-            )
-            self._closed = False
+        """Load the model now (otherwise the first call does); returns ``self``.
+
+        The model then stays loaded for ``keep_alive`` seconds of idleness."""
+        lease, _ = self._lease(None, None)
+        lease.release()
         return self
+
+    # -- model selection (docs/models.md): resolution, leases, unload, listing
+
+    def _cache_options(self) -> CacheOptions:
+        return CacheOptions(
+            checkpoint_max_count=self.checkpoint_max_count,
+            checkpoint_max_bytes=self.checkpoint_max_bytes,
+            checkpoint_min_step=self.checkpoint_min_step,
+            prompt_cache_bytes=self.prompt_cache_bytes,
+        )
+
+    def _resolve(self, spec: str | None) -> ResolvedModel:
+        """The files for ``spec`` (a per-call ``model=``) or, if None, this instance's model."""
+        if spec is None and self.model is None:
+            assert self.model_path is not None
+            return resolve_path(self.model_path, self.mmproj_path)
+        return resolve_model(
+            spec if spec is not None else self.model,  # type: ignore[arg-type]
+            models_dir=self.models_dir,
+            mmproj=self.mmproj_path,
+        )
+
+    def _local_model_file(self) -> str | None:
+        """This instance's model file if it can be found without a download (or None)."""
+        if self.model is None:
+            return self.model_path
+        try:
+            return resolve_model(
+                self.model, models_dir=self.models_dir, mmproj="none", offline=True
+            ).model_path
+        except Exception:  # not resolvable offline (yet): no profile figures
+            return None
+
+    def _lease(
+        self, spec: str | None, deadline: float | None, keep_alive: float | None = None
+    ) -> tuple[registry.Lease, ResolvedModel]:
+        """Hold the model for one request, loading it (or waiting for room) if needed."""
+        resolved = self._resolve(spec)
+        if self.verbose:
+            _enable_native_log()
+        lease = registry.acquire(
+            self._load_config(resolved),
+            self._cache_options(),
+            _log_progress(resolved.model_path) if self.verbose else None,
+            keep_alive=self.keep_alive if keep_alive is None else keep_alive,
+            max_loaded_models=self.max_loaded_models,
+            deadline=deadline,
+        )
+        if spec is None:
+            self._worker = lease.worker
+            self._closed = False
+        return lease, resolved
+
+    async def _alease(
+        self, spec: str | None, deadline: float | None, keep_alive: float | None = None
+    ) -> tuple[registry.Lease, ResolvedModel]:
+        """:meth:`_lease` off the event loop; a cancelled task never strands a lease."""
+        box: list[Any] = []
+        abandoned: list[bool] = []
+
+        def get() -> tuple[registry.Lease, ResolvedModel]:
+            got = self._lease(spec, deadline, keep_alive)
+            box.append(got)
+            if abandoned:
+                got[0].release()
+            return got
+
+        try:
+            return await anyio.to_thread.run_sync(get, abandon_on_cancel=True)
+        except BaseException:
+            abandoned.append(True)
+            for lease, _ in box:
+                lease.release()
+            raise
+
+    def _reported_name(self, spec: str | None, resolved: ResolvedModel) -> str | None:
+        """``response_metadata["model_name"]``: ``model_name``, else a per-call ``model=``
+        as given, else the instance's ``model`` unless it is a path (None: the GGUF's name)."""
+        if self.model_name:
+            return self.model_name
+        if spec is not None:
+            return spec
+        return resolved.spec if resolved.source != "path" else None
+
+    def unload(self) -> int:
+        """Free this instance's model now (if busy, as soon as its requests finish).
+
+        Returns how many models were freed now. A later call loads it again."""
+        return registry.unload(self._load_config(), None)
+
+    @staticmethod
+    def unload_all() -> int:
+        """Free every idle model of the process now; busy ones once they finish."""
+        return registry.unload()
+
+    def _list_models(self_or_cls: Any, models_dir: str | None = None) -> list[ModelEntry]:
+        """The models in ``models_dir`` (this instance's, else ``LLAMACPP_MODELS_DIR``)
+        and in the Hugging Face cache; each entry's ``name`` works as ``model=``."""
+        if models_dir is None and isinstance(self_or_cls, ChatLlamaCpp):
+            models_dir = self_or_cls.models_dir
+        return _list_models(models_dir)
 
     @property
     def model_info(self) -> ModelInfo:
@@ -370,7 +516,8 @@ class ChatLlamaCpp(BaseChatModel):
     def close(self) -> None:
         """Cancel this instance's running calls and release its hold on the model.
 
-        The model is freed when no instance uses it any more; a later call loads it again.
+        The model stays loaded for ``keep_alive`` seconds of idleness (other instances
+        reuse it); :meth:`unload` frees it now.
         """
         for cancel in list(self._inflight):
             cancel.set()
@@ -440,11 +587,9 @@ class ChatLlamaCpp(BaseChatModel):
                     )
         return messages
 
-    def _submit(self, job: ChatJob) -> None:
-        self.load()
-        assert self._worker is not None
+    def _submit(self, job: ChatJob, lease: registry.Lease) -> None:
         self._inflight.add(job.cancel)
-        self._worker.submit(job)
+        lease.worker.submit(job)
 
     def _replies(self, job: ChatJob) -> Iterator[tuple[str, Any]]:
         """Reply items of a submitted job; cancels it if the consumer goes away."""
@@ -495,12 +640,12 @@ class ChatLlamaCpp(BaseChatModel):
             if not finished:
                 job.cancel.set()
 
-    def _chunk(self, kind: str, value: Any) -> ChatGenerationChunk:
+    def _chunk(self, kind: str, value: Any, name: str | None = None) -> ChatGenerationChunk:
         if kind == "delta":
             return ChatGenerationChunk(message=_delta_message(value))
         done: Done = value
         meta: dict[str, Any] = {
-            "model_name": done.model_name,
+            "model_name": name or done.model_name,
             "model_provider": "llamacpp",
             "finish_reason": done.finish_reason,
             "timings": done.timings,
@@ -523,12 +668,18 @@ class ChatLlamaCpp(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         job = self._make_job(messages, stop, kwargs)
-        self._submit(job)
-        for kind, value in self._replies(job):
-            chunk = self._chunk(kind, value)
-            if run_manager and kind == "delta":
-                run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
-            yield chunk
+        spec = kwargs.get("model")
+        lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
+        try:
+            self._submit(job, lease)
+            name = self._reported_name(spec, resolved)
+            for kind, value in self._replies(job):
+                chunk = self._chunk(kind, value, name)
+                if run_manager and kind == "delta":
+                    run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+                yield chunk
+        finally:
+            lease.release()
 
     async def _astream(
         self,
@@ -541,15 +692,18 @@ class ChatLlamaCpp(BaseChatModel):
         # and, on the first call, loading the model.
         job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
         job.channel.bind_loop()
-        worker = self._worker
-        if worker is None or not worker.alive:
-            await anyio.to_thread.run_sync(self.load, abandon_on_cancel=True)
-        self._submit(job)
-        async for kind, value in self._areplies(job):
-            chunk = self._chunk(kind, value)
-            if run_manager and kind == "delta":
-                await run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
-            yield chunk
+        spec = kwargs.get("model")
+        lease, resolved = await self._alease(spec, job.deadline, _keep_alive_kwarg(kwargs))
+        try:
+            self._submit(job, lease)
+            name = self._reported_name(spec, resolved)
+            async for kind, value in self._areplies(job):
+                chunk = self._chunk(kind, value, name)
+                if run_manager and kind == "delta":
+                    await run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+                yield chunk
+        finally:
+            lease.release()
 
     def _generate(
         self,
@@ -692,7 +846,48 @@ class ChatLlamaCpp(BaseChatModel):
         return RunnableMap(raw=llm) | parser_with_fallback
 
 
+class _ClassOrInstanceMethod:
+    """``ChatLlamaCpp.list_models()`` and ``llm.list_models()`` (which uses ``llm.models_dir``)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
+        return functools.partial(self.fn, obj if obj is not None else cls)
+
+
+ChatLlamaCpp.list_models = _ClassOrInstanceMethod(ChatLlamaCpp._list_models)
+
+
 # --------------------------------------------------------------------------- helpers
+
+
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def _duration_seconds(value: Any) -> Any:
+    """``keep_alive`` as seconds: a number, or an Ollama-style ``"30s"``/``"5m"``/``"1h"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m is None:
+            raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
+        return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    if isinstance(value, (int, float)) and math.isnan(value):
+        raise ValueError("keep_alive must be a number of seconds, not nan")
+    return value
+
+
+def _keep_alive_kwarg(kwargs: dict[str, Any]) -> float | None:
+    if "keep_alive" not in kwargs or kwargs["keep_alive"] is None:
+        return None
+    value = _duration_seconds(kwargs["keep_alive"])
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
+    return float(value)
 
 
 def _delta_message(d: StreamDelta) -> AIMessageChunk:

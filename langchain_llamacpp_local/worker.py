@@ -6,14 +6,12 @@ prompt, reuses the longest cached prefix (restoring a state checkpoint where the
 memory cannot be trimmed), decodes only the new suffix, samples, parses, and
 streams :class:`~langchain_llamacpp_local.tool_parsers.StreamDelta` items back.
 
-Models are shared: :func:`get_worker` returns the live worker for an equal
-:class:`~langchain_llamacpp_local.engine.LoadConfig`, held weakly, so the model
-is freed when its last user goes.
+Models are shared: :mod:`~langchain_llamacpp_local.registry` keeps one worker per
+:class:`~langchain_llamacpp_local.engine.LoadConfig` (keep-alive, loaded-model budget).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import threading
@@ -179,54 +177,6 @@ class ModelWorker:
 
     def _mark_dead(self, exc: BaseException) -> None:
         self._dead = exc
-
-
-# --------------------------------------------------------------------------- registry
-
-_registry: dict[tuple[LoadConfig, CacheOptions], weakref.ref[ModelWorker]] = {}
-_registry_lock = threading.Lock()
-
-
-def get_worker(
-    config: LoadConfig,
-    cache: CacheOptions,
-    progress: Callable[[float], None] | None = None,
-) -> ModelWorker:
-    """The live worker for these settings, loading the model if none is alive."""
-    key = (config, cache)
-    with _registry_lock:
-        ref = _registry.get(key)
-        worker = ref() if ref is not None else None
-        if worker is not None and worker.alive:
-            return worker
-        worker = ModelWorker(config, cache, progress)
-        _registry[key] = weakref.ref(worker, lambda _r, k=key: _forget(k, _r))
-        return worker
-
-
-def shutdown_all(timeout: float = 10.0) -> None:
-    """Stop every worker (at interpreter exit): running requests are cancelled."""
-    with _registry_lock:
-        workers = [w for r in _registry.values() if (w := r()) is not None]
-    for w in workers:
-        w._finalizer()
-    for w in workers:
-        w._thread.join(timeout)
-
-
-atexit.register(shutdown_all)
-
-
-def _forget(key: tuple[LoadConfig, CacheOptions], ref: weakref.ref[ModelWorker]) -> None:
-    with _registry_lock:
-        if _registry.get(key) is ref:
-            del _registry[key]
-
-
-def live_workers() -> int:
-    """How many models are loaded (for tests and diagnostics)."""
-    with _registry_lock:
-        return sum(1 for r in _registry.values() if (w := r()) is not None and w.alive)
 
 
 # --------------------------------------------------------------------------- thread
@@ -891,6 +841,4 @@ __all__ = [
     "ModelInfo",
     "ModelWorker",
     "StreamDelta",
-    "get_worker",
-    "live_workers",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,13 @@ def _quiet_llama_log() -> None:
 
     engine._init_backend()
     assert isinstance(engine._log_callback, ctypes._CFuncPtr)
+
+
+@pytest.fixture(autouse=True)
+def _free_models_after_each_test() -> Iterator[None]:
+    """The registry keeps models loaded for ``keep_alive`` (docs/models.md); each test
+    frees what it left idle so the next starts with fresh caches, as it did before."""
+    yield
+    from langchain_llamacpp_local import registry
+
+    registry.unload()

@@ -140,15 +140,17 @@ def write_tiny_llama(
     chat_template: str | None = None,
     n_ctx_train: int = 2048,
     extra_kv: dict[str, int | str] | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a 2-layer ``llama`` model (n_embd 64, 4 heads, 2 KV heads, n_ff 128).
 
     ``extra_kv`` adds header keys (ints as uint32, strings): hostile-header tests.
-    """
+    ``split_max_tensors`` > 0 writes a split GGUF (``<stem>-00001-of-0000N.gguf``...)
+    and returns its first part."""
     path = Path(path)
     n_head, n_head_kv, n_ff = 4, 2, 128
     head_dim = N_EMBD // n_head
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     t = _Weights(w, seed)
     _text_common(w, t, n_ctx_train)
     for key, value in (extra_kv or {}).items():
@@ -175,6 +177,8 @@ def write_tiny_llama(
         t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
         t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
     _finish(w)
+    if split_max_tensors:
+        return path.with_name(f"{path.stem}-00001-of-{len(w.tensors):05d}.gguf")
     return path
 
 

@@ -17,7 +17,7 @@ from langchain_core.messages import (
 )
 
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError, ModelLoadError
-from langchain_llamacpp_local.worker import live_workers
+from langchain_llamacpp_local.registry import live_workers, unload
 from tests.compare import GREEDY, assert_same_greedy
 
 FRESH = {"cache_prompt": False}  # same path for both sides of a comparison
@@ -170,6 +170,7 @@ def test_context_overflow_is_a_clear_error_and_worker_keeps_serving(tiny_llama: 
 
 
 def test_instances_share_one_model_and_release_it(tiny_llama: str) -> None:
+    unload()  # models that earlier tests left in their keep-alive time
     gc.collect()
     before = live_workers()
     a = ChatLlamaCpp(model_path=tiny_llama, n_ctx=512, temperature=0, max_tokens=4)
@@ -186,6 +187,9 @@ def test_instances_share_one_model_and_release_it(tiny_llama: str) -> None:
     with b:
         pass  # context manager releases b
     gc.collect()
+    # the registry keeps the model for keep_alive seconds of idleness; unload() frees it now
+    assert live_workers() == before + 1
+    assert b.unload() == 1
     assert live_workers() == before
     # a closed instance loads again on next use
     assert a.invoke("back").usage_metadata["input_tokens"] > 0

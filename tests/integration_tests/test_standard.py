@@ -7,6 +7,9 @@ paths they exercise are covered deterministically in test_tools.py.
 
 from __future__ import annotations
 
+import functools
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,14 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.conftest import gemma_path
+
+
+@functools.cache
+def _tiny_override_model() -> str:
+    from tests.gguf_models import write_tiny_llama
+
+    return str(write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny-override.gguf"))
+
 
 MODEL_QUALITY = "Gemma 3 270M base cannot reliably decide this by itself (model quality)"
 
@@ -49,6 +60,11 @@ class TestChatLlamaCppStandard(ChatModelIntegrationTests):
     @property
     def supports_image_inputs(self) -> bool:
         return False  # no mmproj for the test model
+
+    @property
+    def model_override_value(self) -> str:
+        """Per-call ``model=``: another GGUF (the tiny llama), reported under that name."""
+        return _tiny_override_model()
 
     @property
     def supported_usage_metadata_details(self) -> dict[str, list[str]]:
