@@ -46,7 +46,7 @@ def test_unknown_constructor_arguments_raise_naming_the_closest_field(tmp_path: 
     with pytest.raises(TypeError, match="did you mean 'temperature'"):
         ChatLlamaCpp(model_path="m.gguf", temprature=0.1)
     # aliases and every declared field stay accepted
-    assert ChatLlamaCpp(model_path="m.gguf", model="x", verbose=False).model_name == "x"
+    assert ChatLlamaCpp(model="m.gguf", model_name="x", verbose=False).model_name == "x"
 
 
 def test_unknown_call_kwargs_raise_naming_the_closest_option(tmp_path: Path) -> None:
