@@ -28,11 +28,17 @@ logger = logging.getLogger("langchain_llamacpp_local.rpc_server")
 
 EXPOSURE_WARNING = (
     "WARNING: the RPC server on {host} is reachable from other machines. llama.cpp's RPC "
-    "protocol has no authentication or encryption and lets any client that connects read "
-    "and write this process's device memory. Never expose it to an open network: run it "
+    "protocol has no authentication or encryption: any client that connects can allocate, "
+    "write and read memory and run computations on the exposed devices, and llama.cpp "
+    "calls the server experimental and not secure. Never expose it to an open network: run it "
     "only on a trusted private network, behind a firewall that admits only the machine "
     "running the model (or tunnel it, e.g. over SSH or WireGuard)."
 )
+
+
+def exposure_warning(host: str) -> str | None:
+    """The warning to print before binding ``host`` (None for loopback addresses)."""
+    return None if rpc.is_loopback(host) else EXPOSURE_WARNING.format(host=host)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot create --cache-dir {path}: {e}", file=sys.stderr)
             return 2
         cache_dir = str(path.resolve())
-    if not rpc.is_loopback(args.host):
-        print(EXPOSURE_WARNING.format(host=args.host), file=sys.stderr, flush=True)
+    warning = exposure_warning(args.host)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
     # ggml's server loop never returns while it serves; run it on a daemon thread so
     # that Ctrl-C / SIGTERM end the process normally.

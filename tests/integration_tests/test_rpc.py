@@ -204,3 +204,16 @@ def test_server_cli_lists_devices_and_rejects_unknown_ones() -> None:
         timeout=120,
     )
     assert bad.returncode == 2 and "unknown device 'NOPE0'; this machine has: CPU" in bad.stderr
+
+
+def test_server_cli_reports_a_port_in_use(server: str) -> None:
+    port = server.rsplit(":", 1)[1]
+    busy = subprocess.run(
+        _server_cmd("--port", port, "--threads", "1"),
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert busy.returncode == 1 and f"could not start on {server}" in busy.stderr, busy

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp, ModelLoadError, rpc
+from langchain_llamacpp_local.rpc_server import exposure_warning
 from langchain_llamacpp_local.rpc_server import main as rpc_server_main
 
 
@@ -42,6 +43,12 @@ def test_loopback_detection() -> None:
     assert rpc.is_loopback("localhost") and rpc.is_loopback("::1")
     assert not rpc.is_loopback("0.0.0.0") and not rpc.is_loopback("192.168.1.10")
     assert not rpc.is_loopback("gpu-box")
+
+
+def test_server_warns_before_binding_a_non_loopback_address() -> None:
+    assert exposure_warning("127.0.0.1") is None and exposure_warning("localhost") is None
+    warning = exposure_warning("0.0.0.0")
+    assert warning and "0.0.0.0" in warning and "Never expose it to an open network" in warning
 
 
 def _free_port() -> int:
