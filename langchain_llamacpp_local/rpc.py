@@ -335,10 +335,16 @@ _in_use: Counter[str] = Counter()  # endpoint -> live models holding a connectio
 
 def _add_server(endpoint: str) -> list[int]:
     """Register ``endpoint``'s devices (once per process) after checking it answers."""
+    devices = _servers.get(endpoint)
     if _in_use[endpoint] == 0:
         # no live connection of ours: check the server before ggml (which would abort)
-        probe_server(endpoint)
-    devices = _servers.get(endpoint)
+        count = probe_server(endpoint)
+        if devices is not None and count != len(devices):
+            raise RpcError(
+                f"RPC server {endpoint} now exposes {count} devices but had {len(devices)} "
+                "when this process registered it (ggml keeps the first registration): "
+                "restart this process, or the server with its former --device list"
+            )
     if devices is not None:
         return devices
     g = _ggml()
