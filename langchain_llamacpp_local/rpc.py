@@ -123,7 +123,9 @@ class _Ggml:
 
 @cache
 def _ggml() -> _Ggml:
-    C.llama_backend_init()  # idempotent; makes sure the registry exists
+    from .engine import _init_backend  # routes ggml's log through logging first
+
+    _init_backend()
     return _Ggml(C._lib)
 
 
