@@ -153,7 +153,16 @@ class ChatLlamaCpp(BaseChatModel):
     n_threads_batch: int | None = None
     """Threads for prompt processing (default: ``n_threads``)."""
     n_gpu_layers: int = 0
-    """Layers to offload to the GPU (-1: all). Needs a GPU build of llama-cpp-python."""
+    """Layers to offload to the GPU (-1: all). Needs a GPU build of llama-cpp-python.
+    With ``rpc_servers`` the default is all layers."""
+    rpc_servers: list[str] | None = None
+    """``host:port`` of llama.cpp RPC servers (``python -m langchain_llamacpp_local.rpc_server``)
+    whose devices hold this model's offloaded layers and their KV cache, for a model
+    too large for one machine. Needs llama-cpp-python built with ``-DGGML_RPC=ON``;
+    see docs/distributed.md."""
+    tensor_split: list[float] | None = None
+    """Proportion of the offloaded layers per device: the RPC servers' devices in
+    order, then the local GPUs (default: by free memory)."""
     flash_attn: bool | None = None
     """Flash attention: True/False, or None to let llama.cpp decide."""
     type_k: str | None = None
@@ -275,6 +284,7 @@ class ChatLlamaCpp(BaseChatModel):
         check_max_tokens(self.max_tokens)
         check_timeout(self.timeout)
         check_call_options({"top_logprobs": self.top_logprobs, "logprobs": self.logprobs})
+        self._check_placement()
         self._sampling()  # validates the sampling fields
         return self
 
@@ -297,6 +307,30 @@ class ChatLlamaCpp(BaseChatModel):
         if self.max_loaded_models is not None and self.max_loaded_models < 1:
             raise ValueError("max_loaded_models must be at least 1 (or None for the default)")
         return self
+
+    def _check_placement(self) -> None:
+        """Fail at construction on RPC/split settings llama.cpp would ignore or abort on."""
+        from .rpc import parse_endpoint, rpc_unavailable_reason
+
+        if self.rpc_servers is not None:
+            if not self.rpc_servers:
+                raise ValueError("rpc_servers is empty; leave it None to run on this machine")
+            endpoints = [parse_endpoint(e) for e in self.rpc_servers]
+            if len(set(endpoints)) != len(endpoints):
+                raise ValueError(f"rpc_servers lists an endpoint twice: {self.rpc_servers}")
+            reason = rpc_unavailable_reason()
+            if reason:
+                raise ValueError(f"rpc_servers needs llama.cpp's RPC backend: {reason}")
+            if "n_gpu_layers" in self.model_fields_set and self.n_gpu_layers == 0:
+                raise ValueError(
+                    "n_gpu_layers=0 keeps every layer on this machine, so rpc_servers would "
+                    "be unused; leave n_gpu_layers unset (all layers) or give a count"
+                )
+        if self.tensor_split is not None:
+            if not self.tensor_split or any(not v >= 0 for v in self.tensor_split):
+                raise ValueError("tensor_split needs one non-negative proportion per device")
+            if sum(self.tensor_split) <= 0:
+                raise ValueError("tensor_split proportions must not all be zero")
 
     def _resolve_model_profile(self) -> ModelProfile | None:
         n_ctx = self.n_ctx
@@ -378,7 +412,11 @@ class ChatLlamaCpp(BaseChatModel):
             n_ubatch=self.n_ubatch,
             n_threads=self.n_threads,
             n_threads_batch=self.n_threads_batch,
-            n_gpu_layers=self.n_gpu_layers,
+            n_gpu_layers=(
+                -1
+                if self.rpc_servers and "n_gpu_layers" not in self.model_fields_set
+                else self.n_gpu_layers
+            ),
             flash_attn=self.flash_attn,
             type_k=self.type_k,
             type_v=self.type_v,
@@ -395,6 +433,8 @@ class ChatLlamaCpp(BaseChatModel):
             ),
             image_min_tokens=self.image_min_tokens,
             image_max_tokens=self.image_max_tokens,
+            rpc_servers=tuple(self.rpc_servers or ()),
+            tensor_split=tuple(self.tensor_split) if self.tensor_split is not None else None,
         )
 
     def load(self) -> Self:

@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import DecodeError, ModelLoadError, RequestCancelledError
 from .gguf_meta import check_hparams, open_regular_file, read_hparams
+from .rpc import DevicePlacement
 
 logger = logging.getLogger(__name__)
 native_logger = logging.getLogger("langchain_llamacpp_local.llama_cpp")
@@ -102,6 +103,10 @@ class LoadConfig:
     mmproj_path: str | None = None
     image_min_tokens: int | None = None
     image_max_tokens: int | None = None
+    # placement across devices (see rpc.DevicePlacement): RPC endpoints of this model
+    # only, and the proportion of layers per device (RPC devices first, then local GPUs)
+    rpc_servers: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] | None = None
 
 
 # --------------------------------------------------------------------------- logging
@@ -238,8 +243,11 @@ class Engine:
 
             self._progress_cb = C.llama_progress_callback(_progress)
             mparams.progress_callback = self._progress_cb
+        self._placement = DevicePlacement(config.rpc_servers, config.tensor_split)
+        self._placement.apply(mparams)
         model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
         if not model:
+            self._placement.release()
             raise ModelLoadError(
                 f"llama.cpp could not load {config.model_path} (truncated, corrupt or an "
                 "unsupported architecture; set verbose=True or enable DEBUG logging on "
@@ -613,3 +621,4 @@ class Engine:
         if self.model:
             C.llama_model_free(self.model)
             self.model = None
+            self._placement.release()
