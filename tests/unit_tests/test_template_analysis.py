@@ -581,6 +581,13 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "content_start": "<response>",
     },
     "google-gemma-2-2b-it.jinja": {"tool_format": "none", "reasoning_mode": "none"},
+    # reasoning read from a thinking content block (not in llama.cpp's probes)
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": {
+        "reasoning_start": "[THINK]",
+        "reasoning_end": "[/THINK]",
+        "per_call_start": "[TOOL_CALLS]",
+        "name_suffix": "[ARGS]",
+    },
 }
 
 
