@@ -47,7 +47,6 @@ FUN_SECOND = "SSS_SECOND_FUN_S"
 ARG_FIRST = "AA_ARG_FST_AA"
 ARG_SECOND = "BB_ARG_SND_BB"
 USER_MSG = "U_USER_MSG Hello END_U"
-USER_MSG_TWO = "V_USER_MSG Hello END_V"
 ASSISTANT_MSG = "A_ASST_MSG I can help END_A"
 THINKING_CONTENT = "REASON_PART I am thinking END_R"
 TOOL_RESULT = "T_TOOL_RESULT 42 END_T"
@@ -289,7 +288,9 @@ def _call(name: str, args: dict[str, Any], cid: str = CALL_ID_001) -> dict[str, 
 
 
 def _asst(
-    content: str | None = "", calls: list[dict[str, Any]] | None = None, **extra: Any
+    content: str | list[dict[str, Any]] | None = "",
+    calls: list[dict[str, Any]] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     m: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
@@ -399,9 +400,22 @@ def _probe_caps(template: ChatTemplate) -> tuple[bool, bool, bool, bool, bool]:
 def _reasoning_presence(st: _State, render: _Renderer) -> None:
     """R1: assistant message with vs without ``reasoning_content`` (chat-diff-analyzer.cpp:468)."""
     plain = _asst(ASSISTANT_MSG)
-    thought = _asst(ASSISTANT_MSG, reasoning_content=THINKING_CONTENT)
-    cmp = _compare(render, {"messages": [_USER, plain]}, {"messages": [_USER, thought]})
-    if cmp is None or THINKING_CONTENT not in cmp.diff.right:
+    variants = (
+        _asst(ASSISTANT_MSG, reasoning_content=THINKING_CONTENT),
+        # Unlike llama.cpp, also the thinking content block some templates read
+        # instead (Ministral/Magistral: ``[THINK]...[/THINK]``).
+        _asst(
+            [
+                {"type": "thinking", "thinking": THINKING_CONTENT},
+                {"type": "text", "text": ASSISTANT_MSG},
+            ]
+        ),
+    )
+    for thought in variants:
+        cmp = _compare(render, {"messages": [_USER, plain]}, {"messages": [_USER, thought]})
+        if cmp is not None and THINKING_CONTENT in cmp.diff.right:
+            break
+    else:
         return
     w = _wrapped(cmp.b, THINKING_CONTENT)
     if w and w[0] and w[1]:

@@ -564,13 +564,30 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "prompt_opens_reasoning": True,
         "section_start": "<｜tool▁calls▁begin｜>",
     },
-    "llama-cpp-deepseek-r1.jinja": {"reasoning_start": "<think>", "prompt_opens_reasoning": True},
+    "llama-cpp-deepseek-r1.jinja": {
+        "reasoning_start": "<think>",
+        "prompt_opens_reasoning": True,
+        "section_start": "<｜tool▁calls▁begin｜>",
+        "name_suffix": "\n```json\n",
+    },
+    "fireworks-ai-llama-3-firefunction-v2.jinja": {
+        "tool_format": "json",
+        "section_start": "functools",
+        "tools_array_wrapped": True,
+    },
     "ibm-granite-granite-3.3-2B-Instruct.jinja": {
         "reasoning_start": "<think>",
         "content_mode": "wrapped_with_reasoning",
         "content_start": "<response>",
     },
     "google-gemma-2-2b-it.jinja": {"tool_format": "none", "reasoning_mode": "none"},
+    # reasoning read from a thinking content block (not in llama.cpp's probes)
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": {
+        "reasoning_start": "[THINK]",
+        "reasoning_end": "[/THINK]",
+        "per_call_start": "[TOOL_CALLS]",
+        "name_suffix": "[ARGS]",
+    },
 }
 
 
@@ -1016,11 +1033,6 @@ _CASES_DATA = json.loads(
     )
 )
 AUTOPARSER_CASES = _CASES_DATA["cases"] + _CASES_DATA["extra_cases"]
-# Cases that cannot pass yet, with the reason (none is hidden: each runs as xfail).
-KNOWN_FAILURES = {
-    "tests/test-chat.cpp:5971": "FireFunction v2 needs the `functions` variable to render (templates.py)",
-    "tests/test-chat.cpp:6029": "llama-cpp-deepseek-r1 applies tojson to a generator (templates.py)",
-}
 
 
 @functools.cache
@@ -1067,12 +1079,7 @@ def _json_or_empty(value: Any) -> Any:
 
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_FAILURES[c["source"]], strict=False))
-        if c["source"] in KNOWN_FAILURES
-        else c
-        for c in AUTOPARSER_CASES
-    ],
+    AUTOPARSER_CASES,
     ids=[f"{c['template']}@{c['source'].rsplit(':', 1)[1]}" for c in AUTOPARSER_CASES],
 )
 def test_llama_cpp_parse_case(case: dict[str, Any]) -> None:
