@@ -1,6 +1,7 @@
 """LangChain chat model running local GGUF models in-process through llama.cpp."""
 
 from .chat_models import ChatLlamaCpp
+from .embeddings import LlamaCppEmbeddings
 from .errors import (
     ContextOverflowError,
     DecodeError,
@@ -9,12 +10,15 @@ from .errors import (
     RequestCancelledError,
     WorkerDeadError,
 )
+from .rerank import LlamaCppRerank
 
 __all__ = [
     "ChatLlamaCpp",
     "ContextOverflowError",
     "DecodeError",
+    "LlamaCppEmbeddings",
     "LlamaCppError",
+    "LlamaCppRerank",
     "ModelLoadError",
     "RequestCancelledError",
     "WorkerDeadError",
