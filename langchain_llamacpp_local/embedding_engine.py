@@ -213,11 +213,16 @@ class EmbeddingEngine:
         )
         ctx_pooling = "none" if self.fast_pooling else self.pooling
 
+        n_seq = max(1, min(config.n_seq_max, MAX_SEQ, n_batch))
+        # llama.cpp reserves its graphs for n_ubatch tokens over n_seq_max sequences and
+        # rounds the tokens up to a multiple of the sequences: a pooled graph then fails
+        # an assert (abort) unless n_batch already is one.
+        n_batch = -(-n_batch // n_seq) * n_seq
         cparams = C.llama_context_default_params()
         cparams.n_ctx = n_batch  # one batch at a time; memory is cleared after each
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch  # pooling and non-causal attention need a whole text per ubatch
-        cparams.n_seq_max = max(1, min(config.n_seq_max, MAX_SEQ, n_batch))
+        cparams.n_seq_max = n_seq
         cparams.kv_unified = True
         cparams.embeddings = True
         cparams.pooling_type = POOLING_TYPES[ctx_pooling]
