@@ -391,3 +391,9 @@ class EmbeddingEngine:
     @property
     def closed(self) -> bool:
         return self.ctx is None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the bindings may be gone
+            pass
