@@ -11,7 +11,7 @@ none, as for generative models) unless overridden. llama.cpp pools inside the
 graph, but for a *causal* model an embedding context also runs the output
 head (``n_vocab`` logits) for every token, which costs more than the rest of a
 small model. For those models the context is created without pooling, an eval
-callback stops the graph once ``result_norm`` (the pooled input) is computed,
+callback stops the graph once the final hidden state (``t_embd``) is computed,
 and the mean/first/last row is taken here with numpy: the same numbers as
 llama.cpp's pooling (tested), at prefill speed.
 
@@ -46,7 +46,10 @@ MAX_SEQ = 256
 #: Default longest text in tokens, as llama.cpp's server (its default n_ubatch).
 DEFAULT_MAX_TOKENS = 512
 
-_RESULT_NORM = b"result_norm"  # llama.cpp's name for the final normed hidden state (t_embd)
+# In a pooling-NONE embedding context llama.cpp's build_pooling names the final normed
+# hidden state (t_embd, "result_norm" in the model graph) "result_embd_pooled"; the
+# output head is computed after it.
+_T_EMBD = b"result_embd_pooled"
 
 
 @dataclass(frozen=True)
@@ -137,15 +140,24 @@ _ggml_get_name.argtypes = [ctypes.c_void_p]
 
 
 @C.ggml_backend_sched_eval_callback
-def _stop_after_result_norm(tensor: int, ask: bool, _user: ctypes.c_void_p) -> bool:
-    """Compute the graph up to ``result_norm`` and cancel the rest (the output head).
+def _stop_after_t_embd(tensor: int, ask: bool, _user: ctypes.c_void_p) -> bool:
+    """Compute the graph up to the embeddings (``t_embd``) and cancel the rest (the output head).
 
-    Asked for every node (``ask``), it wants only ``result_norm``; shown that
-    node's value, returning False makes ggml's scheduler skip the remaining nodes.
+    Asked for every node (``ask``), it wants only ``t_embd``; shown that node's
+    value, returning False makes ggml's scheduler skip the remaining nodes.
     """
     if ask:
-        return _ggml_get_name(tensor) == _RESULT_NORM
+        return _ggml_get_name(tensor) == _T_EMBD
+    _head_skips[0] += 1
     return False
+
+
+_head_skips = [0]
+
+
+def head_skips() -> int:
+    """How many graph computations stopped before the output head (diagnostics, tests)."""
+    return _head_skips[0]
 
 
 class EmbeddingEngine:
@@ -237,7 +249,7 @@ class EmbeddingEngine:
                 else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
         if self.fast_pooling:
-            cparams.cb_eval = _stop_after_result_norm
+            cparams.cb_eval = _stop_after_t_embd
         ctx = C.llama_init_from_model(model, cparams)
         if not ctx:
             raise ModelLoadError(

@@ -26,7 +26,11 @@ from langchain_llamacpp_local import (
     LlamaCppEmbeddings,
     model_handle,
 )
-from langchain_llamacpp_local.embedding_engine import EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.embedding_engine import (
+    EmbeddingConfig,
+    EmbeddingEngine,
+    head_skips,
+)
 from langchain_llamacpp_local.embeddings import postprocess
 from tests.gguf_models import BOS_ID, EOS_ID, write_tiny_bert, write_tiny_llama
 
@@ -151,7 +155,11 @@ def test_fast_pooling_equals_llama_cpp_pooling(pooling: str) -> None:
     native = _engine("llama", pooling=pooling, fast_pooling=False, **EXACT)
     assert fast.fast_pooling and not native.fast_pooling
     toks = _tokens(fast, TEXTS)
-    np.testing.assert_allclose(fast.embed(toks), native.embed(toks), atol=ATOL)
+    skips = head_skips()
+    got = fast.embed(toks)
+    assert head_skips() == skips + 1  # one decode, stopped before the output head
+    np.testing.assert_allclose(got, native.embed(toks), atol=ATOL)
+    assert head_skips() == skips + 1  # llama.cpp's pooling runs the whole graph
 
 
 # --------------------------------------------------------------------------- batching
@@ -337,6 +345,7 @@ def test_gemma_embeds_with_mean_pooling(gemma: str) -> None:
     emb = LlamaCppEmbeddings(model_path=gemma, n_seq_max=64)
     eng = emb._get_engine()
     assert eng.pooling == "mean" and eng.fast_pooling and eng.n_embd == 640
+    skips = head_skips()
     texts = [
         "The cat sleeps on the warm windowsill.",
         "A kitten naps in the sun by the window.",
@@ -344,6 +353,7 @@ def test_gemma_embeds_with_mean_pooling(gemma: str) -> None:
         "",
     ]
     vectors = np.array(emb.embed_documents(texts))
+    assert head_skips() == skips + 1  # Gemma's 262k-token output head was not computed
     assert vectors.shape == (4, 640)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     single = np.array([emb.embed_query(t) for t in texts])
