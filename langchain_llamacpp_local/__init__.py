@@ -1,6 +1,7 @@
 """LangChain chat model running local GGUF models in-process through llama.cpp."""
 
 from .chat_models import ChatLlamaCpp
+from .embeddings import LlamaCppEmbeddings
 from .errors import (
     ContextOverflowError,
     DecodeError,
@@ -10,12 +11,15 @@ from .errors import (
     WorkerDeadError,
 )
 from .model_resolution import ModelNotFoundError
+from .rerank import LlamaCppRerank
 
 __all__ = [
     "ChatLlamaCpp",
     "ContextOverflowError",
     "DecodeError",
+    "LlamaCppEmbeddings",
     "LlamaCppError",
+    "LlamaCppRerank",
     "ModelLoadError",
     "ModelNotFoundError",
     "RequestCancelledError",

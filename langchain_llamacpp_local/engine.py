@@ -11,6 +11,7 @@ An :class:`Engine` is not thread-safe: only its worker thread may use it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import struct
@@ -23,6 +24,7 @@ from pathlib import Path
 import llama_cpp.llama_cpp as C
 import numpy as np
 
+from . import model_handle
 from .errors import DecodeError, ModelLoadError, RequestCancelledError
 from .gguf_meta import check_hparams, open_regular_file, read_hparams
 from .rpc import DevicePlacement
@@ -107,6 +109,40 @@ class LoadConfig:
     # only, and the proportion of layers per device (RPC devices first, then local GPUs)
     rpc_servers: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] | None = None
+
+    def model_key(self) -> tuple[tuple[str, object], ...]:
+        """What decides the loaded weights: configs with equal keys share one ``llama_model``.
+
+        Every field except the per-context ones in :data:`CONTEXT_FIELDS` counts, so a
+        new load setting is part of the key unless it is listed there.
+        """
+        return tuple(
+            (f.name, getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name not in CONTEXT_FIELDS
+        )
+
+
+#: LoadConfig fields that only shape a context (or the projector), not the weights.
+CONTEXT_FIELDS = frozenset(
+    {
+        "n_ctx",
+        "n_batch",
+        "n_ubatch",
+        "n_threads",
+        "n_threads_batch",
+        "flash_attn",
+        "type_k",
+        "type_v",
+        "swa_full",
+        "n_seq_max",
+        "rope_freq_base",
+        "rope_freq_scale",
+        "mmproj_path",
+        "image_min_tokens",
+        "image_max_tokens",
+    }
+)
 
 
 # --------------------------------------------------------------------------- logging
@@ -214,6 +250,57 @@ def _kv_type(name: str | None, field: str) -> int | None:
         raise ValueError(f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}") from None
 
 
+def load_model(
+    config: LoadConfig, progress: Callable[[float], None] | None = None
+) -> model_handle.ModelRef:
+    """A reference to the shared ``llama_model`` for ``config`` (loaded on first use).
+
+    Chat and embedding contexts on the same file and load settings
+    (:meth:`LoadConfig.model_key`) share one model; ``progress`` is only called
+    when this call actually loads it.
+    """
+    _init_backend()
+    check_gguf_file(config.model_path)
+
+    def load() -> object:
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        mparams.use_mmap = config.use_mmap
+        mparams.use_mlock = config.use_mlock
+        progress_cb = None
+        if progress is not None:
+
+            def _progress(value: float, _user: ctypes.c_void_p) -> bool:
+                try:
+                    progress(float(value))
+                except Exception:  # a UI callback must never break loading
+                    logger.debug("progress callback failed", exc_info=True)
+                return True
+
+            progress_cb = C.llama_progress_callback(_progress)
+            mparams.progress_callback = progress_cb
+        placement = DevicePlacement(config.rpc_servers, config.tensor_split)
+        placement.apply(mparams)
+        model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
+        del progress_cb  # kept alive until the load returns
+        if not model:
+            placement.release()
+            raise ModelLoadError(
+                f"llama.cpp could not load {config.model_path} (truncated, corrupt or an "
+                "unsupported architecture; set verbose=True or enable DEBUG logging on "
+                "'langchain_llamacpp_local.llama_cpp' for llama.cpp's reason)"
+            )
+        placements[model] = placement
+        return model
+
+    def free(model: object) -> None:
+        C.llama_model_free(model)
+        placements.pop(model).release()  # after the model: it holds the RPC devices
+
+    placements: dict[object, DevicePlacement] = {}
+    return model_handle.acquire(config.model_key(), load, free)
+
+
 class Engine:
     """A loaded model with one persistent context (see module docstring)."""
 
@@ -227,33 +314,8 @@ class Engine:
         type_k = _kv_type(config.type_k, "type_k")
         type_v = _kv_type(config.type_v, "type_v")
 
-        mparams = C.llama_model_default_params()
-        mparams.n_gpu_layers = config.n_gpu_layers
-        mparams.use_mmap = config.use_mmap
-        mparams.use_mlock = config.use_mlock
-        self._progress_cb = None
-        if progress is not None:
-
-            def _progress(value: float, _user: ctypes.c_void_p) -> bool:
-                try:
-                    progress(float(value))
-                except Exception:  # a UI callback must never break loading
-                    logger.debug("progress callback failed", exc_info=True)
-                return True
-
-            self._progress_cb = C.llama_progress_callback(_progress)
-            mparams.progress_callback = self._progress_cb
-        self._placement = DevicePlacement(config.rpc_servers, config.tensor_split)
-        self._placement.apply(mparams)
-        model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
-        if not model:
-            self._placement.release()
-            raise ModelLoadError(
-                f"llama.cpp could not load {config.model_path} (truncated, corrupt or an "
-                "unsupported architecture; set verbose=True or enable DEBUG logging on "
-                "'langchain_llamacpp_local.llama_cpp' for llama.cpp's reason)"
-            )
-        self.model = model
+        self._model_ref = load_model(config, progress)
+        self.model = model = self._model_ref.model
         self.ctx = None
         self.mtmd: object | None = None
         self._batch: C.llama_batch | None = None
@@ -618,7 +680,7 @@ class Engine:
         if self.ctx:
             C.llama_free(self.ctx)
             self.ctx = None
-        if self.model:
-            C.llama_model_free(self.model)
-            self.model = None
-            self._placement.release()
+        self.model = None
+        ref = getattr(self, "_model_ref", None)
+        if ref is not None:
+            ref.release()

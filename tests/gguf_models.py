@@ -21,6 +21,11 @@ it a space would byte-fall-back to ``E2 96 81`` and detokenize as ``\u2581``.  W
 * :func:`write_tiny_hybrid`: ``lfm2``, layer 0 short-conv (recurrent, L_cache 3),
   layer 1 attention (4 heads, 2 KV heads, q/k norms); n_embd 64, n_ff 128.
   ``llama_model_is_hybrid`` is true and a partial ``llama_memory_seq_rm`` is refused.
+* :func:`write_tiny_bert`: ``bert`` encoder (non-causal attention, learned
+  positions, LayerNorm with biases), 2 layers, n_embd 64, 4 heads, n_ff 128,
+  BERT-style specials (adds BOS and EOS), a GGUF ``pooling_type`` (mean by default);
+  with ``rerank=True`` a classification head (``cls``, ``cls.output``, one label)
+  and pooling ``rank``, as llama.cpp's reranker GGUFs.
 * :func:`write_tiny_mmproj`: llava-style ``clip`` projector (``mlp``) for
   ``llama_cpp.mtmd_cpp``: 32x32 images, patch 8 -> 16 image tokens of width
   ``text_n_embd``.
@@ -48,6 +53,7 @@ __all__ = [
     "UNK_ID",
     "byte_token",
     "write_scripted_llama",
+    "write_tiny_bert",
     "write_tiny_hybrid",
     "write_tiny_llama",
     "write_tiny_mamba",
@@ -72,7 +78,7 @@ def byte_token(b: int) -> int:
     return N_BYTE_OFFSET + b
 
 
-def _add_vocab(w: gguf.GGUFWriter, chat_template: str | None) -> None:
+def _add_vocab(w: gguf.GGUFWriter, chat_template: str | None, *, add_eos: bool = False) -> None:
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [SPACE]
     types = (
         [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
@@ -88,7 +94,7 @@ def _add_vocab(w: gguf.GGUFWriter, chat_template: str | None) -> None:
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)
     w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    w.add_add_eos_token(add_eos)
     w.add_add_space_prefix(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
@@ -273,6 +279,72 @@ def write_tiny_hybrid(
         t.normal(p + "ffn_gate.weight", n_ff, N_EMBD)
         t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
         t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
+    _finish(w)
+    return path
+
+
+def write_tiny_bert(
+    path: Path,
+    *,
+    seed: int = 0,
+    pooling: str = "mean",
+    rerank: bool = False,
+    n_ctx_train: int = 512,
+    rerank_template: str | None = None,
+) -> Path:
+    """Write a 2-layer ``bert`` encoder (n_embd 64, 4 heads, n_ff 128, non-causal).
+
+    ``pooling`` is the GGUF's ``bert.pooling_type`` (``none``, ``mean``, ``cls``,
+    ``last``); ``rerank=True`` adds the classifier head llama.cpp's ``rank``
+    pooling reads (``cls`` dense + tanh, then ``cls.output`` to one score) and sets
+    pooling ``rank``. ``rerank_template`` is stored as ``tokenizer.chat_template.rerank``.
+    """
+    path = Path(path)
+    n_head, n_ff, n_types = 4, 128, 2
+    w = gguf.GGUFWriter(path, "bert")
+    t = _Weights(w, seed)
+    w.add_name("tiny-bert-rerank" if rerank else "tiny-bert")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    pool = "rank" if rerank else pooling
+    w.add_pooling_type(gguf.PoolingType[pool.upper()])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_token_type_count(n_types)
+    w.add_vocab_size(N_VOCAB)
+    _add_vocab(w, None, add_eos=True)
+    if rerank:
+        w.add_classifier_output_labels(["relevant"])
+    if rerank_template is not None:
+        w.add_chat_template([{"name": "rerank", "template": rerank_template}])
+    t.normal("token_embd.weight", N_VOCAB, N_EMBD, scale=0.5)
+    t.normal("token_types.weight", n_types, N_EMBD, scale=0.1)
+    t.normal("position_embd.weight", n_ctx_train, N_EMBD, scale=0.1)
+    t.const("token_embd_norm.weight", N_EMBD)
+    t.const("token_embd_norm.bias", N_EMBD, value=0.0)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            t.normal(p + name + ".weight", N_EMBD, N_EMBD)
+            t.normal(p + name + ".bias", N_EMBD, scale=0.1)
+        t.const(p + "attn_output_norm.weight", N_EMBD)
+        t.const(p + "attn_output_norm.bias", N_EMBD, value=0.0)
+        t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_up.bias", n_ff, scale=0.1)
+        t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
+        t.normal(p + "ffn_down.bias", N_EMBD, scale=0.1)
+        t.const(p + "layer_output_norm.weight", N_EMBD)
+        t.const(p + "layer_output_norm.bias", N_EMBD, value=0.0)
+    if rerank:
+        t.normal("cls.weight", N_EMBD, N_EMBD)
+        t.normal("cls.bias", N_EMBD, scale=0.1)
+        t.normal("cls.output.weight", 1, N_EMBD)
+        t.const("cls.output.bias", 1, value=0.0)
     _finish(w)
     return path
 

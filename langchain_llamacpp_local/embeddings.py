@@ -1,0 +1,228 @@
+"""``LlamaCppEmbeddings``: one vector per text from a local GGUF model, in-process.
+
+The weights are shared with any :class:`~langchain_llamacpp_local.ChatLlamaCpp`
+on the same file and load settings; the embedding context is separate, so
+embedding calls never touch the chat model's slots or prompt cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import numpy as np
+from langchain_core.embeddings import Embeddings
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from typing_extensions import Self
+
+from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
+
+logger = logging.getLogger(__name__)
+
+#: Query/document prefixes of common embedding models (their model cards), to pass
+#: as ``LlamaCppEmbeddings(model_path=..., **PREFIXES["nomic"])``.
+PREFIXES: dict[str, dict[str, str]] = {
+    "nomic": {"query_prefix": "search_query: ", "document_prefix": "search_document: "},
+    "e5": {"query_prefix": "query: ", "document_prefix": "passage: "},
+    "embeddinggemma": {
+        "query_prefix": "task: search result | query: ",
+        "document_prefix": "title: none | text: ",
+    },
+    "bge": {
+        "query_prefix": "Represent this sentence for searching relevant passages: ",
+        "document_prefix": "",
+    },
+    "qwen3": {
+        "query_prefix": (
+            "Instruct: Given a web search query, retrieve relevant passages that answer "
+            "the query\nQuery:"
+        ),
+        "document_prefix": "",
+    },
+    "mxbai": {
+        "query_prefix": "Represent this sentence for searching relevant passages: ",
+        "document_prefix": "",
+    },
+}
+
+
+def postprocess(vectors: np.ndarray, *, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """Keep the first ``dimensions`` values (Matryoshka), then L2-normalise each row.
+
+    Truncation comes first so the shortened vector is unit length again; an
+    all-zero row stays zero instead of becoming NaN.
+    """
+    if dimensions is not None:
+        if not 0 < dimensions <= vectors.shape[1]:
+            raise ValueError(
+                f"dimensions={dimensions} is outside 1..{vectors.shape[1]} (the model's size)"
+            )
+        vectors = vectors[:, :dimensions]
+    if normalize:
+        norms = np.linalg.norm(vectors.astype(np.float64), axis=1, keepdims=True)
+        vectors = (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+    return vectors
+
+
+def check_texts(texts: object, what: str = "texts") -> list[str]:
+    """``texts`` as a list of strings, or a ``TypeError`` naming the first bad item."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise TypeError(f"{what} must be a list of strings, got {type(texts).__name__}")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{what}[{i}] must be a string, got {type(t).__name__}")
+    return list(texts)
+
+
+class LlamaCppEmbeddings(BaseModel, Embeddings):
+    """Embeddings from a local GGUF model run in-process by llama.cpp.
+
+    Exactly one vector per text: the model's pooling (``<arch>.pooling_type`` in
+    the GGUF; ``mean`` for generative models, which name none) or ``pooling``,
+    L2-normalised unless ``normalize=False``. Many texts go through one
+    ``llama_decode`` as separate sequences. A text longer than ``n_ctx`` tokens is
+    an error naming it, or is cut with ``truncate=True``. An empty text embeds the
+    model's special tokens alone (BOS, and EOS for BERT-style models).
+
+    Setup:
+        ``pip install langchain-llamacpp-local``
+
+    Example:
+        .. code-block:: python
+
+            from langchain_llamacpp_local import LlamaCppEmbeddings
+            from langchain_llamacpp_local.embeddings import PREFIXES
+
+            emb = LlamaCppEmbeddings(model_path="nomic-embed-text-v1.5.Q8_0.gguf",
+                                     **PREFIXES["nomic"])
+            vectors = emb.embed_documents(["a cat", "a dog"])
+            query = emb.embed_query("pets")
+    """
+
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), extra="forbid")
+
+    model_path: str
+    """Path of the GGUF model file."""
+    pooling: Literal["mean", "cls", "last"] | None = None
+    """Pooling override; None uses the GGUF's ``pooling_type`` (``mean`` if it has none)."""
+    normalize: bool = True
+    """L2-normalise each vector (after ``dimensions``), as Ollama and llama.cpp's server do."""
+    dimensions: int | None = Field(default=None, gt=0)
+    """Keep only the first this many values (Matryoshka models), re-normalised."""
+    query_prefix: str = ""
+    """Text put before every query (e.g. ``"search_query: "`` for nomic; see ``PREFIXES``)."""
+    document_prefix: str = ""
+    """Text put before every document (e.g. ``"search_document: "`` for nomic)."""
+    truncate: bool = False
+    """Cut texts longer than ``n_ctx`` tokens instead of raising ``ContextOverflowError``."""
+    n_ctx: int | None = Field(default=None, gt=0)
+    """Longest text in tokens (default: the model's trained length, capped at 512)."""
+    n_batch: int | None = Field(default=None, gt=0)
+    """Tokens per ``llama_decode`` (default and minimum: ``n_ctx``)."""
+    n_seq_max: int = Field(default=MAX_SEQ, ge=1, le=MAX_SEQ)
+    """Most texts per ``llama_decode``."""
+    n_threads: int | None = Field(default=None, gt=0)
+    """CPU threads (default: all cores)."""
+    n_gpu_layers: int = 0
+    """Layers to offload to the GPU (-1: all). Part of the load settings shared with chat."""
+    use_mmap: bool = True
+    """Memory-map the model file."""
+    use_mlock: bool = False
+    """Lock the model in RAM."""
+    flash_attn: bool | None = None
+    """Flash attention: True/False, or None to let llama.cpp decide."""
+
+    _engine: EmbeddingEngine | None = PrivateAttr(default=None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _config(self) -> EmbeddingConfig:
+        return EmbeddingConfig(
+            model_path=str(Path(self.model_path).expanduser().resolve()),
+            pooling=self.pooling,
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_seq_max=self.n_seq_max,
+            n_threads=self.n_threads,
+            n_gpu_layers=self.n_gpu_layers,
+            use_mmap=self.use_mmap,
+            use_mlock=self.use_mlock,
+            flash_attn=self.flash_attn,
+        )
+
+    def load(self) -> Self:
+        """Load the model and create the embedding context now (otherwise the first call does)."""
+        self._get_engine()
+        return self
+
+    def _get_engine(self) -> EmbeddingEngine:
+        with self._lock:
+            eng = self._engine
+            if eng is None or eng.closed:
+                eng = EmbeddingEngine(self._config())
+                if eng.pooling == "rank":
+                    eng.close()
+                    raise ValueError(
+                        f"{self.model_path} is a reranker (pooling 'rank'): use LlamaCppRerank, "
+                        "or pass pooling='mean'/'cls'/'last' for its hidden states"
+                    )
+                if self.dimensions is not None and self.dimensions > eng.n_embd:
+                    eng.close()
+                    raise ValueError(
+                        f"dimensions={self.dimensions} exceeds the model's {eng.n_embd} dimensions"
+                    )
+                weakref.finalize(self, eng.close)
+                self._engine = eng
+            return eng
+
+    def close(self) -> None:
+        """Free the embedding context (the shared weights go with their last user)."""
+        with self._lock:
+            eng, self._engine = self._engine, None
+        if eng is not None:
+            eng.close()
+
+    def __enter__(self) -> Self:
+        return self.load()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ embedding
+
+    def _embed(self, texts: list[str], prefix: str) -> list[list[float]]:
+        if not texts:
+            return []
+        eng = self._get_engine()
+        tokens = [
+            eng.fit(eng.tokenize(prefix + text), i, truncate=self.truncate)
+            for i, text in enumerate(texts)
+        ]
+        vectors = postprocess(
+            eng.embed(tokens), dimensions=self.dimensions, normalize=self.normalize
+        )
+        return vectors.tolist()
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """One vector per text, in order (``document_prefix`` is put before each)."""
+        return self._embed(check_texts(texts), self.document_prefix)
+
+    def embed_query(self, text: str) -> list[float]:
+        """The vector of one query (``query_prefix`` is put before it)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}")
+        return self._embed([text], self.query_prefix)[0]
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        """:meth:`embed_documents` on a worker thread; the event loop keeps running."""
+        return await anyio.to_thread.run_sync(self.embed_documents, texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        """:meth:`embed_query` on a worker thread; the event loop keeps running."""
+        return await anyio.to_thread.run_sync(self.embed_query, text)

@@ -1,0 +1,97 @@
+"""One loaded ``llama_model`` per (file, model load settings), shared by reference count.
+
+A chat model and an embeddings model on the same GGUF each need their own
+llama.cpp context (different batch, pooling and memory), but not their own
+copy of the weights: :func:`acquire` hands out references to one loaded model
+and frees it when the last reference is released. Contexts must be freed
+before the reference that created them is released.
+
+The module is generic (the loader and the free function are passed in), so the
+reference counting is testable without llama.cpp.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class _Entry:
+    """A model slot: loaded once, freed when ``refs`` drops to zero."""
+
+    def __init__(self, key: Hashable, free: Callable[[Any], None]) -> None:
+        self.key = key
+        self.free = free
+        self.refs = 0
+        self.model: Any = None
+        self.load_lock = threading.Lock()  # one loader per key; others wait for it
+
+
+_entries: dict[Hashable, _Entry] = {}
+_lock = threading.Lock()
+
+
+class ModelRef:
+    """A counted reference to a loaded model; :meth:`release` it exactly once."""
+
+    def __init__(self, entry: _Entry) -> None:
+        self._entry: _Entry | None = entry
+        self.model: Any = entry.model
+        self.key = entry.key
+
+    @property
+    def released(self) -> bool:
+        return self._entry is None
+
+    def release(self) -> None:
+        """Drop this reference; the last one frees the model. Idempotent."""
+        entry, self._entry = self._entry, None
+        if entry is None:
+            return
+        self.model = None
+        with _lock:
+            entry.refs -= 1
+            if entry.refs > 0:
+                return
+            if _entries.get(entry.key) is entry:
+                del _entries[entry.key]
+            model, entry.model = entry.model, None
+        if model is not None:
+            logger.debug("freeing model %r", entry.key)
+            entry.free(model)
+
+
+def acquire(key: Hashable, load: Callable[[], Any], free: Callable[[Any], None]) -> ModelRef:
+    """A reference to the model for ``key``, calling ``load()`` if none is loaded.
+
+    ``load`` returns the model or raises; a failed load leaves nothing behind
+    (a later call tries again). Concurrent callers with the same key wait for
+    one load instead of loading twice.
+    """
+    with _lock:
+        entry = _entries.get(key)
+        if entry is None:
+            entry = _entries[key] = _Entry(key, free)
+        entry.refs += 1
+    try:
+        with entry.load_lock:
+            if entry.model is None:
+                entry.model = load()
+                logger.debug("loaded model %r", key)
+    except BaseException:
+        with _lock:
+            entry.refs -= 1
+            if entry.refs == 0 and entry.model is None and _entries.get(key) is entry:
+                del _entries[key]
+        raise
+    return ModelRef(entry)
+
+
+def loaded_models() -> dict[Hashable, int]:
+    """The keys of the loaded models and their reference counts (diagnostics, tests)."""
+    with _lock:
+        return {k: e.refs for k, e in _entries.items() if e.model is not None}

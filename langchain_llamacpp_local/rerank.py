@@ -1,0 +1,204 @@
+"""``LlamaCppRerank``: reorder documents by a local reranker GGUF (pooling ``rank``).
+
+Each (query, document) pair is one sequence, scored by the model's
+classification head the way llama.cpp's ``/rerank`` endpoint does: with the
+GGUF's ``rerank`` template when it has one (Qwen3-Reranker style), otherwise
+``[BOS] query [EOS] [SEP] document [EOS]`` with the vocabulary's own special
+tokens (BERT-style cross-encoders). Scores are the head's raw output (a logit
+for BERT rerankers, a probability for Qwen3 ones): higher is more relevant.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import BaseDocumentCompressor, Document
+from pydantic import ConfigDict, Field, PrivateAttr
+from typing_extensions import Self
+
+from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
+from .embeddings import check_texts
+from .errors import ContextOverflowError
+
+_PLACEHOLDER = re.compile(r"(\{query\}|\{document\})")
+
+
+class LlamaCppRerank(BaseDocumentCompressor):
+    """Document compressor that scores (query, document) pairs with a reranker GGUF.
+
+    ``compress_documents`` returns the ``top_n`` best documents, best first, as
+    copies whose ``metadata["relevance_score"]`` holds the score; :meth:`rerank`
+    gives the scores of plain strings in input order.
+
+    Example:
+        .. code-block:: python
+
+            from langchain_llamacpp_local import LlamaCppRerank
+
+            reranker = LlamaCppRerank(model_path="bge-reranker-v2-m3-Q8_0.gguf", top_n=3)
+            best = reranker.compress_documents(docs, "How do I reset my password?")
+    """
+
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), extra="forbid")
+
+    model_path: str
+    """Path of the reranker GGUF (its ``pooling_type`` must be ``rank``)."""
+    top_n: int | None = Field(default=3, ge=0)
+    """How many documents ``compress_documents`` keeps (None: all, reordered)."""
+    score_threshold: float | None = None
+    """Drop documents scoring below this (after ranking)."""
+    truncate: bool = False
+    """Cut a document that does not fit ``n_ctx`` with its query instead of raising."""
+    n_ctx: int | None = Field(default=None, gt=0)
+    """Longest (query, document) pair in tokens (default: trained length, capped at 512)."""
+    n_batch: int | None = Field(default=None, gt=0)
+    """Tokens per ``llama_decode`` (default and minimum: ``n_ctx``)."""
+    n_seq_max: int = Field(default=MAX_SEQ, ge=1, le=MAX_SEQ)
+    """Most pairs per ``llama_decode``."""
+    n_threads: int | None = Field(default=None, gt=0)
+    """CPU threads (default: all cores)."""
+    n_gpu_layers: int = 0
+    """Layers to offload to the GPU (-1: all)."""
+    use_mmap: bool = True
+    """Memory-map the model file."""
+    use_mlock: bool = False
+    """Lock the model in RAM."""
+    flash_attn: bool | None = None
+    """Flash attention: True/False, or None to let llama.cpp decide."""
+
+    _engine: EmbeddingEngine | None = PrivateAttr(default=None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def load(self) -> Self:
+        """Load the model and create its context now (otherwise the first call does)."""
+        self._get_engine()
+        return self
+
+    def _get_engine(self) -> EmbeddingEngine:
+        with self._lock:
+            eng = self._engine
+            if eng is None or eng.closed:
+                eng = EmbeddingEngine(
+                    EmbeddingConfig(
+                        model_path=str(Path(self.model_path).expanduser().resolve()),
+                        pooling="rank",
+                        n_ctx=self.n_ctx,
+                        n_batch=self.n_batch,
+                        n_seq_max=self.n_seq_max,
+                        n_threads=self.n_threads,
+                        n_gpu_layers=self.n_gpu_layers,
+                        use_mmap=self.use_mmap,
+                        use_mlock=self.use_mlock,
+                        flash_attn=self.flash_attn,
+                    )
+                )
+                if eng.gguf_pooling != "rank":
+                    eng.close()
+                    raise ValueError(
+                        f"{self.model_path} is not a reranker GGUF: its pooling_type is "
+                        f"{eng.gguf_pooling or 'unset'}, a reranker's is 'rank' (use "
+                        "LlamaCppEmbeddings for embedding models)"
+                    )
+                weakref.finalize(self, eng.close)
+                self._engine = eng
+            return eng
+
+    def close(self) -> None:
+        """Free the context (the weights go with their last user)."""
+        with self._lock:
+            eng, self._engine = self._engine, None
+        if eng is not None:
+            eng.close()
+
+    # ------------------------------------------------------------------ scoring
+
+    def _pair_tokens(self, eng: EmbeddingEngine, query: str, doc: str, index: int) -> list[int]:
+        """The tokens of one pair, as llama.cpp's server builds them (see module docstring)."""
+        if eng.rerank_template:
+            parts = _PLACEHOLDER.split(eng.rerank_template.decode("utf-8", errors="replace"))
+            d: list[int] = []
+            d_start = 0
+            tokens: list[int] = []
+            for part in parts:
+                if part == "{query}":
+                    tokens += eng.tokenize(query, add_special=False)
+                elif part == "{document}":
+                    d_start = len(tokens)
+                    d = eng.tokenize(doc, add_special=False)
+                    tokens += d
+                elif part:  # template text: its special tokens are real ones
+                    tokens += eng.tokenize(part, add_special=False, parse_special=True)
+            if len(tokens) > eng.n_ctx and self.truncate and d:
+                cut = len(tokens) - eng.n_ctx
+                if cut < len(d):
+                    tokens = tokens[:d_start] + d[: len(d) - cut] + tokens[d_start + len(d) :]
+        else:
+            q = eng.tokenize(query, add_special=False)
+            d = eng.tokenize(doc, add_special=False)
+            eos = eng.eos_id if eng.eos_id >= 0 else eng.sep_id
+            head = [eng.bos_id] if eng.add_bos else []
+            head += q + ([eos] if eng.add_eos else []) + ([eng.sep_id] if eng.add_sep else [])
+            tail = [eos] if eng.add_eos else []
+            room = eng.n_ctx - len(head) - len(tail)
+            if len(d) > room and self.truncate and room > 0:
+                d = d[:room]
+            tokens = head + d + tail
+        if len(tokens) > eng.n_ctx:
+            raise ContextOverflowError(
+                f"document {index} with its query is {len(tokens)} tokens; the limit is "
+                f"n_ctx={eng.n_ctx} (pass truncate=True to cut the document, or raise n_ctx)"
+            )
+        return tokens
+
+    def rerank(self, query: str, documents: Sequence[str]) -> list[float]:
+        """The relevance score of each document for ``query``, in input order."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a string, got {type(query).__name__}")
+        docs = check_texts(documents, "documents")
+        if not docs:
+            return []
+        eng = self._get_engine()
+        pairs = [self._pair_tokens(eng, query, d, i) for i, d in enumerate(docs)]
+        return [float(row[0]) for row in eng.embed(pairs)]
+
+    def compress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[Document]:
+        """The ``top_n`` most relevant documents, best first, with ``relevance_score`` metadata."""
+        docs = list(documents)
+        scores = self.rerank(query, [d.page_content for d in docs])
+        order = sorted(range(len(docs)), key=lambda i: scores[i], reverse=True)
+        if self.score_threshold is not None:
+            order = [i for i in order if scores[i] >= self.score_threshold]
+        if self.top_n is not None:
+            order = order[: self.top_n]
+        return [
+            Document(
+                page_content=docs[i].page_content,
+                metadata={**docs[i].metadata, "relevance_score": scores[i]},
+                id=docs[i].id,
+            )
+            for i in order
+        ]
+
+    async def acompress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[Document]:
+        """:meth:`compress_documents` on a worker thread; the event loop keeps running."""
+        return await anyio.to_thread.run_sync(
+            lambda: self.compress_documents(documents, query, callbacks)
+        )

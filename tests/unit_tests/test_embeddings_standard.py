@@ -1,0 +1,25 @@
+"""langchain-tests' standard embeddings unit suite: construction is cheap and loads nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_tests.unit_tests import EmbeddingsUnitTests
+
+from langchain_llamacpp_local import LlamaCppEmbeddings
+from tests.conftest import gemma_path
+
+
+class TestLlamaCppEmbeddingsUnit(EmbeddingsUnitTests):
+    @property
+    def embeddings_class(self) -> type[LlamaCppEmbeddings]:
+        return LlamaCppEmbeddings
+
+    @property
+    def embedding_model_params(self) -> dict[str, Any]:
+        return {"model_path": gemma_path()}
+
+
+def test_construction_loads_nothing() -> None:
+    emb = LlamaCppEmbeddings(model_path=gemma_path(), dimensions=64)
+    assert emb._engine is None
