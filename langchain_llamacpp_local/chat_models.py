@@ -37,6 +37,14 @@ from .gguf_meta import read_gguf_metadata
 from .sampling import SamplingParams
 from .templates import convert_messages
 from .tool_parsers import StreamDelta
+from .validation import (
+    check_call_options,
+    check_load_settings,
+    check_max_tokens,
+    check_timeout,
+    normalize_stop,
+    unknown_names_error,
+)
 from .worker import CacheOptions, ChatJob, Done, ModelInfo, ModelWorker, get_worker
 
 logger = logging.getLogger(__name__)
@@ -72,6 +80,27 @@ _CALL_KWARGS = {
     "strict",
     "ls_structured_output_format",
 }
+
+
+_LOAD_FIELDS = (
+    "n_ctx",
+    "n_batch",
+    "n_ubatch",
+    "n_threads",
+    "n_threads_batch",
+    "n_gpu_layers",
+    "type_k",
+    "type_v",
+    "rope_freq_base",
+    "rope_freq_scale",
+    "image_min_tokens",
+    "image_max_tokens",
+    "n_slots",
+    "prompt_cache_bytes",
+    "checkpoint_max_count",
+    "checkpoint_max_bytes",
+    "checkpoint_min_step",
+)
 
 
 class ChatLlamaCpp(BaseChatModel):
@@ -205,16 +234,20 @@ class ChatLlamaCpp(BaseChatModel):
 
     # ------------------------------------------------------------------ setup
 
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_arguments(cls, data: Any) -> Any:
+        """A misspelt argument (``n_gpu_layer=10``) must not be silently ignored."""
+        if isinstance(data, dict):
+            return _check_constructor_arguments(cls, data)
+        return data
+
     @model_validator(mode="after")
     def _check_settings(self) -> Self:
-        if self.n_ctx is not None and self.n_ctx <= 0:
-            raise ValueError("n_ctx must be positive")
-        if self.n_batch <= 0:
-            raise ValueError("n_batch must be positive")
-        if not 1 <= self.n_slots <= 256:
-            raise ValueError("n_slots must be between 1 and 256")
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise ValueError("max_tokens must be positive or None")
+        check_load_settings({name: getattr(self, name) for name in _LOAD_FIELDS})
+        check_max_tokens(self.max_tokens)
+        check_timeout(self.timeout)
+        check_call_options({"top_logprobs": self.top_logprobs, "logprobs": self.logprobs})
         self._sampling()  # validates the sampling fields
         return self
 
@@ -363,15 +396,14 @@ class ChatLlamaCpp(BaseChatModel):
     ) -> ChatJob:
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
-            raise TypeError(f"unexpected keyword arguments for ChatLlamaCpp: {sorted(unknown)}")
+            raise unknown_names_error(unknown, _CALL_KWARGS, "keyword arguments for ChatLlamaCpp")
         kwargs.pop("ls_structured_output_format", None)
-        stops = list(stop if stop is not None else (kwargs.get("stop") or self.stop or []))
+        check_call_options(kwargs)
+        stops = normalize_stop(stop if stop is not None else self.stop)
         template_kwargs = dict(self.chat_template_kwargs or {})
         template_kwargs.update(kwargs.get("chat_template_kwargs") or {})
-        timeout = kwargs.get("timeout", self.timeout)
-        max_tokens = kwargs.get("max_tokens", self.max_tokens)
-        if max_tokens is not None and max_tokens <= 0:
-            raise ValueError("max_tokens must be positive or None")
+        timeout = check_timeout(kwargs.get("timeout", self.timeout))
+        max_tokens = check_max_tokens(kwargs.get("max_tokens", self.max_tokens))
         return ChatJob(
             messages=self._decode_images(convert_messages(messages)),
             sampling=self._sampling(kwargs),
@@ -505,8 +537,13 @@ class ChatLlamaCpp(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        job = self._make_job(messages, stop, kwargs)
+        # Off the event loop: image decoding (pillow, permitted downloads) in _make_job
+        # and, on the first call, loading the model.
+        job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
         job.channel.bind_loop()
+        worker = self._worker
+        if worker is None or not worker.alive:
+            await anyio.to_thread.run_sync(self.load, abandon_on_cancel=True)
         self._submit(job)
         async for kind, value in self._areplies(job):
             chunk = self._chunk(kind, value)
@@ -701,6 +738,34 @@ def _aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
         id=msg.id,
     )
     return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])
+
+
+def _check_constructor_arguments(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """Refuse unknown constructor arguments (naming the closest field) and booleans
+    given for numbers (``max_tokens=True`` would silently mean 1); a single ``stop``
+    string is one stop string."""
+    valid: set[str] = set()
+    for name, field in cls.model_fields.items():
+        valid.add(name)
+        if field.alias:
+            valid.add(field.alias)
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        raise unknown_names_error(unknown, valid, "arguments for ChatLlamaCpp")
+    for name, value in data.items():
+        field = cls.model_fields.get(name)
+        if field is None or not isinstance(value, bool):
+            continue
+        if field.annotation is not None and _is_number_annotation(field.annotation):
+            raise TypeError(f"{name} must be a number, got {value!r}")
+    if isinstance(data.get("stop"), str):
+        data = {**data, "stop": [data["stop"]]}
+    return data
+
+
+def _is_number_annotation(annotation: Any) -> bool:
+    args = getattr(annotation, "__args__", None) or (annotation,)
+    return bool not in args and any(a in (int, float) for a in args)
 
 
 def _is_pydantic_v1(schema: type) -> bool:

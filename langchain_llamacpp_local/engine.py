@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import struct
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 
 from .errors import DecodeError, ModelLoadError, RequestCancelledError
+from .gguf_meta import check_hparams, open_regular_file, read_hparams
 
 logger = logging.getLogger(__name__)
 native_logger = logging.getLogger("langchain_llamacpp_local.llama_cpp")
@@ -145,20 +147,57 @@ def _init_backend() -> None:
         _backend_ready = True
 
 
+_mtmd_log_routed = False
+
+
+def _route_mtmd_log() -> None:
+    """Send mtmd/clip's own log (a separate logger in llama.cpp) through :mod:`logging`
+    too; by default it prints to stderr."""
+    global _mtmd_log_routed
+    with _backend_lock:
+        if _mtmd_log_routed:
+            return
+        from llama_cpp import mtmd_cpp as M
+
+        M.mtmd_log_set(_log_callback, ctypes.c_void_p(0))
+        M.mtmd_helper_log_set(_log_callback, ctypes.c_void_p(0))
+        _mtmd_log_routed = True
+
+
 # --------------------------------------------------------------------------- engine
 
 
 def check_gguf_file(path: str) -> None:
-    """Fail early, with a clear message, on a path llama.cpp would reject obscurely."""
+    """Fail early, with a clear message, on a path llama.cpp would reject obscurely
+    or abort the process on (a FIFO that blocks, a header value it asserts on)."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"model file not found: {path}")
-    if not p.is_file():
-        raise ModelLoadError(f"model path is not a file: {path}")
-    with p.open("rb") as f:
-        magic = f.read(4)
+    try:
+        with open_regular_file(p) as f:
+            magic = f.read(4)
+    except ValueError as exc:
+        raise ModelLoadError(f"model path is not a file: {exc}") from None
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read the model file {path}: {exc}") from None
     if magic != _GGUF_MAGIC:
         raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
+    try:
+        meta = read_hparams(p)
+    except (ValueError, OSError, struct.error, UnicodeDecodeError):
+        return  # unreadable header: llama.cpp's own loader reports it cleanly
+    try:
+        check_hparams(meta)
+    except ValueError as exc:
+        raise ModelLoadError(f"invalid GGUF header in {path}: {exc}") from None
+
+
+def check_load_config(config: LoadConfig) -> None:
+    """Refuse settings llama.cpp would abort on (also for direct :class:`Engine` use)."""
+    from .validation import check_load_settings
+
+    settings = {k: v for k, v in vars(config).items() if k != "n_seq_max"}
+    check_load_settings({**settings, "n_slots": config.n_seq_max})
 
 
 def _kv_type(name: str | None, field: str) -> int | None:
@@ -178,6 +217,7 @@ class Engine:
     ) -> None:
         _init_backend()
         self.config = config
+        check_load_config(config)
         check_gguf_file(config.model_path)
         type_k = _kv_type(config.type_k, "type_k")
         type_v = _kv_type(config.type_v, "type_v")
@@ -285,6 +325,7 @@ class Engine:
         path = self.config.mmproj_path
         assert path is not None
         check_gguf_file(path)
+        _route_mtmd_log()
         params = M.mtmd_context_params_default()
         params.use_gpu = self.config.n_gpu_layers != 0
         params.n_threads = threads

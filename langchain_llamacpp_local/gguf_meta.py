@@ -8,6 +8,9 @@ reader stops as soon as it has what was asked for.
 
 from __future__ import annotations
 
+import mmap
+import os
+import stat
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -45,24 +48,75 @@ def _read_str(f: BinaryIO) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+_MAX_KEPT_ARRAY = 65536
+
+
 def _read_value(f: BinaryIO, vtype: int, keep: bool) -> Any:
     if vtype in _SCALARS:
         return _read(f, _SCALARS[vtype])
     if vtype == _STRING:
+        if not keep:
+            f.seek(_read(f, "<Q"), 1)
+            return None
         return _read_str(f)
     if vtype == _ARRAY:
         itype = _read(f, "<I")
         n = _read(f, "<Q")
-        if itype in _SCALARS and not keep:
+        if itype in _SCALARS and (not keep or n > _MAX_KEPT_ARRAY):
             f.seek(n * struct.calcsize(_SCALARS[itype]), 1)
+            return None
+        if itype == _STRING and not keep:
+            _skip_strings(f, n)
             return None
         items = [_read_value(f, itype, keep) for _ in range(n)]
         return items if keep else None
     raise ValueError(f"unknown GGUF value type {vtype}")
 
 
-def read_gguf_metadata(path: str | Path, keys: Iterable[str] | None = None) -> dict[str, Any]:
-    """Return the requested metadata keys (all scalar keys if ``keys`` is None).
+_U64 = struct.Struct("<Q")
+
+
+def _skip_strings(f: BinaryIO, n: int) -> None:
+    """Skip an array of ``n`` strings (a 262k-token vocabulary) via mmap: fast enough
+    to read every key of a header on each load."""
+    pos = f.tell()
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        size = len(mm)
+        unpack = _U64.unpack_from
+        for _ in range(n):
+            if pos + 8 > size:
+                raise ValueError("truncated GGUF header")
+            pos += 8 + unpack(mm, pos)[0]
+    if pos > size:
+        raise ValueError("truncated GGUF header")
+    f.seek(pos)
+
+
+def open_regular_file(path: str | Path) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file.
+
+    Opened non-blocking and checked with ``fstat`` (no race with a swapped path): a
+    FIFO or a character device as ``model_path`` would otherwise block forever.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ValueError(f"{path} is {kind} (a FIFO, device or socket cannot be a model)")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_gguf_metadata(
+    path: str | Path, keys: Iterable[str] | None = None, *, arrays: bool = False
+) -> dict[str, Any]:
+    """Return the requested metadata keys (all scalar keys if ``keys`` is None; with
+    ``arrays``, matching arrays of up to 65536 scalars too).
 
     Suffix patterns are allowed: a key starting with ``*.`` matches any prefix, so
     ``"*.context_length"`` finds ``llama.context_length`` or ``gemma3.context_length``.
@@ -70,7 +124,7 @@ def read_gguf_metadata(path: str | Path, keys: Iterable[str] | None = None) -> d
     """
     wanted = set(keys) if keys is not None else None
     out: dict[str, Any] = {}
-    with open(path, "rb") as f:
+    with open_regular_file(path) as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"not a GGUF file: {path}")
         version = _read(f, "<I")
@@ -81,10 +135,12 @@ def read_gguf_metadata(path: str | Path, keys: Iterable[str] | None = None) -> d
         for _ in range(n_kv):
             key = _read_str(f)
             vtype = _read(f, "<I")
-            match = wanted is None or key in wanted or any(
-                w.startswith("*.") and key.endswith(w[1:]) for w in wanted
+            match = (
+                wanted is None
+                or key in wanted
+                or any(w.startswith("*.") and key.endswith(w[1:]) for w in wanted)
             )
-            value = _read_value(f, vtype, keep=match and vtype != _ARRAY)
+            value = _read_value(f, vtype, keep=match and (arrays or vtype != _ARRAY))
             if match and value is not None:
                 out[key] = value
                 if wanted is not None and _satisfied(wanted, out):
@@ -100,3 +156,87 @@ def _satisfied(wanted: set[str], found: dict[str, Any]) -> bool:
         elif w not in found:
             return False
     return True
+
+
+#: llama.cpp's LLAMA_MAX_LAYERS / LLAMA_MAX_EXPERTS (src/llama-hparams.h).
+MAX_LAYERS = 512
+MAX_EXPERTS = 1024
+_ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+
+def check_hparams(meta: dict[str, Any]) -> None:
+    """Check the header values llama.cpp's ``load_hparams`` asserts on (``GGML_ASSERT``
+    kills the process) and raise ``ValueError`` naming the key instead.
+
+    ``meta`` holds the file's scalar keys and small arrays (see :func:`read_gguf_metadata`).
+    """
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str) or arch == "clip":
+        return  # no architecture: llama.cpp refuses it cleanly; clip has no hparams
+
+    def num(key: str, default: int | None = None) -> int | None:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            return None
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{arch}.{key} must be a number, got {v!r}")
+            if v < 0:
+                raise ValueError(f"{arch}.{key} is negative ({v})")
+        return int(max(values, default=0))
+
+    n_layer = num("block_count")
+    if n_layer is not None and not 0 < n_layer <= MAX_LAYERS:
+        raise ValueError(f"{arch}.block_count={n_layer} is outside 1..{MAX_LAYERS}")
+    for key in ("nextn_predict_layers", "posnet.block_count", "convnext.block_count"):
+        n = num(key)
+        if n is not None and n_layer is not None and n > n_layer:
+            raise ValueError(f"{arch}.{key}={n} exceeds {arch}.block_count={n_layer}")
+    n_expert = num("expert_count", 0) or 0
+    used = num("expert_used_count", 0) or 0
+    groups = num("expert_group_count", 0) or 0
+    group_used = num("expert_group_used_count", 0) or 0
+    if n_expert > MAX_EXPERTS:
+        raise ValueError(f"{arch}.expert_count={n_expert} is over {MAX_EXPERTS}")
+    if used > n_expert:
+        raise ValueError(f"{arch}.expert_used_count={used} exceeds expert_count={n_expert}")
+    if n_expert > 0:
+        if used == 0:
+            raise ValueError(f"{arch}.expert_used_count must be > 0 with {n_expert} experts")
+        if groups >= n_expert:
+            raise ValueError(f"{arch}.expert_group_count={groups} must be < expert_count")
+        if groups > 1 and (n_expert % groups or not 0 < group_used < groups):
+            raise ValueError(
+                f"{arch}.expert_group_count={groups} / expert_group_used_count={group_used} "
+                f"do not fit expert_count={n_expert}"
+            )
+    elif groups:
+        raise ValueError(f"{arch}.expert_group_count={groups} without experts")
+    rope = meta.get(f"{arch}.rope.scaling.type")
+    if rope is not None and rope not in _ROPE_SCALING_TYPES:
+        raise ValueError(
+            f"{arch}.rope.scaling.type={rope!r} is not one of {list(_ROPE_SCALING_TYPES)}"
+        )
+
+
+def read_hparams(path: str | Path) -> dict[str, Any]:
+    """The header values :func:`check_hparams` looks at."""
+    return read_gguf_metadata(path, _HPARAM_KEYS, arrays=True)
+
+
+def check_gguf_header(path: str | Path) -> None:
+    """Read ``path``'s header and run :func:`check_hparams` (``ValueError`` if bad)."""
+    check_hparams(read_hparams(path))
+
+
+_HPARAM_KEYS = (
+    "general.architecture",
+    "*.block_count",
+    "*.nextn_predict_layers",
+    "*.expert_count",
+    "*.expert_used_count",
+    "*.expert_group_count",
+    "*.expert_group_used_count",
+    "*.rope.scaling.type",
+)

@@ -14,6 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .prompt_tokens import (
+    check_fits,
+    content_has_control_text,
+    protect_content,
+    restore,
+    tokenize_protected,
+    vocab_info,
+)
 from .sampling import (
     JSON_OBJECT_GRAMMAR,
     WRAPPED_JSON_FORMATS,
@@ -22,12 +30,7 @@ from .sampling import (
     tool_call_grammar,
 )
 from .template_analysis import TemplateAnalysis, analyze_template
-from .templates import (
-    ChatTemplate,
-    flatten_tool_messages,
-    inject_tool_prompt,
-    select_template,
-)
+from .templates import ChatTemplate, adapt_messages, select_template
 from .tool_parsers import StreamDelta, StreamParser, detect_format
 
 if TYPE_CHECKING:
@@ -68,6 +71,7 @@ class ChatFormat:
     @classmethod
     def from_engine(cls, eng: Engine) -> ChatFormat:
         meta = dict(eng.metadata)
+        vocab_info(eng)  # the special-token scan, once at load rather than on a request
         bos = eng.token_text(eng.bos_id) if eng.bos_id >= 0 else ""
         eos = eng.token_text(eng.eos_id) if eng.eos_id >= 0 else ""
         meta["_bos_token"] = bos
@@ -223,20 +227,10 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     else:
         tool_format, analysis = fmt.tool_format, fmt.analysis
 
-    messages = job.messages
-    render_tools: list[dict[str, Any]] | None = None
+    messages, render_tools = adapt_messages(template, job.messages, tools if use_tools else None)
     parse_format: str | None = None
     if use_tools:
-        if template.supports_tools:
-            render_tools = list(tools)
-            parse_format = tool_format
-        else:
-            messages = inject_tool_prompt(messages, list(tools))
-            parse_format = "hermes"
-    if "tool_calls" not in template.source and any(
-        m.get("tool_calls") or m.get("role") == "tool" for m in messages
-    ):
-        messages = flatten_tool_messages(messages)
+        parse_format = tool_format if template.supports_tools else "hermes"
 
     kwargs = dict(job.chat_template_kwargs)
     if job.reasoning is not None:
@@ -244,14 +238,34 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     images: list[Any] = []
     messages = _inline_images(messages, images)
     text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
+    check_fits(eng, text, job.max_tokens)  # before anything that scales with the prompt
+    info = vocab_info(eng)
+    injected = content_has_control_text(info, messages)
+    mapping: dict[str, str] = {}
+    rendered = text
+    if injected:  # content that spells control tokens: render again with placeholders
+        logger.debug("message content contains control-token text %s", injected[:5])
+        protected, mapping = protect_content(messages, injected)
+        rendered = template.render(
+            protected, tools=render_tools, add_generation_prompt=True, **kwargs
+        )
+        text = restore(rendered, mapping)
 
     media: dict[int, Any] = {}
     if images:
         body = _strip_bos(eng, fmt, text)
+        if mapping:
+            raise ValueError(
+                "message content with control-token text "
+                f"({', '.join(repr(t) for t in injected[:3])}) cannot be combined with images"
+            )
         tokens, media = eng.tokenize_multimodal(
             body, [(im.width, im.height, im.rgb, im.digest) for im in images]
         )
         boundaries: tuple[int, ...] = ()
+    elif mapping:
+        tokens = tokenize_protected(eng, info, _strip_bos(eng, fmt, rendered), mapping)
+        boundaries = ()
     else:
         tokens = _tokenize(eng, fmt, text)
         boundaries = _last_user_boundary(

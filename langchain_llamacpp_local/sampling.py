@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import re
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +31,15 @@ from llama_cpp import llama_grammar as G
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
     "TOOL_CALL_FORMATS",
+    "GrammarTooLargeError",
     "InvalidSamplingParams",
     "Sampler",
+    "SamplingError",
     "SamplingParams",
     "StopMatcher",
     "Utf8Decoder",
     "json_schema_to_grammar",
+    "penalty_window",
     "tool_call_grammar",
 ]
 
@@ -46,7 +50,13 @@ class InvalidSamplingParams(ValueError):
     """A sampling setting is out of range (the message names the field)."""
 
 
+class SamplingError(RuntimeError):
+    """This request cannot go on sampling (e.g. its grammar allows no token); the
+    worker reports it to the request and keeps serving."""
+
+
 _UINT32 = 0xFFFFFFFF
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -103,9 +113,10 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 f"repeat_penalty must be > 0 (1.0: off), got {self.repeat_penalty}"
             )
-        if self.penalty_last_n < -1:
+        if not -1 <= self.penalty_last_n <= _INT32_MAX:
             raise InvalidSamplingParams(
-                f"penalty_last_n must be >= -1 (-1: whole context), got {self.penalty_last_n}"
+                "penalty_last_n must be -1 (the whole context), 0 (off) or a positive "
+                f"token count (at most the context size is used), got {self.penalty_last_n}"
             )
         if self.seed < -1:
             raise InvalidSamplingParams(f"seed must be >= -1 (-1: random), got {self.seed}")
@@ -140,7 +151,29 @@ class SamplingParams:
         return dataclasses.replace(self, **(update or {}))
 
 
+def penalty_window(penalty_last_n: int, n_ctx: int | None) -> int:
+    """The token count llama.cpp's penalties sampler should look back over.
+
+    llama.cpp itself reads ``-1`` as 0 (off) and allocates a ring buffer of the
+    requested size; here ``-1`` means the whole context (as in llama.cpp's common
+    params) and a larger window is clamped to the context size: the history can
+    never be longer, so the clamp changes nothing but the memory used.
+    """
+    if penalty_last_n == -1:
+        if n_ctx is None:
+            raise InvalidSamplingParams(
+                "penalty_last_n=-1 (whole context) needs the context size (Sampler n_ctx=...)"
+            )
+        return n_ctx
+    if n_ctx is not None:
+        return min(penalty_last_n, n_ctx)
+    return penalty_last_n
+
+
 # --------------------------------------------------------------------------- sampler
+
+#: Overrunning tokens refused one by one before the whole vocabulary is scanned.
+_TRIAL_BANS = 8
 
 _REGEX_SPECIAL = re.compile(r"[.^$|()*+?\[\]{}\\]")
 
@@ -160,14 +193,16 @@ class Sampler:
     call :meth:`close` (or use it as a context manager) when the request ends.
     """
 
-    def __init__(self, vocab: Any, params: SamplingParams) -> None:
+    def __init__(self, vocab: Any, params: SamplingParams, *, n_ctx: int | None = None) -> None:
         self.params = params
+        self._n_ctx = n_ctx
         self._chain: int | None = None
         self._grammar: int | None = None
         self._n_vocab = int(C.llama_vocab_n_tokens(vocab))
         self._cand: np.ndarray | None = None
         self._vocab = vocab
         self._tail = ""  # recent text, to see a lazy grammar's trigger coming
+        self._pieces: list[str] | None = None  # token texts, read if many tokens overrun
         self._triggered = not params.grammar_lazy_triggers
         cparams = C.llama_sampler_chain_default_params()
         cparams.no_perf = True
@@ -191,7 +226,7 @@ class Sampler:
             self._add(
                 C.llama_sampler_init_penalties(
                     C.llama_vocab_n_tokens(vocab),
-                    p.penalty_last_n,
+                    penalty_window(p.penalty_last_n, self._n_ctx),
                     p.repeat_penalty,
                     p.frequency_penalty,
                     p.presence_penalty,
@@ -235,6 +270,13 @@ class Sampler:
             C.llama_sampler_apply(self._grammar, ctypes.byref(arr))
             if not np.isfinite(one["logit"][0]):  # the grammar rejects it: sample under it
                 tok = self._apply(logits, grammar_first=True)
+                assert self._cand is not None
+                if not np.isfinite(self._cand["logit"][self._cand["id"] == tok]).all():
+                    # accepting a token the grammar refuses aborts llama.cpp
+                    raise SamplingError(
+                        "the grammar allows no token the model can produce here "
+                        "(the constrained output cannot be completed)"
+                    )
         C.llama_sampler_accept(self._grammar, tok)
         C.llama_sampler_accept(self._chain, tok)
         return tok
@@ -245,26 +287,66 @@ class Sampler:
         A token that completes the trigger *and* runs on past it would hand the grammar
         text it never checked (llama.cpp aborts on that), so such tokens are refused:
         the trigger always ends on a token boundary and the grammar takes over there.
+        A few refusals are tried one by one; after that every overrunning token of the
+        vocabulary is banned at once, so the draw always ends on an allowed token (or,
+        if the model allows nothing else at all, on end-of-generation).
         """
-        banned: list[int] = []
-        longest = max(len(t) for t in self.params.grammar_lazy_triggers)
-        for _ in range(64):
-            tok = self._apply(logits, grammar_first=False, banned=banned)
-            text = self._tail + self._piece(tok)
-            hits = [
-                (i, len(t))
-                for t in self.params.grammar_lazy_triggers
-                if (i := text.find(t)) >= 0
-            ]
-            if hits:
-                start, n = min(hits)
-                if start + n < len(text):
-                    banned.append(tok)
-                    continue
-                self._triggered = True
-            self._tail = text[-longest:]
+        banned: set[int] = set()
+        for attempt in range(_TRIAL_BANS + 2):
+            if attempt == _TRIAL_BANS:
+                banned |= self._overrunning_tokens()
+            if attempt > _TRIAL_BANS or not self._any_allowed(logits, banned):
+                tok = self._eog_id()  # nothing else may follow: end the generation
+                self._tail = ""
+                return tok
+            tok = self._apply(logits, grammar_first=False, banned=sorted(banned))
+            overrun, triggered, text = self._trigger_check(tok)
+            if overrun:
+                banned.add(tok)
+                continue
+            self._triggered = triggered
+            self._tail = text[-self._longest_trigger :]
             return tok
-        raise RuntimeError("could not sample a token that keeps the tool-call grammar valid")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @property
+    def _longest_trigger(self) -> int:
+        return max(len(t) for t in self.params.grammar_lazy_triggers)
+
+    def _trigger_check(self, tok: int) -> tuple[bool, bool, str]:
+        """(runs past a trigger, completes one exactly, new text) if ``tok`` comes next."""
+        text = self._tail + self._piece(tok)
+        hits = [(i, len(t)) for t in self.params.grammar_lazy_triggers if (i := text.find(t)) >= 0]
+        if not hits:
+            return False, False, text
+        start, n = min(hits)
+        return start + n < len(text), True, text
+
+    def _overrunning_tokens(self) -> set[int]:
+        """Every token that would complete a trigger and run past it after the current tail.
+
+        Only pieces holding a trigger's last character before their own end can do
+        that, so the full check runs on few tokens; the pieces are read once per sampler.
+        """
+        if self._pieces is None:
+            self._pieces = [self._piece(t) for t in range(self._n_vocab)]
+        ends = {t[-1] for t in self.params.grammar_lazy_triggers}
+        return {
+            tok
+            for tok, piece in enumerate(self._pieces)
+            if any(c in piece[:-1] for c in ends) and self._trigger_check(tok)[0]
+        }
+
+    def _any_allowed(self, logits: np.ndarray, banned: set[int]) -> bool:
+        if not banned:
+            return bool(np.isfinite(logits).any())
+        mask = np.isfinite(logits)
+        mask[list(banned)] = False
+        return bool(mask.any())
+
+    def _eog_id(self) -> int:
+        eos = int(C.llama_vocab_eos(self._vocab))
+        return eos if eos >= 0 else int(C.llama_vocab_eot(self._vocab))
 
     def _piece(self, tok: int) -> str:
         buf = ctypes.create_string_buffer(64)
@@ -288,7 +370,7 @@ class Sampler:
             C.llama_sampler_apply(self._grammar, ctypes.byref(arr))
         C.llama_sampler_apply(self._chain, ctypes.byref(arr))
         if arr.selected < 0 or arr.selected >= arr.size:
-            raise RuntimeError("the sampler chain selected no token")
+            raise SamplingError("the sampler chain selected no token")
         return int(arr.data[arr.selected].id)
 
     def close(self) -> None:
@@ -329,6 +411,7 @@ def _grammar_sampler(vocab: Any, grammar: str, triggers: Sequence[str]) -> int:
     gbytes = grammar.encode("utf-8")
     if b"\0" in gbytes:
         raise ValueError("invalid grammar: it contains a NUL character")
+    check_grammar(grammar)
     if not triggers:
         smpl = C.llama_sampler_init_grammar(vocab, gbytes, b"root")
     else:
@@ -463,10 +546,172 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _LOCAL_DEF_REF = re.compile(r"^#/(\$defs|definitions)/([^/]+)(.*)$")
 
 
+#: Largest count llama.cpp's GBNF parser takes in ``x{m,n}`` (its MAX_REPETITION_THRESHOLD
+#: is 2000; above it a max silently becomes "unbounded"). Bigger counts are written as
+#: chunks of this size.
+_REP_CHUNK = 1000
+#: Largest count a schema may ask for (``maxLength``, ``maxItems``, ``{m,n}``): two
+#: levels of chunks.
+MAX_GRAMMAR_REPETITION = _REP_CHUNK * _REP_CHUNK
+#: Bounds checked on every grammar before llama.cpp parses it: its parser recurses once
+#: per nested group (deep nesting overflows the C stack) and expands each ``{m,n}``
+#: into up to ``n`` rules.
+MAX_GRAMMAR_DEPTH = 200
+MAX_GRAMMAR_RULES = 200_000
+MAX_GRAMMAR_CHARS = 4_000_000
+
+
+class GrammarTooLargeError(ValueError):
+    """A schema or grammar asks for more than llama.cpp's grammar engine can take safely."""
+
+
+def _repeat(item: str, lo: int, hi: int | None, *, literal: bool = False) -> str:
+    """GBNF for ``item`` repeated ``lo``..``hi`` times (``hi`` None: unbounded), flat.
+
+    Written with ``{m,n}`` quantifiers as llama.cpp's own json-schema-to-grammar does,
+    never as nested optional groups (20 000 of those overflow the parser's C stack).
+    Counts above :data:`_REP_CHUNK` are split into exact chunks so every bound is
+    enforced exactly.
+    """
+    for n in (lo, hi):
+        if n is not None and n > MAX_GRAMMAR_REPETITION:
+            raise GrammarTooLargeError(
+                f"a repetition count of {n} is above the {MAX_GRAMMAR_REPETITION} a grammar "
+                "can enforce"
+            )
+    if literal:
+        item = f"({item})"
+    c = _REP_CHUNK
+
+    def exact(n: int) -> str:
+        if n <= c:
+            return f"{item}{{{n}}}" if n else ""
+        q, r = divmod(n, c)
+        return f"({item}{{{c}}}){{{q}}}" + (f" {item}{{{r}}}" if r else "")
+
+    def at_most(m: int) -> str:
+        if m <= c:
+            return f"{item}{{0,{m}}}" if m else ""
+        q, r = divmod(m, c)
+        # m = q*c + r: fewer than q full chunks and a partial one, or q chunks and <= r.
+        head = (
+            f"({item}{{{c}}}){{0,{q - 1}}} {item}{{0,{c - 1}}}"
+            if q > 1
+            else (f"{item}{{0,{c - 1}}}")
+        )
+        tail = f" {item}{{0,{r}}}" if r else ""
+        return f"(({head}) | ({item}{{{c}}}){{{q}}}{tail})"
+
+    if hi is None:
+        return f"{exact(lo)} {item}*".strip()
+    if hi < lo:
+        raise GrammarTooLargeError(f"a repetition of {lo}..{hi} items matches nothing")
+    return f"{exact(lo)} {at_most(hi - lo)}".strip()
+
+
+def _flat_repetition(
+    item_rule: str,
+    min_items: int,
+    max_items: int | None,
+    separator_rule: str | None = None,
+    item_rule_is_literal: bool = False,
+) -> str:
+    """Drop-in for llama-cpp-python's ``_build_repetition`` that writes flat GBNF."""
+    lo = int(min_items or 0)
+    hi = None if max_items is None else int(max_items)
+    if lo < 0 or (hi is not None and hi < 0):
+        raise GrammarTooLargeError(f"negative repetition bounds {lo}..{hi}")
+    if hi == 0:
+        return ""
+    if not separator_rule:
+        return _repeat(item_rule, lo, hi, literal=item_rule_is_literal)
+    rest = _repeat(
+        f"({separator_rule} {item_rule})", max(lo - 1, 0), None if hi is None else hi - 1
+    )
+    seq = f"{item_rule} {rest}".strip()
+    return seq if lo > 0 else f"({seq})?"
+
+
+def _rebind(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a converter method) seeing :func:`_flat_repetition` as ``_build_repetition``,
+    without patching llama-cpp-python's module for everyone else."""
+    scope = dict(fn.__globals__)
+    scope["_build_repetition"] = _flat_repetition
+    out = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    out.__qualname__ = fn.__qualname__
+    return out
+
+
+def check_grammar(grammar: str) -> None:
+    """Refuse a GBNF grammar that could crash or exhaust llama.cpp's grammar parser.
+
+    Checks nesting depth (the parser recurses per group), total size and the rules
+    ``{m,n}`` quantifiers expand to; raises :class:`GrammarTooLargeError`.
+    """
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise GrammarTooLargeError(
+            f"grammar of {len(grammar)} characters is over the {MAX_GRAMMAR_CHARS} limit"
+        )
+    depth = max_depth = 0
+    rules = 0
+    i, n = 0, len(grammar)
+    while i < n:
+        ch = grammar[i]
+        if ch == '"' or ch == "[":
+            end = '"' if ch == '"' else "]"
+            i += 1
+            while i < n and grammar[i] != end:
+                i += 2 if grammar[i] == "\\" else 1
+        elif ch == "#":
+            while i < n and grammar[i] != "\n":
+                i += 1
+        elif ch == "(":
+            depth += 1
+            max_depth = max(max_depth, depth)
+        elif ch == ")":
+            depth -= 1
+        elif ch == "{":
+            j = grammar.find("}", i)
+            counts = [int(x) for x in re.findall(r"\d+", grammar[i:j])] if j > 0 else []
+            rules += max(counts, default=0)
+            i = max(j, i)
+        i += 1
+    if max_depth > MAX_GRAMMAR_DEPTH:
+        raise GrammarTooLargeError(
+            f"grammar nests {max_depth} groups deep, over the {MAX_GRAMMAR_DEPTH} limit "
+            "(llama.cpp's parser would overflow its stack)"
+        )
+    if rules > MAX_GRAMMAR_RULES:
+        raise GrammarTooLargeError(
+            f"grammar repetitions expand to about {rules} rules, over the {MAX_GRAMMAR_RULES} "
+            "limit (lower maxLength/maxItems or {m,n} counts)"
+        )
+
+
 class _Converter(G.SchemaConverter):
     """llama-cpp-python's converter with fixes that keep its output valid JSON:
     backslashes in literals are escaped (a const like ``"a\\\\b"``), and strings and
-    a pattern's ``.`` exclude raw quotes, backslashes and control characters."""
+    a pattern's ``.`` exclude raw quotes, backslashes and control characters.
+
+    Repetitions (``maxLength``, ``maxItems``, regex ``{m,n}``) are written flat with
+    ``{m,n}`` quantifiers (see :func:`_flat_repetition`), and a count too large to
+    enforce is an error naming the rule it belongs to.
+    """
+
+    _visit = _rebind(G.SchemaConverter.visit)
+    _visit_pattern = _rebind(G.SchemaConverter._visit_pattern)
+
+    def visit(self, schema: Any, name: str) -> str:
+        try:
+            return self._visit(schema, name)
+        except GrammarTooLargeError as exc:
+            if getattr(exc, "where", None) is None:
+                field = name.rsplit("-", 1)[-1] if name else "(root)"
+                new = GrammarTooLargeError(f"field {field!r} (rule {name or 'root'!r}): {exc}")
+                new.where = name  # type: ignore[attr-defined]
+                raise new from None
+            raise
 
     def _format_literal(self, literal: str) -> str:
         escaped = re.sub(
@@ -588,6 +833,28 @@ def _unescape_pointer(token: str) -> str:
     return unquote(token).replace("~1", "/").replace("~0", "~")
 
 
+#: Deepest nesting of objects/arrays a JSON schema may have (each schema level is
+#: about two: ``properties`` and the property's schema). Deeper ones would exhaust
+#: Python's recursion limit in the converter, or llama.cpp's parser stack.
+MAX_SCHEMA_NESTING = 128
+
+
+def check_schema_nesting(schema: Any) -> None:
+    """Refuse a schema nested deeper than :data:`MAX_SCHEMA_NESTING` (checked without
+    recursion, so the check itself cannot overflow)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_NESTING:
+            raise GrammarTooLargeError(
+                f"JSON schema nests more than {MAX_SCHEMA_NESTING} objects/arrays deep"
+            )
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
 def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, Any]:
     """Move ``schema``'s ``$defs``/``definitions`` into ``defs_out`` under unique,
     GBNF-safe names starting with ``prefix`` and rewrite its local ``$ref``s.
@@ -601,6 +868,7 @@ def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, A
         schema = {}
     if not isinstance(schema, dict):
         raise ValueError(f"a schema must be an object, got {schema!r}")
+    check_schema_nesting(schema)
     renames: dict[tuple[str, str], str] = {}
     raw_defs: dict[str, Any] = {}
     for section in ("$defs", "definitions"):
@@ -644,18 +912,22 @@ def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, A
 
 def _convert(root: dict[str, Any], defs: dict[str, Any], root_name: str = "") -> str:
     """Run the converter on ``root`` (with ``defs`` as its ``$defs``)."""
-    schema = copy.deepcopy(root)
-    if defs:
-        schema["$defs"] = copy.deepcopy(defs)
     try:
+        schema = copy.deepcopy(root)
+        if defs:
+            schema["$defs"] = copy.deepcopy(defs)
         conv = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         schema = conv.resolve_refs(schema, "")
         conv.visit(schema, root_name)
-        return conv.format_grammar()
+        grammar = conv.format_grammar()
+    except GrammarTooLargeError as exc:
+        raise GrammarTooLargeError(f"cannot convert JSON schema to a grammar: {exc}") from None
     except RecursionError:
         raise ValueError("cannot convert JSON schema to a grammar: it nests too deeply") from None
     except (AssertionError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ValueError(f"cannot convert JSON schema to a grammar: {exc}") from exc
+    check_grammar(grammar)
+    return grammar
 
 
 def json_schema_to_grammar(schema: dict[str, Any]) -> str:

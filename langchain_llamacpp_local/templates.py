@@ -1,28 +1,32 @@
 """Chat templates and LangChain message conversion, as pure functions.
 
 GGUF files carry Hugging Face style Jinja chat templates. They are untrusted
-code from a downloaded file, so they are compiled in Jinja's immutable sandbox
-(the same environment ``transformers`` uses) and every failure, sandbox
-violations included, surfaces as :class:`ChatTemplateError` naming where the
-template came from. Models without a usable template fall back to lenient
+code from a downloaded file, so they run in a resource-limited Jinja sandbox
+(:mod:`.template_sandbox`) and every failure, sandbox violations and limits
+included, surfaces as :class:`ChatTemplateError` naming where the template came
+from. Each template's conventions for tool calls (arguments as dict or JSON text,
+``content=None``, id form) are found by rendering probe conversations, the way
+llama.cpp's capability probe does, so real templates render what llama.cpp and
+transformers render. Models without a usable template fall back to lenient
 built-in templates that accept anything LangChain sends (several system
 messages, consecutive turns of one role, tool calls and tool results).
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import hashlib
 import json
 import logging
-import re
+import string
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from jinja2 import TemplateError, meta, nodes
-from jinja2.ext import Extension
-from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2 import TemplateError, meta
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -34,8 +38,23 @@ from langchain_core.messages import (
     convert_to_messages,
 )
 
+from .template_sandbox import (
+    DEFAULT_LIMITS,
+    RenderLimits,
+    TemplateLimitError,
+    TemplateRaised,
+    compile_template,
+    guarded_render,
+    make_env,
+)
+
 __all__ = [
     "BUILTIN_TEMPLATES",
+    "RenderLimits",
+    "TemplateConventions",
+    "adapt_messages",
+    "render_chat",
+    "short_tool_call_id",
     "TOOL_SYSTEM_PROMPT",
     "ChatTemplate",
     "ChatTemplateError",
@@ -50,8 +69,19 @@ logger = logging.getLogger(__name__)
 
 
 class ChatTemplateError(ValueError):
-    """A chat template failed to compile or render (includes sandbox violations);
-    the message names the template origin."""
+    """A chat template failed to compile or render (includes sandbox violations and
+    resource limits); the message names the template origin.
+
+    ``raised_by_template`` is true when the template itself refused the input
+    (its ``raise_exception``), so the message is the template's own.
+    """
+
+    def __init__(
+        self, message: str, *, raised_by_template: bool = False, limit: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.raised_by_template = raised_by_template
+        self.limit = limit
 
 
 # --------------------------------------------------------------------------- messages
@@ -314,64 +344,67 @@ def flatten_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
-# --------------------------------------------------------------------------- sandbox
+# --------------------------------------------------------------------------- compiled templates
 
-
-class _TemplateRaised(Exception):
-    """``raise_exception`` was called by the template (wrapped with the origin later)."""
-
-
-class _GenerationTagExtension(Extension):
-    """Accept ``{% generation %}…{% endgeneration %}`` (HF assistant-mask markers),
-    rendering the body unchanged: only training code cares about the masks."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Parser) -> list[nodes.Node]:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-def _raise_exception(message: Any) -> None:
-    raise _TemplateRaised(str(message))
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _tojson(
-    x: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """Like transformers' filter: Jinja's own HTML-escapes ``<``/``&``, corrupting tool JSON."""
-    return json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _make_env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=["jinja2.ext.loopcontrols", _GenerationTagExtension],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-_ENV = _make_env()
-
-# A template concatenating ``arguments`` as a string (``... + tool['function']['arguments'] + ...``).
-_ARGS_CONCAT = re.compile(
-    r"""arguments(?:['"]\])?\s*[+~]|[+~]\s*[\w.]*(?:\[['"]\w+['"]\])*(?:\.|\[['"])arguments\b(?!['"]?\]?\s*\|)"""
-)
+_ENV = make_env()
 _PROBE = "\x00system-probe-7f3a\x00"
+
+# The probe conversation that finds a template's conventions (llama.cpp's caps probe).
+_PROBE_NAME = "probe_tool_fn"
+_PROBE_VALUE = "probe-value-7f3a"
+_PROBE_RESULT = "probe-result-output"
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": _PROBE_NAME,
+            "description": "Probe tool",
+            "parameters": {
+                "type": "object",
+                "properties": {"probe_arg": {"type": "string", "description": "An argument"}},
+                "required": ["probe_arg"],
+            },
+        },
+    }
+]
+_PROBE_ID = "call_0f3a9c2e7b1d4a6f8e0c5b2d"
+
+#: Tools llama.cpp passes as ``builtin_tools`` (Llama 3.1's built-in tool names).
+_BUILTIN_TOOL_NAMES = ("wolfram_alpha", "web_search", "brave_search", "python", "code_interpreter")
+
+
+@dataclass(frozen=True)
+class TemplateConventions:
+    """How a template wants assistant tool calls, found by rendering a probe conversation.
+
+    ``args_as_string``: arguments as JSON text (templates that concatenate them)
+    rather than a dict; ``null_content``: ``content=None`` for an assistant message that
+    only calls tools (DeepSeek-R1-Distill tests ``content is none``); ``short_ids``:
+    9-character alphanumeric tool-call ids (Mistral templates check the length).
+    """
+
+    args_as_string: bool = False
+    null_content: bool = False
+    short_ids: bool = False
+
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def short_tool_call_id(call_id: str) -> str:
+    """A 9-character alphanumeric id (Mistral's form), the same for the same input.
+
+    Stable so the same conversation renders to the same prompt every turn (the
+    prompt cache depends on it); ids already in that form are kept.
+    """
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    n = int.from_bytes(hashlib.sha256(call_id.encode("utf-8")).digest()[:8], "big")
+    chars = []
+    for _ in range(9):
+        n, r = divmod(n, 62)
+        chars.append(_ID_ALPHABET[r])
+    return "".join(chars)
 
 
 class ChatTemplate:
@@ -379,34 +412,115 @@ class ChatTemplate:
 
     ``origin`` (``"gguf:tokenizer.chat_template"``, ``"builtin:gemma"``,
     ``"override"``, ...) is put in every error so a bad template is easy to trace.
+    ``limits`` bounds each render (time, output size, loop and operator caps).
     """
 
     def __init__(
-        self, source: str, *, origin: str = "custom", bos_token: str = "", eos_token: str = ""
+        self,
+        source: str,
+        *,
+        origin: str = "custom",
+        bos_token: str = "",
+        eos_token: str = "",
+        limits: RenderLimits = DEFAULT_LIMITS,
     ) -> None:
         self.source = source
         self.origin = origin
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.limits = limits
         try:
-            self._ast = _ENV.parse(source)
-            self._template = _ENV.from_string(self._ast)
+            self._template, self._ast = compile_template(_ENV, source)
+            self._variables = meta.find_undeclared_variables(self._ast)
         except TemplateError as exc:
             raise ChatTemplateError(f"chat template {origin!r} failed to compile: {exc}") from exc
-        self._variables = meta.find_undeclared_variables(self._ast)
+        except RecursionError:
+            raise ChatTemplateError(
+                f"chat template {origin!r} failed to compile: nested too deeply"
+            ) from None
+        except (MemoryError, ValueError, TypeError) as exc:
+            raise ChatTemplateError(
+                f"chat template {origin!r} failed to compile: {type(exc).__name__}: {exc}"
+            ) from None
 
     def __repr__(self) -> str:
         return f"ChatTemplate(origin={self.origin!r})"
 
     @property
     def supports_tools(self) -> bool:
-        """Whether the template reads ``tools`` (else the caller injects a tool prompt)."""
-        return "tools" in self._variables
+        """Whether the template reads ``tools`` (or FireFunction's ``functions``); else the
+        caller injects a tool prompt."""
+        return "tools" in self._variables or "functions" in self._variables
+
+    @property
+    def supports_tool_calls(self) -> bool:
+        """Whether the template renders assistant ``tool_calls`` (else they are flattened)."""
+        return "tool_calls" in self.source
+
+    @property
+    def tool_call_args_as_dict(self) -> bool:
+        """False when the template wants ``arguments`` as JSON text (e.g. DeepSeek V3)."""
+        return not self.conventions.args_as_string
 
     @cached_property
-    def tool_call_args_as_dict(self) -> bool:
-        """False when the template concatenates ``arguments`` as a string (e.g. DeepSeek V3)."""
-        return _ARGS_CONCAT.search(self.source) is None
+    def conventions(self) -> TemplateConventions:
+        """Probe the template: render a tool-call conversation in each convention and keep
+        the first that shows the call's name, arguments and result best.
+
+        Probing (not reading the source) is what tells ``{{ arguments | tojson }}`` from
+        ``'...' + arguments`` or ``arguments.items()``.
+        """
+        if not self.supports_tool_calls:
+            return TemplateConventions()
+        best: tuple[tuple[bool, ...], TemplateConventions] | None = None
+        for short_ids in (False, True):
+            for null_content in (False, True):
+                for args_as_string in (False, True):
+                    conv = TemplateConventions(args_as_string, null_content, short_ids)
+                    score = self._probe_score(conv)
+                    if best is None or score > best[0]:
+                        best = (score, conv)
+        assert best is not None
+        logger.debug("chat template %s conventions: %s", self.origin, best[1])
+        return best[1]
+
+    def _probe_score(self, conv: TemplateConventions) -> tuple[bool, ...]:
+        args: Any = {"probe_arg": _PROBE_VALUE}
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "probe question"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": _PROBE_ID,
+                        "type": "function",
+                        "function": {"name": _PROBE_NAME, "arguments": args},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": _PROBE_ID,
+                "name": _PROBE_NAME,
+                "content": _PROBE_RESULT,
+            },
+            {"role": "assistant", "content": "probe answer"},
+            {"role": "user", "content": "probe follow-up"},
+        ]
+        try:
+            text = self._render(_apply_conventions(messages, conv), _PROBE_TOOLS, True, {})
+        except ChatTemplateError as exc:
+            if exc.limit:  # a runaway template: no point probing it further
+                raise
+            return (False,)
+        args_clean = (
+            "probe_arg" in text
+            and _PROBE_VALUE in text
+            and '\\"probe_arg' not in text
+            and "'probe_arg'" not in text
+        )
+        return (True, _PROBE_NAME in text, args_clean, _PROBE_RESULT in text)
 
     @cached_property
     def supports_system_role(self) -> bool:
@@ -418,13 +532,39 @@ class ChatTemplate:
         user = {"role": "user", "content": "Hi"}
         try:
             text = self._render([{"role": "system", "content": _PROBE}, user], None, True, {})
-        except ChatTemplateError:
+        except ChatTemplateError as exc:
+            if exc.limit:
+                raise
             try:
                 self._render([user], None, True, {})
-            except ChatTemplateError:
+            except ChatTemplateError as exc2:
+                if exc2.limit:
+                    raise
                 return True
             return False
         return _PROBE in text
+
+    @cached_property
+    def requires_alternation(self) -> bool:
+        """Probe: the template rejects two user turns in a row but accepts one."""
+        try:
+            self._render([{"role": "user", "content": "a"}], None, True, {})
+        except ChatTemplateError as exc:
+            if exc.limit:
+                raise
+            return False
+        try:
+            self._render(
+                [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+                None,
+                True,
+                {},
+            )
+        except ChatTemplateError as exc:
+            if exc.limit:
+                raise
+            return True
+        return False
 
     def render(
         self,
@@ -436,14 +576,67 @@ class ChatTemplate:
     ) -> str:
         """Render ``messages`` (HF dicts) to prompt text; extra kwargs become template variables.
 
-        Templates without a system role get system text merged into the next user
-        message; every failure is a :class:`ChatTemplateError`.
+        Tool calls and results are passed natively, adapted to the template's
+        :attr:`conventions`; templates without a system role get system text merged
+        into the next user message; a template that checks role alternation and
+        rejects the conversation gets adjacent turns merged (then tool turns
+        flattened to text) before its own error is reported. Every failure is a
+        :class:`ChatTemplateError`.
         """
         if any(m.get("role") == "system" for m in messages) and not self.supports_system_role:
             messages = _merge_system(messages)
-        if not self.tool_call_args_as_dict:
-            messages = _stringify_args(messages)
-        return self._render(messages, tools, add_generation_prompt, kwargs)
+        has_tools = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+        if has_tools:
+            messages = _apply_conventions(messages, self.conventions)
+        try:
+            return self._render(messages, tools, add_generation_prompt, kwargs)
+        except ChatTemplateError as first:
+            # Only turns our tool handling made adjacent are merged: two user messages
+            # sent by the caller get the template's own error.
+            if not (first.raised_by_template and self.requires_alternation and has_tools):
+                raise
+            for make in (_merge_adjacent, lambda m: _merge_adjacent(flatten_tool_messages(m))):
+                try:
+                    variant = make(messages)
+                    if variant != messages:
+                        return self._render(variant, tools, add_generation_prompt, kwargs)
+                except Exception:  # noqa: BLE001 - the template's own error is the answer
+                    continue
+            raise
+
+    def _variables_for(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        kwargs: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """The variables llama.cpp and transformers pass (deep copies: templates may mutate)."""
+        now = datetime.now()
+        variables: dict[str, Any] = {
+            "messages": copy.deepcopy(messages),
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "date_string": now.strftime("%d %b %Y"),
+            "datetime": now.strftime("%b %d %Y"),
+        }
+        if tools is not None:
+            variables["tools"] = copy.deepcopy(tools)
+            if "functions" in self._variables:  # FireFunction v2 (as llama.cpp passes it)
+                variables["functions"] = json.dumps(tools, ensure_ascii=False, indent=2)
+            if "builtin_tools" in self._variables:  # Llama 3.1 built-in tools
+                names = [
+                    t.get("function", {}).get("name")
+                    for t in tools
+                    if t.get("function", {}).get("name") in _BUILTIN_TOOL_NAMES
+                ]
+                if names:
+                    variables["builtin_tools"] = names
+        elif "functions" in self._variables:
+            variables["functions"] = ""
+        variables.update(copy.deepcopy(dict(kwargs)))
+        return variables
 
     def _render(
         self,
@@ -452,28 +645,101 @@ class ChatTemplate:
         add_generation_prompt: bool,
         kwargs: Mapping[str, Any],
     ) -> str:
-        now = datetime.now()
-        variables: dict[str, Any] = {
-            "messages": messages,
-            "add_generation_prompt": add_generation_prompt,
-            "bos_token": self.bos_token,
-            "eos_token": self.eos_token,
-            "date_string": now.strftime("%d %b %Y"),
-            "datetime": now.strftime("%b %d %Y"),
-        }
-        if tools is not None:
-            variables["tools"] = tools
-        variables.update(kwargs)
+        variables = self._variables_for(messages, tools, add_generation_prompt, kwargs)
         try:
-            return self._template.render(**variables)
-        except _TemplateRaised as exc:
-            raise ChatTemplateError(f"chat template {self.origin!r}: {exc}") from None
-        except RecursionError as exc:
-            raise ChatTemplateError(f"chat template {self.origin!r} recursed too deeply") from exc
+            return guarded_render(self._template, variables, self.limits)
+        except TemplateRaised as exc:
+            raise ChatTemplateError(
+                f"chat template {self.origin!r}: {exc}", raised_by_template=True
+            ) from None
+        except TemplateLimitError as exc:
+            raise ChatTemplateError(f"chat template {self.origin!r}: {exc}", limit=True) from None
+        except RecursionError:
+            raise ChatTemplateError(f"chat template {self.origin!r} recursed too deeply") from None
+        except MemoryError:
+            raise ChatTemplateError(f"chat template {self.origin!r} ran out of memory") from None
         except Exception as exc:  # template code is untrusted: any failure is the template's
             raise ChatTemplateError(
                 f"chat template {self.origin!r} failed to render: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+def _apply_conventions(
+    messages: list[dict[str, Any]], conv: TemplateConventions
+) -> list[dict[str, Any]]:
+    """Tool calls and results in the form the template expects (inputs are not mutated)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and isinstance(calls, list) and calls:
+            new_calls = []
+            for c in calls:
+                if not isinstance(c, dict):
+                    new_calls.append(c)
+                    continue
+                c = dict(c)
+                fn = c.get("function")
+                if isinstance(fn, dict):
+                    fn = dict(fn)
+                    fn["arguments"] = _args_for(fn.get("arguments"), conv.args_as_string)
+                    c["function"] = fn
+                if conv.short_ids:
+                    c["id"] = short_tool_call_id(str(c.get("id") or ""))
+                new_calls.append(c)
+            m = {**m, "tool_calls": new_calls}
+            content = m.get("content")
+            if conv.null_content and (content is None or content == ""):
+                m["content"] = None
+            elif content is None:
+                m["content"] = ""
+        elif m.get("role") == "tool" and conv.short_ids and "tool_call_id" in m:
+            m = {**m, "tool_call_id": short_tool_call_id(str(m.get("tool_call_id") or ""))}
+        out.append(m)
+    return out
+
+
+def _args_for(args: Any, as_string: bool) -> Any:
+    if as_string:
+        return args if isinstance(args, str) else json.dumps(args or {}, ensure_ascii=False)
+    if isinstance(args, str):  # llama.cpp's func_args_not_string: parse JSON text to a dict
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            return args
+        return parsed if isinstance(parsed, dict) else args
+    return args if args is not None else {}
+
+
+def _merge_adjacent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge consecutive user (or system, or plain assistant) turns into one, ``\\n\\n``-joined,
+    for templates that insist on alternating roles."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        prev = out[-1] if out else None
+        role = m.get("role")
+        if (
+            prev is not None
+            and role == prev.get("role")
+            and role in ("user", "system", "assistant")
+            and not m.get("tool_calls")
+            and not prev.get("tool_calls")
+        ):
+            merged = dict(prev)
+            merged["content"] = (
+                _append_text(prev.get("content"), "\n\n" + m["content"])
+                if isinstance(m.get("content"), str)
+                else _join_parts(prev.get("content"), m.get("content"))
+            )
+            out[-1] = merged
+        else:
+            out.append(m)
+    return out
+
+
+def _join_parts(a: Any, b: Any) -> Any:
+    head = a if isinstance(a, list) else [{"type": "text", "text": a or ""}]
+    tail = b if isinstance(b, list) else [{"type": "text", "text": b or ""}]
+    return [*head, {"type": "text", "text": "\n\n"}, *tail]
 
 
 def _merge_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -507,22 +773,45 @@ def _text_of(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _stringify_args(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool-call arguments as JSON text, for templates that concatenate them."""
-    out = []
-    for m in messages:
-        calls = m.get("tool_calls")
-        if calls:
-            new_calls = []
-            for c in calls:
-                fn = c.get("function") if isinstance(c, dict) else None
-                if isinstance(fn, dict) and not isinstance(fn.get("arguments"), str):
-                    args = json.dumps(fn.get("arguments") or {}, ensure_ascii=False)
-                    c = {**c, "function": {**fn, "arguments": args}}
-                new_calls.append(c)
-            m = {**m, "tool_calls": new_calls}
-        out.append(m)
-    return out
+def adapt_messages(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Messages and ``tools`` as a template can take them.
+
+    A template that does not read ``tools`` gets the documented Hermes tool prompt in
+    the system message; one that does not render ``tool_calls`` gets calls and
+    results flattened to Hermes text. Returns the messages and the tools to pass.
+    """
+    render_tools: list[dict[str, Any]] | None = None
+    if tools:
+        if template.supports_tools:
+            render_tools = list(tools)
+        else:
+            messages = inject_tool_prompt(messages, list(tools))
+    if not template.supports_tool_calls and any(
+        m.get("tool_calls") or m.get("role") == "tool" for m in messages
+    ):
+        messages = flatten_tool_messages(messages)
+        if template.requires_alternation:  # tool results next to a user turn (Gemma 2)
+            messages = _merge_adjacent(messages)
+    return messages, render_tools
+
+
+def render_chat(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> str:
+    """Render a conversation the way a request is rendered (:func:`adapt_messages` first)."""
+    messages, render_tools = adapt_messages(template, messages, tools)
+    return template.render(
+        messages, tools=render_tools, add_generation_prompt=add_generation_prompt, **kwargs
+    )
 
 
 # --------------------------------------------------------------------------- built-ins
@@ -731,13 +1020,44 @@ def _builtin_for(metadata: Mapping[str, str]) -> str:
     return "chatml"
 
 
+def is_template_source(text: str) -> bool:
+    """The rule telling a template name from template source: source has Jinja markup.
+
+    Without it a typo such as ``"chatmlx"`` would be compiled as a template that
+    prints the word ``chatmlx`` for every prompt.
+    """
+    return any(mark in text for mark in ("{{", "{%", "{#"))
+
+
+def _named_template(metadata: Mapping[str, str], name: str, tokens: dict[str, str]) -> ChatTemplate:
+    gguf_key = f"tokenizer.chat_template.{name}"
+    if metadata.get(gguf_key):
+        return ChatTemplate(str(metadata[gguf_key]), origin=f"gguf:{gguf_key}", **tokens)
+    if name.lower() in BUILTIN_TEMPLATES:
+        key = name.lower()
+        return ChatTemplate(BUILTIN_TEMPLATES[key], origin=f"builtin:{key}", **tokens)
+    variants = sorted(
+        k.removeprefix("tokenizer.chat_template.")
+        for k in metadata
+        if k.startswith("tokenizer.chat_template.")
+    )
+    close = difflib.get_close_matches(name.lower(), [*BUILTIN_TEMPLATES, *variants], n=1)
+    raise ChatTemplateError(
+        f"chat_template={name!r} is not a built-in template name "
+        f"({', '.join(BUILTIN_TEMPLATES)})"
+        + (f" nor one of the model's named templates ({', '.join(variants)})" if variants else "")
+        + (f"; did you mean {close[0]!r}?" if close else "")
+        + " (Jinja template source must contain '{{' or '{%')"
+    )
+
+
 def select_template(
     metadata: Mapping[str, str], *, override: str | None = None, with_tools: bool = False
 ) -> ChatTemplate:
     """Pick and compile the chat template for a model.
 
     Order: ``override`` (a built-in name, a GGUF named variant such as ``"tool_use"``,
-    or Jinja source); the GGUF ``tokenizer.chat_template.tool_use`` when
+    or Jinja source — see :func:`is_template_source`; an unknown name raises); the GGUF ``tokenizer.chat_template.tool_use`` when
     ``with_tools``; the GGUF ``tokenizer.chat_template``; a built-in chosen from
     ``general.architecture``/``general.name``. A GGUF template that fails to compile
     is logged and replaced by the built-in, so the model stays usable; a bad
@@ -749,13 +1069,8 @@ def select_template(
         "eos_token": str(metadata.get("_eos_token") or ""),
     }
     if override is not None:
-        key = override.strip()
-        gguf_key = f"tokenizer.chat_template.{key}"
-        if metadata.get(gguf_key):
-            return ChatTemplate(str(metadata[gguf_key]), origin=f"gguf:{gguf_key}", **tokens)
-        if key.lower() in BUILTIN_TEMPLATES:
-            name = key.lower()
-            return ChatTemplate(BUILTIN_TEMPLATES[name], origin=f"builtin:{name}", **tokens)
+        if not is_template_source(override):
+            return _named_template(metadata, override.strip(), tokens)
         return ChatTemplate(override, origin="override", **tokens)
     keys = ["tokenizer.chat_template"]
     if with_tools:

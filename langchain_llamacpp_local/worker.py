@@ -465,7 +465,7 @@ class _WorkerState:
             targets = [
                 t for t in targets if not any(s < t < s + m.n_pos for s, m in media.items())
             ]
-        sampler = Sampler(eng.vocab, prepared.sampling)
+        sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
         return _Active(
             job=job,
             prepared=prepared,

@@ -47,6 +47,7 @@ __all__ = [
     "SPACE_ID",
     "UNK_ID",
     "byte_token",
+    "write_scripted_llama",
     "write_tiny_hybrid",
     "write_tiny_llama",
     "write_tiny_mamba",
@@ -138,14 +139,23 @@ def write_tiny_llama(
     seed: int = 0,
     chat_template: str | None = None,
     n_ctx_train: int = 2048,
+    extra_kv: dict[str, int | str] | None = None,
 ) -> Path:
-    """Write a 2-layer ``llama`` model (n_embd 64, 4 heads, 2 KV heads, n_ff 128)."""
+    """Write a 2-layer ``llama`` model (n_embd 64, 4 heads, 2 KV heads, n_ff 128).
+
+    ``extra_kv`` adds header keys (ints as uint32, strings): hostile-header tests.
+    """
     path = Path(path)
     n_head, n_head_kv, n_ff = 4, 2, 128
     head_dim = N_EMBD // n_head
     w = gguf.GGUFWriter(path, "llama")
     t = _Weights(w, seed)
     _text_common(w, t, n_ctx_train)
+    for key, value in (extra_kv or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_uint32(key, value)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
@@ -317,5 +327,106 @@ def write_tiny_mmproj(path: Path, *, text_n_embd: int = N_EMBD, seed: int = 0) -
     t.normal("mm.0.bias", text_n_embd, scale=0.1)
     t.normal("mm.2.weight", text_n_embd, text_n_embd)
     t.normal("mm.2.bias", text_n_embd, scale=0.1)
+    _finish(w)
+    return path
+
+
+def write_scripted_llama(
+    path: Path,
+    *,
+    transitions: dict[str, dict[str, float]],
+    extra_tokens: tuple[str, ...] = (),
+    default_next: str = "</s>",
+    chat_template: str | None = None,
+    n_ctx_train: int = 2048,
+) -> Path:
+    """Write a ``llama`` model whose next-token logits depend only on the last token.
+
+    Attention and FFN outputs are zero, so the hidden state at a position is the
+    embedding of its token; each token in ``transitions`` gets its own embedding
+    direction and the output matrix maps it to ``{next token: logit}`` (other tokens
+    0). Every other token maps to ``default_next`` (EOS by default) with logit 10.
+    Tokens are named by their text: an ``extra_tokens`` entry (appended to the tiny
+    byte vocab as user-defined tokens, detokenized verbatim), ``"</s>"``, or a single
+    ASCII character (its byte token). Greedy decoding thus prints an exact script,
+    and the logit gaps make sampler behaviour (bans, grammars) controllable.
+    """
+    path = Path(path)
+    base = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [SPACE]
+    tokens = base + list(extra_tokens)
+    index = {t: i for i, t in enumerate(tokens)}
+
+    def tid(name: str) -> int:
+        if name in extra_tokens:
+            return index[name]
+        if name in ("<unk>", "<s>", "</s>"):
+            return index[name]
+        if len(name) == 1 and ord(name) < 128:
+            return SPACE_ID if name == " " else byte_token(ord(name))
+        raise ValueError(f"unknown token {name!r}")
+
+    n_vocab = len(tokens)
+    sources = [tid(s) for s in transitions]
+    n_embd = max(64, 16 * ((len(sources) + 1 + 15) // 16))
+    n_head, n_head_kv, n_ff = 4, 2, 32
+    head_dim = n_embd // n_head
+    emb = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    emb[:, 0] = 1.0  # direction 0: "any other token"
+    out = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    scale = np.float32(1.0 / np.sqrt(n_embd))  # RMS norm makes a one-hot sqrt(n_embd) long
+    out[tid(default_next), 0] = 10.0 * scale
+    for k, (src, nexts) in enumerate(transitions.items(), start=1):
+        emb[tid(src)] = 0.0
+        emb[tid(src), k] = 1.0
+        for nxt, logit in nexts.items():
+            out[tid(nxt), k] = np.float32(logit) * scale
+
+    w = gguf.GGUFWriter(path, "llama")
+    t = _Weights(w, 0)
+    w.add_name("scripted")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(N_LAYER)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(n_vocab)
+    types = (
+        [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+        + [gguf.TokenType.BYTE] * 256
+        + [gguf.TokenType.NORMAL]
+        + [gguf.TokenType.USER_DEFINED] * len(extra_tokens)
+    )
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types(types)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    t.array("token_embd.weight", emb)
+    t.const("output_norm.weight", n_embd)
+    t.array("output.weight", out)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        t.const(p + "attn_norm.weight", n_embd)
+        t.const(p + "attn_q.weight", n_head * head_dim, n_embd, value=0.0)
+        t.const(p + "attn_k.weight", n_head_kv * head_dim, n_embd, value=0.0)
+        t.const(p + "attn_v.weight", n_head_kv * head_dim, n_embd, value=0.0)
+        t.const(p + "attn_output.weight", n_embd, n_head * head_dim, value=0.0)
+        t.const(p + "ffn_norm.weight", n_embd)
+        t.const(p + "ffn_gate.weight", n_ff, n_embd, value=0.0)
+        t.const(p + "ffn_up.weight", n_ff, n_embd, value=0.0)
+        t.const(p + "ffn_down.weight", n_embd, n_ff, value=0.0)
     _finish(w)
     return path

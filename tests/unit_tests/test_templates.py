@@ -516,7 +516,7 @@ def test_syntax_error_raises_at_compile_naming_origin() -> None:
         "{{ foo.bar }}",  # UndefinedError
         "{{ 1 + 'a' }}",  # TypeError inside rendering
         "{{ messages[0].content | tojson }}{{ undefined_thing | tojson }}",  # tojson(Undefined)
-        "{{ messages.append(1) }}",  # immutable sandbox
+        "{{ messages.pop().missing.attr }}",  # mutation allowed, the result is undefined
         "{{ 1 // 0 }}",
         "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",  # runaway recursion
     ],
@@ -541,6 +541,9 @@ SSTI_PAYLOADS = [
     "{{ '{0.__class__.__mro__}'.format(1) }}",
     "{{ (messages|attr('__class__')).__subclasses__() }}",
     "{{ request.application.__globals__.__builtins__.__import__('os').popen('id').read() }}",
+    "{{ _jj_iter.__globals__['os'] }}",
+    "{{ _jj_concat.__code__.co_consts }}",
+    "{% set l = [] %}{{ l.append.__self__.__class__.__subclasses__() }}",
 ]
 
 
