@@ -14,6 +14,7 @@ raw text and a reason, never an exception.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import re
@@ -885,15 +886,25 @@ def parse(
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _marker_info(markers: tuple[str, ...]) -> tuple[int, frozenset[str]]:
+    return max((len(m) for m in markers), default=0), frozenset(m[0] for m in markers if m)
+
+
 def _held_suffix(text: str, markers: tuple[str, ...]) -> int:
     """Length of the longest suffix of ``text`` that could start one of ``markers``."""
-    best = 0
-    for m in markers:
-        for k in range(min(len(m) - 1, len(text)), 0, -1):
-            if text.endswith(m[:k]):
-                best = max(best, k)
-                break
-    return best
+    if not text or not markers:
+        return 0
+    longest, firsts = _marker_info(markers)
+    if longest < 2:
+        return 0
+    tail = text[-(longest - 1) :]
+    for j, ch in enumerate(tail):
+        if ch in firsts:
+            rest = tail[j:]
+            if any(len(m) > len(rest) and m.startswith(rest) for m in markers):
+                return len(rest)
+    return 0
 
 
 def _markers(fmt: str) -> tuple[str, ...]:
