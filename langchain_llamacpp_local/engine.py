@@ -93,6 +93,7 @@ class LoadConfig:
     type_v: str | None = None
     swa_full: bool = False
     n_seq_max: int = 1
+    kv_unified: bool = False
     use_mmap: bool = True
     use_mlock: bool = False
     rope_freq_base: float = 0.0
@@ -167,15 +168,15 @@ def _kv_type(name: str | None, field: str) -> int | None:
     try:
         return KV_TYPES[name.lower()]
     except KeyError:
-        raise ValueError(f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}") from None
+        raise ValueError(
+            f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}"
+        ) from None
 
 
 class Engine:
     """A loaded model with one persistent context (see module docstring)."""
 
-    def __init__(
-        self, config: LoadConfig, progress: Callable[[float], None] | None = None
-    ) -> None:
+    def __init__(self, config: LoadConfig, progress: Callable[[float], None] | None = None) -> None:
         _init_backend()
         self.config = config
         check_gguf_file(config.model_path)
@@ -218,13 +219,16 @@ class Engine:
             self.is_hybrid = bool(C.llama_model_is_hybrid(model))
             self.n_swa = int(C.llama_model_n_swa(model))
 
+            # n_ctx is one conversation's window. Per-sequence KV streams (the default)
+            # give each slot a window of its own, so the context holds n_ctx x n_slots.
             n_ctx = config.n_ctx or min(self.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+            n_seq = config.n_seq_max
             cparams = C.llama_context_default_params()
-            cparams.n_ctx = n_ctx
+            cparams.n_ctx = n_ctx if config.kv_unified else n_ctx * n_seq
             cparams.n_batch = min(config.n_batch, n_ctx)
             cparams.n_ubatch = min(config.n_ubatch or config.n_batch, cparams.n_batch)
-            cparams.n_seq_max = config.n_seq_max
-            cparams.kv_unified = True
+            cparams.n_seq_max = n_seq
+            cparams.kv_unified = config.kv_unified
             threads = config.n_threads or max(1, os.cpu_count() or 1)
             cparams.n_threads = threads
             cparams.n_threads_batch = config.n_threads_batch or threads
@@ -254,7 +258,12 @@ class Engine:
                     f"{config.model_path} (out of memory or unsupported settings)"
                 )
             self.ctx = ctx
-            self.n_ctx = int(C.llama_n_ctx(ctx))
+            self.kv_unified = config.kv_unified
+            self.n_ctx_total = int(C.llama_n_ctx(ctx))
+            # llama.cpp pads each stream to a multiple of 256: the window of one slot
+            self.n_ctx = (
+                self.n_ctx_total if self.kv_unified else min(n_ctx, self.n_ctx_total // n_seq)
+            )
             self.n_batch = int(C.llama_n_batch(ctx))
             self.n_ubatch = int(C.llama_n_ubatch(ctx))
             self.n_seq_max = int(C.llama_n_seq_max(ctx))
@@ -328,7 +337,9 @@ class Engine:
                 M.mtmd_bitmap_set_id(bm, digest.encode())
                 bitmaps.append(bm)
             raw = text.encode("utf-8")
-            inp = M.mtmd_input_text(text=raw, text_len=len(raw), add_special=True, parse_special=True)
+            inp = M.mtmd_input_text(
+                text=raw, text_len=len(raw), add_special=True, parse_special=True
+            )
             arr = (M.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
             rc = M.mtmd_tokenize(self.mtmd, chunks, ctypes.byref(inp), arr, len(bitmaps))
             if rc == 1:
@@ -347,7 +358,10 @@ class Engine:
                 n_pos = int(M.mtmd_input_chunk_get_n_pos(ch))
                 cid = (M.mtmd_input_chunk_get_id(ch) or b"").decode()
                 media[len(entries)] = MediaChunk(
-                    M.mtmd_input_chunk_copy(ch), n_pos, int(M.mtmd_input_chunk_get_n_tokens(ch)), cid
+                    M.mtmd_input_chunk_copy(ch),
+                    n_pos,
+                    int(M.mtmd_input_chunk_get_n_tokens(ch)),
+                    cid,
                 )
                 entries.extend(("media", cid, k) for k in range(n_pos))
             return entries, media
@@ -362,7 +376,14 @@ class Engine:
 
         new_pos = C.llama_pos(0)
         rc = M.mtmd_helper_eval_chunk_single(
-            self.mtmd, self.ctx, media.chunk, pos, seq_id, self.n_batch, False, ctypes.byref(new_pos)
+            self.mtmd,
+            self.ctx,
+            media.chunk,
+            pos,
+            seq_id,
+            self.n_batch,
+            False,
+            ctypes.byref(new_pos),
         )
         if rc != 0:
             raise DecodeError(f"evaluating an image chunk failed with code {rc}")
