@@ -119,7 +119,9 @@ class ChatLlamaCpp(BaseChatModel):
     n_gpu_layers: int = 0
     """Layers to offload to the GPU (-1: all). Needs a GPU build of llama-cpp-python."""
     flash_attn: bool | None = None
-    """Flash attention: True/False, or None to let llama.cpp decide."""
+    """Flash attention: True/False, or None for off unless a quantized ``type_v`` needs it.
+    Off keeps warm (cached) and fresh prompts bit-identical; on, llama.cpp's CPU kernel
+    rounds differently with the micro-batch shape."""
     type_k: str | None = None
     """KV cache type for keys (``f16``, ``q8_0``, ``q4_0``...; default f16)."""
     type_v: str | None = None

@@ -10,7 +10,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.compare import GREEDY as _GREEDY
-from tests.compare import assert_same_greedy
+from tests.compare import assert_identical, assert_same_greedy
+
+GRID = 64  # prompt pieces are cut on multiples of this (n_batch 512): reuse stops there
 
 GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 16}
 
@@ -36,9 +38,9 @@ def test_interleaved_conversations_keep_their_caches(tiny_llama: str) -> None:
             msg = llm.invoke(_convo(tag, turn))
             if turn > 0:
                 # the previous turn of *this* conversation is still cached
-                assert _cached(msg) >= prev[tag] - 1
+                assert _cached(msg) >= prev[tag] // GRID * GRID
             prev[tag] = msg.usage_metadata["input_tokens"]  # type: ignore[index]
-            assert_same_greedy(msg, llm.invoke(_convo(tag, turn), cache_prompt=False))
+            assert_identical(msg, llm.invoke(_convo(tag, turn), cache_prompt=False))
             llm.invoke(_convo(tag, turn))  # restore the cached state after the fresh run
 
 
@@ -50,10 +52,10 @@ def test_single_slot_loses_the_other_conversation_but_ram_cache_restores_it(tiny
         llm.invoke(_convo("b", 1))  # pushes conversation a out of the only slot
         a2 = llm.invoke(_convo("a", 2))
         if expect_reuse:
-            assert _cached(a2) >= a1.usage_metadata["input_tokens"] - 1  # type: ignore[index]
+            assert _cached(a2) >= a1.usage_metadata["input_tokens"] // GRID * GRID  # type: ignore[index]
         else:
             assert _cached(a2) < 30  # only the template's first tokens are shared with b
-        assert_same_greedy(a2, llm.invoke(_convo("a", 2), cache_prompt=False))
+        assert_identical(a2, llm.invoke(_convo("a", 2), cache_prompt=False))
 
 
 def test_shared_prefix_is_copied_not_decoded(tiny_llama: str) -> None:
@@ -61,11 +63,13 @@ def test_shared_prefix_is_copied_not_decoded(tiny_llama: str) -> None:
     system = SystemMessage("A long shared system prompt for every sub-agent. " * 10)
     first = llm.invoke([system, HumanMessage("task one")])
     second = llm.invoke([system, HumanMessage("a different task two")])
-    assert _cached(second) >= len(str(system.content))  # byte-level vocab: 1 token a byte
+    # byte-level vocab: 1 token a byte
+    assert _cached(second) >= len(str(system.content)) // GRID * GRID
     # and the first conversation is still intact in its own slot
     again = llm.invoke([system, HumanMessage("task one")])
-    assert _cached(again) == again.usage_metadata["input_tokens"] - 1  # type: ignore[index]
-    assert_same_greedy(again, first)
+    n_again = again.usage_metadata["input_tokens"]  # type: ignore[index]
+    assert _cached(again) >= (n_again - 2) // GRID * GRID
+    assert_identical(again, first)
 
 
 def test_concurrent_requests_match_sequential_ones(tiny_llama: str) -> None:
