@@ -164,6 +164,11 @@ class ChatLlamaCpp(BaseChatModel):
     """Byte budget for the checkpoints of one conversation."""
     checkpoint_min_step: int = 512
     """Minimum spacing in tokens between periodic checkpoints."""
+    exact_batching: bool = True
+    """Keep greedy answers independent of concurrent requests: their generation steps
+    share a ``llama_decode`` only where the model's kernels give identical rows (probed
+    at load; true for Q4_K on x86). False always batches them (faster for F16/Q8_0
+    weights, but logits then move by ~1e-6 with what runs beside)."""
 
     # ------------------------------------------------------------------ sampling
     seed: int = -1
@@ -330,6 +335,7 @@ class ChatLlamaCpp(BaseChatModel):
                     checkpoint_max_bytes=self.checkpoint_max_bytes,
                     checkpoint_min_step=self.checkpoint_min_step,
                     prompt_cache_bytes=self.prompt_cache_bytes,
+                    exact_batching=self.exact_batching,
                 ),
                 progress,
             )

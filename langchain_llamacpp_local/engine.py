@@ -277,6 +277,7 @@ class Engine:
             self.bos_id = int(C.llama_vocab_bos(self.vocab))
             self.eos_id = int(C.llama_vocab_eos(self.vocab))
             self.memory_kind = self._probe_memory()
+            self.rows_invariant = self._probe_rows()
             self.mtmd = self._load_mtmd(threads) if config.mmproj_path else None
         except BaseException:
             self.close()
@@ -436,6 +437,29 @@ class Engine:
                 kind = MemoryKind.SWA
         C.llama_memory_clear(self.mem, True)
         return kind
+
+    def _probe_rows(self) -> bool:
+        """Whether a token's logits are the same alone and beside other sequences' tokens.
+
+        llama.cpp's CPU matmul takes a vector path for a one-row micro-batch and a
+        tiled GEMM for several rows (F32/F16/Q8_0 weights); the two round differently.
+        Repacked K-quants (Q4_K on AVX2) give identical rows. The worker batches the
+        generation steps of concurrent requests only where this probe finds them equal.
+        """
+        k = min(self.n_seq_max, 5)
+        if k < 2:
+            return True
+        tok = self.bos_id if self.bos_id >= 0 else 0
+        try:
+            self.decode_batch([tok], [0], [0], [True])
+            solo = self.logits(0)
+            C.llama_memory_clear(self.mem, True)
+            self.decode_batch([tok] * k, [0] * k, list(range(k)), [True] * k)
+            same = all(np.array_equal(self.logits(i), solo) for i in range(k))
+        finally:
+            C.llama_memory_clear(self.mem, True)
+        logger.debug("generation rows are %sbatch-invariant", "" if same else "not ")
+        return same
 
     # ------------------------------------------------------------------ tokens
 

@@ -44,6 +44,10 @@ class CacheOptions:
     checkpoint_max_bytes: int = 256 * 1024 * 1024
     checkpoint_min_step: int = 512
     prompt_cache_bytes: int = 1024 * 1024 * 1024
+    #: Batch concurrent generation steps only where that cannot change a token's logits
+    #: (probed at load); False batches them always (faster with F16/Q8_0 weights, but a
+    #: greedy answer may then depend on what runs beside it).
+    exact_batching: bool = True
 
 
 def check_enabled() -> bool:

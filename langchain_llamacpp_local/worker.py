@@ -492,8 +492,15 @@ class _WorkerState:
             if self._cancelled(act.job):
                 self._finish_error(act, _safe_cancel_error(act.job))
         gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
-        if gen:
-            self._decode_generation(gen)
+        eng = self.engine
+        assert eng is not None
+        if eng.rows_invariant or eng.kv_unified or not self.cache.exact_batching:
+            if gen:
+                self._decode_generation(gen)
+        else:  # one row per call: the kernels would round a shared step differently
+            for act in gen:
+                if act in self.active:
+                    self._decode_generation([act])
         reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
         if reading is not None:
             self._decode_prompt_piece(reading)

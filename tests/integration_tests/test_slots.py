@@ -22,7 +22,9 @@ def _cached(msg: BaseMessage) -> int:
 
 
 def _convo(tag: str, turns: int) -> list[BaseMessage]:
-    msgs: list[BaseMessage] = [SystemMessage(f"{tag}: the system prompt of this conversation. " * 4)]
+    msgs: list[BaseMessage] = [
+        SystemMessage(f"{tag}: the system prompt of this conversation. " * 4)
+    ]
     for i in range(turns):
         msgs.append(HumanMessage(f"{tag} question number {i}"))
         msgs.append(AIMessage(f"{tag} answer {i}"))
@@ -44,7 +46,9 @@ def test_interleaved_conversations_keep_their_caches(tiny_llama: str) -> None:
             llm.invoke(_convo(tag, turn))  # restore the cached state after the fresh run
 
 
-def test_single_slot_loses_the_other_conversation_but_ram_cache_restores_it(tiny_llama: str) -> None:
+def test_single_slot_loses_the_other_conversation_but_ram_cache_restores_it(
+    tiny_llama: str,
+) -> None:
     no_ram = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, prompt_cache_bytes=0, **GREEDY)
     with_ram = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **GREEDY)
     for llm, expect_reuse in ((no_ram, False), (with_ram, True)):
@@ -109,3 +113,98 @@ async def test_concurrent_async_streams_interleave(tiny_llama: str) -> None:
     # both streams made progress before either finished: they ran in the same batches
     first_done = min(len(order) - order[::-1].index(0), len(order) - order[::-1].index(1))
     assert set(order[:first_done]) == {0, 1}
+
+
+# ---------------------------------------------------------------- admission and bookkeeping
+
+
+def test_concurrent_streams_each_get_their_own_window(tiny_llama: str) -> None:
+    """Two streams whose max_tokens together exceed n_ctx both finish (issue 12 #5)."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=256, n_slots=2, **_GREEDY)
+    results: list[Any] = [None, None]
+
+    def run(i: int) -> None:
+        results[i] = llm.invoke(f"stream number {i}", max_tokens=200)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for i, msg in enumerate(results):
+        assert msg is not None
+        assert_identical(msg, llm.invoke(f"stream number {i}", max_tokens=200, cache_prompt=False))
+
+
+def test_sequential_requests_never_run_out_of_room(tiny_llama: str) -> None:
+    """Issue 12 #11: X, Y at 200 then X at 300 on n_ctx=512 with two slots; four slots."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=512, n_slots=2, **_GREEDY)
+    llm.invoke("conversation X", max_tokens=200)
+    llm.invoke("conversation Y", max_tokens=200)
+    out = llm.invoke("conversation X", max_tokens=300)
+    assert out.usage_metadata["output_tokens"] <= 300  # type: ignore[index]
+    four = ChatLlamaCpp(model_path=tiny_llama, n_ctx=512, n_slots=4, max_tokens=64, **_GREEDY)
+    for tag in ("a", "b", "c"):
+        four.invoke(f"conversation {tag} " * 10)
+    assert four.invoke("the fourth one", max_tokens=None).content is not None
+
+
+def test_unified_cache_queues_instead_of_failing_midstream(tiny_llama: str) -> None:
+    """With the shared (unified) cache, a request that does not fit beside the running one
+    waits for it instead of both failing mid-stream."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=512, n_slots=2, kv_unified=True, **_GREEDY)
+    results: list[Any] = [None, None]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = llm.invoke(f"unified {i}", max_tokens=300)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert all(r is not None for r in results)
+
+
+def test_a_waiting_request_is_prepared_once(tiny_llama: str) -> None:
+    """Issue 12 #17: a request queued behind another is rendered/tokenized only once."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **_GREEDY)
+    llm.load()
+    worker = llm._worker
+    assert worker is not None
+    before = worker.call(lambda st: st.prepare_count)
+    threads = [
+        threading.Thread(target=llm.invoke, args=(f"queued {i}",), kwargs={"max_tokens": 60})
+        for i in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert worker.call(lambda st: st.prepare_count) - before == 3
+
+
+def test_parking_cannot_evict_the_entry_being_restored(tiny_llama: str) -> None:
+    """Issue 12 #4: a host-RAM cache that holds about one conversation, one slot, three
+    conversations in turn: every restore either works or falls back, never desyncs."""
+    probe = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, max_tokens=4, **_GREEDY)
+    probe.invoke(_convo("p", 1))
+    size = probe._worker.call(  # type: ignore[union-attr]
+        lambda st: len(st.engine.state_get(0, 0))
+    )
+    llm = ChatLlamaCpp(
+        model_path=tiny_llama,
+        n_slots=1,
+        prompt_cache_bytes=int(size * 1.5),
+        max_tokens=4,
+        **_GREEDY,
+    )
+    for turn in range(3):
+        for tag in ("a", "b", "c"):
+            msg = llm.invoke(_convo(tag, turn))
+            assert_identical(msg, llm.invoke(_convo(tag, turn), cache_prompt=False))
