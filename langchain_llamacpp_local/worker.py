@@ -388,20 +388,22 @@ class _WorkerState:
     def _busy(self) -> set[int]:
         return {a.slot.seq_id for a in self.active}
 
-    def _cancelled(self, job: ChatJob) -> bool:
+    def _stopped(self, job: ChatJob) -> BaseException | None:
+        """The error ``job`` must end with now (cancelled, timed out, broken), or None."""
         try:
-            return job.cancelled()
-        except Exception:  # a broken job object is that request's problem only
-            logger.exception("a request's cancel check failed")
-            return True
+            return cancel_error(job) if job.cancelled() else None
+        except Exception as exc:  # a broken job object is that request's problem only
+            logger.debug("a request's cancel check failed", exc_info=True)
+            return exc
 
     def _admit(self) -> None:
         """Start queued requests, in arrival order, while a slot (and KV room) is free."""
         while self.pending:
             w = self.pending[0]
-            if self._cancelled(w.job):  # the caller is gone: skip, don't run
+            err = self._stopped(w.job)
+            if err is not None:  # the caller is gone: skip, don't run
                 self.pending.popleft()
-                w.job.channel.put(("error", _safe_cancel_error(w.job)))
+                w.job.channel.put(("error", err))
                 continue
             busy = self._busy()
             if len(busy) >= len(self.slots):
@@ -489,8 +491,9 @@ class _WorkerState:
     def _step(self) -> None:
         """Decode the generating requests' next tokens, then one prompt piece."""
         for act in list(self.active):
-            if self._cancelled(act.job):
-                self._finish_error(act, _safe_cancel_error(act.job))
+            err = self._stopped(act.job)
+            if err is not None:
+                self._finish_error(act, err)
         gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
         eng = self.engine
         assert eng is not None
@@ -595,8 +598,9 @@ class _WorkerState:
         for act in plan:
             slot = act.slot
             policy.sync(slot)
-            if self._cancelled(act.job):
-                self._finish_error(act, _safe_cancel_error(act.job))
+            err = self._stopped(act.job)
+            if err is not None:
+                self._finish_error(act, err)
             elif isinstance(exc, DecodeError) and act.n_gen == 0 and not act.retried:
                 # reading the prompt failed (e.g. a reused prefix): start over once, from scratch
                 logger.warning("decode failed (%s); retrying the request from scratch", exc)
@@ -720,13 +724,6 @@ def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:
             for i in idxs
         ]
     return entry
-
-
-def _safe_cancel_error(job: ChatJob) -> BaseException:
-    try:
-        return cancel_error(job)
-    except Exception as exc:
-        return exc
 
 
 __all__ = [

@@ -233,3 +233,45 @@ print("bye")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "bye" in proc.stdout
+
+
+def test_a_parser_failure_fails_its_request_only(
+    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 12 #2/#15: an exception while parsing model output is that request's error."""
+    from langchain_llamacpp_local import prompts
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=2, **GREEDY)
+    ok_ref = llm.invoke("a healthy request", cache_prompt=False)
+    real_feed = prompts.PlainParser.feed
+
+    def feed(self: Any, delta: str) -> Any:
+        if getattr(self, "poisoned", False):
+            raise ValueError("simulated parser failure")
+        return real_feed(self, delta)
+
+    real_make = prompts.PreparedPrompt.make_parser
+
+    def make_parser(self: Any) -> Any:
+        parser = real_make(self)
+        parser.poisoned = "poison" in self.text
+        return parser
+
+    monkeypatch.setattr(prompts.PlainParser, "feed", feed)
+    monkeypatch.setattr(prompts.PreparedPrompt, "make_parser", make_parser)
+    results: dict[str, Any] = {}
+
+    def run(p: str) -> None:
+        try:
+            results[p] = llm.invoke(p)
+        except Exception as exc:
+            results[p] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in ("poison me", "a healthy request")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert isinstance(results["poison me"], ValueError)
+    assert_same_greedy(results["a healthy request"], ok_ref, tol=0.0)
+    assert llm._worker is not None and llm._worker.alive
