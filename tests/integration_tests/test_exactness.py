@@ -133,7 +133,7 @@ def test_gemma_concurrent_and_warm_equal_solo_and_fresh(gemma: str) -> None:
     solo = _solo(llm, prompts)
     for got, ref in zip(_threads(llm, prompts), solo, strict=True):
         assert_identical(got, ref)
-    history: list[BaseMessage] = [HumanMessage("Tell me a fact about cats. " * 5)]
+    history: list[BaseMessage] = [HumanMessage("Tell me a fact about cats. " * 20)]
     t1 = llm.invoke(history)
     history += [AIMessage(str(t1.content)), HumanMessage("And about dogs?")]
     warm = llm.invoke(history)
