@@ -127,13 +127,14 @@ def test_warm_equals_fresh_after_edits_and_regenerations(tiny: ChatLlamaCpp) -> 
     assert_identical(warm, llm.invoke(checks[0], cache_prompt=False))
 
 
+@pytest.mark.timeout(1200)
 def test_gemma_concurrent_and_warm_equal_solo_and_fresh(gemma: str) -> None:
     llm = ChatLlamaCpp(model_path=gemma, n_ctx=1024, n_slots=3, max_tokens=6, **GREEDY)
-    prompts = ["Name a colour.", "Write one word about the sea. " * 6, "What is 2+2?"]
+    prompts = ["Name a colour.", "Write one word about the sea. " * 6]
     solo = _solo(llm, prompts)
     for got, ref in zip(_threads(llm, prompts), solo, strict=True):
         assert_identical(got, ref)
-    history: list[BaseMessage] = [HumanMessage("Tell me a fact about cats. " * 20)]
+    history: list[BaseMessage] = [HumanMessage("Tell me a fact about cats. " * 12)]
     t1 = llm.invoke(history)
     history += [AIMessage(str(t1.content)), HumanMessage("And about dogs?")]
     warm = llm.invoke(history)
