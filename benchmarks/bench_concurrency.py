@@ -108,7 +108,7 @@ def ours_batch_speedup(path: str, n: int, tokens: int, n_ctx: int) -> dict[str, 
     conc_tokens = sum(m.usage_metadata["output_tokens"] for m in results)  # type: ignore[index]
     same = sum(_entries(a) == _entries(b) for a, b in zip(results, solo_msgs, strict=True))
     info = llm._worker.info if llm._worker is not None else None  # type: ignore[union-attr]
-    rows = llm._worker.call(lambda st: st.engine.rows_invariant)  # type: ignore[union-attr]
+    rows = llm._worker.call(lambda st: st.engine.exact_rows)  # type: ignore[union-attr]
     llm.close()
     # both include prompt reading; prompts are short, so generation dominates
     solo_rate = solo_tokens / solo_time
@@ -118,7 +118,7 @@ def ours_batch_speedup(path: str, n: int, tokens: int, n_ctx: int) -> dict[str, 
         "ours_concurrent_tok_s": conc_rate,
         "ours_batch_speedup": conc_rate / solo_rate,
         "identical": f"{same}/{n} identical",
-        "rows_invariant": rows,
+        "exact_rows_per_step": rows,
         "model": info.model_name if info else path,
     }
 

@@ -165,10 +165,10 @@ class ChatLlamaCpp(BaseChatModel):
     checkpoint_min_step: int = 512
     """Minimum spacing in tokens between periodic checkpoints."""
     exact_batching: bool = True
-    """Keep greedy answers independent of concurrent requests: their generation steps
-    share a ``llama_decode`` only where the model's kernels give identical rows (probed
-    at load; true for Q4_K on x86). False always batches them (faster for F16/Q8_0
-    weights, but logits then move by ~1e-6 with what runs beside)."""
+    """Keep greedy answers independent of concurrent requests: generation steps share a
+    ``llama_decode`` only in groups as large as the model's kernels keep rows identical
+    (probed at load: 3 for Gemma 3 Q4_K_M on x86, 1 for F32 weights). False puts every
+    running request in one call (faster, but logits then depend on what runs beside)."""
 
     # ------------------------------------------------------------------ sampling
     seed: int = -1

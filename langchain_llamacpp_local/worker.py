@@ -497,13 +497,14 @@ class _WorkerState:
         gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
         eng = self.engine
         assert eng is not None
-        if eng.rows_invariant or eng.kv_unified or not self.cache.exact_batching:
-            if gen:
-                self._decode_generation(gen)
-        else:  # one row per call: the kernels would round a shared step differently
-            for act in gen:
-                if act in self.active:
-                    self._decode_generation([act])
+        if eng.kv_unified or not self.cache.exact_batching:
+            group = max(1, len(gen))
+        else:  # no more rows per call than the kernels keep bit-identical (probed at load)
+            group = eng.exact_rows
+        for i in range(0, len(gen), group):
+            members = [a for a in gen[i : i + group] if a in self.active]
+            if members:
+                self._decode_generation(members)
         reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
         if reading is not None:
             self._decode_prompt_piece(reading)
