@@ -124,7 +124,7 @@ def test_concurrent_streams_each_get_their_own_window(tiny_llama: str) -> None:
     results: list[Any] = [None, None]
 
     def run(i: int) -> None:
-        results[i] = llm.invoke(f"stream number {i}", max_tokens=200)
+        results[i] = llm.invoke(f"stream number {i}", max_tokens=150)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:
@@ -133,7 +133,7 @@ def test_concurrent_streams_each_get_their_own_window(tiny_llama: str) -> None:
         t.join(300)
     for i, msg in enumerate(results):
         assert msg is not None
-        assert_identical(msg, llm.invoke(f"stream number {i}", max_tokens=200, cache_prompt=False))
+        assert_identical(msg, llm.invoke(f"stream number {i}", max_tokens=150, cache_prompt=False))
 
 
 def test_sequential_requests_never_run_out_of_room(tiny_llama: str) -> None:
