@@ -98,6 +98,7 @@ class LoadConfig:
     type_v: str | None = None
     swa_full: bool = False
     n_seq_max: int = 1
+    kv_unified: bool = False
     use_mmap: bool = True
     use_mlock: bool = False
     rope_freq_base: float = 0.0
@@ -136,6 +137,7 @@ CONTEXT_FIELDS = frozenset(
         "type_v",
         "swa_full",
         "n_seq_max",
+        "kv_unified",
         "rope_freq_base",
         "rope_freq_scale",
         "mmproj_path",
@@ -247,7 +249,9 @@ def _kv_type(name: str | None, field: str) -> int | None:
     try:
         return KV_TYPES[name.lower()]
     except KeyError:
-        raise ValueError(f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}") from None
+        raise ValueError(
+            f"{field}={name!r} is not a KV cache type; use one of {sorted(KV_TYPES)}"
+        ) from None
 
 
 def load_model(
@@ -328,24 +332,31 @@ class Engine:
             self.is_hybrid = bool(C.llama_model_is_hybrid(model))
             self.n_swa = int(C.llama_model_n_swa(model))
 
+            # n_ctx is one conversation's window. Per-sequence KV streams (the default)
+            # give each slot a window of its own, so the context holds n_ctx x n_slots.
             n_ctx = config.n_ctx or min(self.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+            n_seq = config.n_seq_max
             cparams = C.llama_context_default_params()
-            cparams.n_ctx = n_ctx
+            cparams.n_ctx = n_ctx if config.kv_unified else n_ctx * n_seq
             cparams.n_batch = min(config.n_batch, n_ctx)
             cparams.n_ubatch = min(config.n_ubatch or config.n_batch, cparams.n_batch)
-            cparams.n_seq_max = config.n_seq_max
-            cparams.kv_unified = True
+            cparams.n_seq_max = n_seq
+            cparams.kv_unified = config.kv_unified
             threads = config.n_threads or max(1, os.cpu_count() or 1)
             cparams.n_threads = threads
             cparams.n_threads_batch = config.n_threads_batch or threads
             cparams.swa_full = config.swa_full
             cparams.no_perf = True
-            if config.flash_attn is not None:
-                cparams.flash_attn_type = (
-                    C.LLAMA_FLASH_ATTN_TYPE_ENABLED
-                    if config.flash_attn
-                    else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
-                )
+            # Flash attention off by default: llama.cpp's CPU kernel rounds a query row
+            # differently with the shape of its micro-batch, so a warm suffix would not
+            # match a fresh prompt (measured: up to 0.03 in a logit; 0.0 without it).
+            # A quantized V cache needs it, as in llama.cpp's "auto".
+            flash = config.flash_attn
+            if flash is None:
+                flash = (config.type_v or "f16").lower() not in ("f16", "f32", "bf16")
+            cparams.flash_attn_type = (
+                C.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
             if type_k is not None:
                 cparams.type_k = type_k
             if type_v is not None:
@@ -364,7 +375,12 @@ class Engine:
                     f"{config.model_path} (out of memory or unsupported settings)"
                 )
             self.ctx = ctx
-            self.n_ctx = int(C.llama_n_ctx(ctx))
+            self.kv_unified = config.kv_unified
+            self.n_ctx_total = int(C.llama_n_ctx(ctx))
+            # llama.cpp pads each stream to a multiple of 256: the window of one slot
+            self.n_ctx = (
+                self.n_ctx_total if self.kv_unified else min(n_ctx, self.n_ctx_total // n_seq)
+            )
             self.n_batch = int(C.llama_n_batch(ctx))
             self.n_ubatch = int(C.llama_n_ubatch(ctx))
             self.n_seq_max = int(C.llama_n_seq_max(ctx))
@@ -374,6 +390,7 @@ class Engine:
             self.bos_id = int(C.llama_vocab_bos(self.vocab))
             self.eos_id = int(C.llama_vocab_eos(self.vocab))
             self.memory_kind = self._probe_memory()
+            self.exact_rows = self._probe_rows()
             self.mtmd = self._load_mtmd(threads) if config.mmproj_path else None
         except BaseException:
             self.close()
@@ -439,7 +456,9 @@ class Engine:
                 M.mtmd_bitmap_set_id(bm, digest.encode())
                 bitmaps.append(bm)
             raw = text.encode("utf-8")
-            inp = M.mtmd_input_text(text=raw, text_len=len(raw), add_special=True, parse_special=True)
+            inp = M.mtmd_input_text(
+                text=raw, text_len=len(raw), add_special=True, parse_special=True
+            )
             arr = (M.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
             rc = M.mtmd_tokenize(self.mtmd, chunks, ctypes.byref(inp), arr, len(bitmaps))
             if rc == 1:
@@ -458,7 +477,10 @@ class Engine:
                 n_pos = int(M.mtmd_input_chunk_get_n_pos(ch))
                 cid = (M.mtmd_input_chunk_get_id(ch) or b"").decode()
                 media[len(entries)] = MediaChunk(
-                    M.mtmd_input_chunk_copy(ch), n_pos, int(M.mtmd_input_chunk_get_n_tokens(ch)), cid
+                    M.mtmd_input_chunk_copy(ch),
+                    n_pos,
+                    int(M.mtmd_input_chunk_get_n_tokens(ch)),
+                    cid,
                 )
                 entries.extend(("media", cid, k) for k in range(n_pos))
             return entries, media
@@ -473,7 +495,14 @@ class Engine:
 
         new_pos = C.llama_pos(0)
         rc = M.mtmd_helper_eval_chunk_single(
-            self.mtmd, self.ctx, media.chunk, pos, seq_id, self.n_batch, False, ctypes.byref(new_pos)
+            self.mtmd,
+            self.ctx,
+            media.chunk,
+            pos,
+            seq_id,
+            self.n_batch,
+            False,
+            ctypes.byref(new_pos),
         )
         if rc != 0:
             raise DecodeError(f"evaluating an image chunk failed with code {rc}")
@@ -522,6 +551,51 @@ class Engine:
                 kind = MemoryKind.SWA
         C.llama_memory_clear(self.mem, True)
         return kind
+
+    def _probe_rows(self) -> int:
+        """How many sequences may share a generation step without changing any one's logits.
+
+        llama.cpp's CPU matmuls take a vector path for a one-row micro-batch and tiled
+        or grouped kernels for several rows (F32/F16/Q8_0 via llamafile's GEMM; 4-row
+        groups for repacked K-quants), which round differently. Distinct short
+        sequences each take one step alone, then together in groups of 2.. n_seq_max;
+        the answer is the largest size up to which every group matched bit for bit
+        (1: never share). Measured: Gemma 3 270M Q4_K_M gives 3, the F32 test models 1.
+        """
+        k_max = min(self.n_seq_max, 8)
+        if k_max < 2:
+            return 1
+        base = [self.bos_id if self.bos_id >= 0 else 0]
+        n_vocab = max(2, min(self.n_vocab, 4096))
+        prompts = [
+            base + [(97 + 31 * s + 7 * i) % n_vocab for i in range(4 + 3 * s)] for s in range(k_max)
+        ]
+        best = 1
+
+        def prime() -> None:  # recurrent state cannot be stepped back: start over
+            C.llama_memory_clear(self.mem, True)
+            for s, p in enumerate(prompts):
+                self.decode(p[:-1], 0, s, logits_last=False)
+
+        try:
+            prime()
+            solo = []
+            for s, p in enumerate(prompts):
+                self.decode_batch([p[-1]], [len(p) - 1], [s], [True])
+                solo.append(self.logits(0))
+            for k in range(2, k_max + 1):
+                prime()
+                pos = [len(p) - 1 for p in prompts[:k]]
+                self.decode_batch([p[-1] for p in prompts[:k]], pos, list(range(k)), [True] * k)
+                if not all(np.array_equal(self.logits(i), solo[i]) for i in range(k)):
+                    break
+                best = k
+        except (DecodeError, RequestCancelledError):  # recurrent state cannot be stepped back
+            best = 1
+        finally:
+            C.llama_memory_clear(self.mem, True)
+        logger.debug("up to %d sequences share a generation step exactly", best)
+        return best
 
     # ------------------------------------------------------------------ tokens
 

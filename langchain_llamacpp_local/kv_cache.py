@@ -45,6 +45,9 @@ class Slot:
     seq_id: int
     entries: list[Hashable] = field(default_factory=list)
     last_used: int = 0
+    #: leading entries decoded as prompt pieces on the fixed grid (see :mod:`chunking`):
+    #: the part a later request may reuse and still match a fresh decode bit for bit
+    exact: int = 0
     checkpoints: CheckpointStore = field(default_factory=CheckpointStore)
 
     @property
@@ -54,4 +57,11 @@ class Slot:
     def truncate(self, n: int) -> None:
         """Forget entries from position ``n`` on (after the memory was trimmed)."""
         del self.entries[n:]
+        self.exact = min(self.exact, n)
         self.checkpoints.drop_after(n)
+
+    def clear(self) -> None:
+        """Forget everything (after the sequence was removed from the memory)."""
+        self.entries.clear()
+        self.exact = 0
+        self.checkpoints.clear()

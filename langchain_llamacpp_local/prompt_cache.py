@@ -25,6 +25,7 @@ class CachedPrompt:
     entries: tuple[Hashable, ...]
     data: bytes
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    exact: int = 0  # see Slot.exact
 
     @property
     def size(self) -> int:
@@ -77,5 +78,10 @@ class PromptCache:
                 best, best_n = item, n
         return best, best_n
 
-    def take(self, item: CachedPrompt) -> None:
-        self.items.remove(item)
+    def take(self, item: CachedPrompt) -> bool:
+        """Move ``item`` out of the cache; False if it was evicted meanwhile."""
+        for i, other in enumerate(self.items):
+            if other is item:
+                del self.items[i]
+                return True
+        return False

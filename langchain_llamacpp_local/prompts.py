@@ -35,7 +35,7 @@ from .tool_parsers import StreamDelta, StreamParser, detect_format
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from .worker import ChatJob
+    from .jobs import ChatJob
 
 logger = logging.getLogger(__name__)
 

@@ -26,63 +26,21 @@ import numpy as np
 
 from . import prompts
 from .channel import Channel
-from .checkpoints import Checkpoint, CheckpointStore, checkpoint_targets
-from .engine import Engine, LoadConfig, MemoryKind
+from .chunking import piece_end
+from .engine import Engine, LoadConfig
 from .errors import (
     ContextOverflowError,
     DecodeError,
     RequestCancelledError,
     WorkerDeadError,
 )
-from .kv_cache import Slot, reusable_prefix
-from .prompt_cache import CachedPrompt, PromptCache
-from .sampling import Sampler, SamplingParams, StopMatcher, Utf8Decoder
+from .jobs import ChatJob, cancel_error
+from .kv_cache import Slot
+from .sampling import Sampler, StopMatcher, Utf8Decoder
+from .slot_policy import CacheOptions, SlotPolicy
 from .tool_parsers import StreamDelta
 
 logger = logging.getLogger(__name__)
-
-PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-
-
-@dataclass(frozen=True)
-class CacheOptions:
-    """Per-model cache settings that do not change how the weights load."""
-
-    checkpoint_max_count: int = 16
-    checkpoint_max_bytes: int = 256 * 1024 * 1024
-    checkpoint_min_step: int = 512
-    prompt_cache_bytes: int = 1024 * 1024 * 1024
-
-
-@dataclass
-class ChatJob:
-    """One chat request, as handed to the worker."""
-
-    messages: list[dict[str, Any]]
-    sampling: SamplingParams
-    max_tokens: int | None = None
-    stop: list[str] = field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    reasoning: bool | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-    cache_prompt: bool = True
-    deadline: float | None = None
-    cancel: threading.Event = field(default_factory=threading.Event)
-    channel: Channel = field(default_factory=Channel)
-
-    def cancelled(self) -> bool:
-        if self.cancel.is_set():
-            return True
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.cancel.set()
-            return True
-        return False
 
 
 @dataclass
@@ -197,7 +155,7 @@ def _thread_main(
     ready.set()
     try:
         state.run(q)
-    except BaseException as exc:  # the engine is unusable: fail everything fast
+    except BaseException as exc:  # llama.cpp itself failed: fail everything fast
         logger.exception("llama.cpp worker died")
         w = owner()
         if w is not None:
@@ -222,8 +180,17 @@ def _drain(q: queue.SimpleQueue[Any], exc: BaseException) -> None:
 
 
 @dataclass
+class _Waiting:
+    """A queued request; its prompt is prepared once, the first time it is considered."""
+
+    job: ChatJob
+    prepared: prompts.PreparedPrompt | None = None
+    max_new: int = 0
+
+
+@dataclass
 class _Active:
-    """A request that owns a slot: prefilling its prompt or generating."""
+    """A request that owns a slot: reading its prompt or generating."""
 
     job: ChatJob
     prepared: prompts.PreparedPrompt
@@ -245,16 +212,36 @@ class _Active:
     streamed: bool = False
 
     @property
-    def tokens(self) -> list[int]:
+    def tokens(self) -> list[Any]:
         return self.prepared.tokens
 
     @property
     def prefilling(self) -> bool:
         return self.slot.n_past < len(self.prepared.tokens)
 
+    @property
+    def media_spans(self) -> list[tuple[int, int]]:
+        return [(p, m.n_pos) for p, m in self.prepared.media.items()]
+
+    @property
+    def reserved(self) -> int:
+        """KV positions this request may occupy until it ends (unified-cache admission)."""
+        return len(self.prepared.tokens) + self.max_new
+
 
 class _WorkerState:
-    """Everything that lives on the worker thread."""
+    """Everything that lives on the worker thread: the scheduler over a :class:`SlotPolicy`.
+
+    Each loop iteration admits queued requests into free slots, then decodes one
+    step: the next token of every generating request in one ``llama_decode``, and
+    one grid piece (see :mod:`chunking`) of the oldest request still reading its
+    prompt in another, never mixed with other sequences, so a request computes the
+    same logits whatever runs beside it.
+
+    Anything that goes wrong while preparing, sampling, parsing or streaming one
+    request becomes that request's error; only a failure of llama.cpp itself (an
+    exception out of the engine other than a decode error) stops the worker.
+    """
 
     def __init__(
         self,
@@ -266,14 +253,13 @@ class _WorkerState:
         self.cache = cache
         self.progress = progress
         self.engine: Engine | None = None
+        self.policy: SlotPolicy | None = None
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
-        self.slots: list[Slot] = []
         self.format: prompts.ChatFormat | None = None
-        self.ram = PromptCache(max_bytes=cache.prompt_cache_bytes)
-        self.pending: deque[ChatJob] = deque()
+        self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
-        self._clock = 0
+        self.prepare_count = 0  # prompts prepared (tests: a waiting request is prepared once)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -281,7 +267,7 @@ class _WorkerState:
         eng = Engine(self.config, self.progress)
         self.engine = eng
         self.format = prompts.ChatFormat.from_engine(eng)
-        self.slots = [self._new_slot(i) for i in range(eng.n_seq_max)]
+        self.policy = SlotPolicy(eng, self.cache)
         name = eng.metadata.get("general.name") or self.config.model_path.rsplit("/", 1)[-1]
         self.info = ModelInfo(
             model_name=name,
@@ -295,14 +281,14 @@ class _WorkerState:
             tool_format=self.format.tool_format,
         )
 
-    def _new_slot(self, seq_id: int) -> Slot:
-        return Slot(
-            seq_id=seq_id,
-            checkpoints=CheckpointStore(
-                max_count=self.cache.checkpoint_max_count,
-                max_bytes=self.cache.checkpoint_max_bytes,
-            ),
-        )
+    @property
+    def slots(self) -> list[Slot]:
+        return self.policy.slots if self.policy is not None else []
+
+    @property
+    def ram(self) -> Any:
+        assert self.policy is not None
+        return self.policy.ram
 
     def close(self) -> None:
         self.fail_all(RequestCancelledError("the model was closed"))
@@ -316,7 +302,7 @@ class _WorkerState:
             act.job.channel.put(("error", exc))
         self.active.clear()
         while self.pending:
-            self.pending.popleft().channel.put(("error", exc))
+            self.pending.popleft().job.channel.put(("error", exc))
 
     # ------------------------------------------------------------------ main loop
 
@@ -338,7 +324,7 @@ class _WorkerState:
                     except Exception as exc:
                         ch.put(("error", exc))
                 else:
-                    self.pending.append(item)
+                    self.pending.append(_Waiting(item))
                 try:
                     item = q.get_nowait()
                 except queue.Empty:
@@ -346,42 +332,57 @@ class _WorkerState:
             self._admit()
             if self.active:
                 self._step()
+            if self.policy is not None and self.policy.checking:
+                self.policy.check()
 
     def _busy(self) -> set[int]:
         return {a.slot.seq_id for a in self.active}
 
+    def _stopped(self, job: ChatJob) -> BaseException | None:
+        """The error ``job`` must end with now (cancelled, timed out, broken), or None."""
+        try:
+            return cancel_error(job) if job.cancelled() else None
+        except Exception as exc:  # a broken job object is that request's problem only
+            logger.debug("a request's cancel check failed", exc_info=True)
+            return exc
+
     def _admit(self) -> None:
-        """Start queued requests, in arrival order, while a slot is free."""
+        """Start queued requests, in arrival order, while a slot (and KV room) is free."""
         while self.pending:
-            job = self.pending[0]
-            if job.cancelled():  # the caller is gone: skip, don't run
+            w = self.pending[0]
+            err = self._stopped(w.job)
+            if err is not None:  # the caller is gone: skip, don't run
                 self.pending.popleft()
-                job.channel.put(("error", _cancel_error(job)))
+                w.job.channel.put(("error", err))
                 continue
             busy = self._busy()
             if len(busy) >= len(self.slots):
                 return
-            self.pending.popleft()
             try:
-                act = self._start(job, busy)
+                if w.prepared is None:
+                    self._prepare(w)
+                act = self._start(w, busy)
             except Exception as exc:
-                job.channel.put(("error", exc))
+                self.pending.popleft()
+                w.job.channel.put(("error", exc))
                 continue
-            if act is None:  # not enough free KV memory while others run: wait
-                self.pending.appendleft(job)
+            if act is None:  # unified cache: running requests hold the room it needs
                 return
+            self.pending.popleft()
             self.active.append(act)
 
     # ------------------------------------------------------------------ starting a request
 
-    def _start(self, job: ChatJob, busy: set[int]) -> _Active | None:
+    def _prepare(self, w: _Waiting) -> None:
+        """Render and tokenize once; a request too long for the window fails here."""
         eng = self.engine
         assert eng is not None and self.format is not None
-        prepared = prompts.prepare(self.format, job, eng)
-        tokens = prepared.tokens
-        n_prompt = len(tokens)
+        self.prepare_count += 1
+        prepared = prompts.prepare(self.format, w.job, eng)
+        n_prompt = len(prepared.tokens)
         if n_prompt == 0:
             raise ValueError("the rendered prompt is empty")
+        job = w.job
         budget = eng.n_ctx - n_prompt
         if budget <= 0 or (job.max_tokens is not None and job.max_tokens > budget):
             raise ContextOverflowError(
@@ -390,341 +391,186 @@ class _WorkerState:
                 + f" does not fit the context window of {eng.n_ctx} tokens"
                 " (raise n_ctx, lower max_tokens or shorten the conversation)"
             )
-        max_new = budget if job.max_tokens is None else job.max_tokens
-        if busy and not self._make_room(n_prompt + max_new, busy):
-            return None
-        slot = self._choose_slot(tokens, busy)
-        if not job.cache_prompt:
-            self._reset_slot(slot)
-        else:
-            self._make_room(n_prompt + max_new, busy | {slot.seq_id}, reserve=slot)
-        n_keep = self._restore_point(slot, reusable_prefix(slot.entries, tokens))
-        targets: list[int] = []
-        if eng.memory_kind is not MemoryKind.PARTIAL and self.cache.checkpoint_max_count > 0:
-            media = prepared.media
-            last = slot.checkpoints.items[-1].n_tokens if slot.checkpoints.items else None
-            targets = checkpoint_targets(
-                n_keep,
-                n_prompt,
-                n_ubatch=eng.n_ubatch,
-                min_step=self.cache.checkpoint_min_step,
-                boundaries=prepared.boundaries,
-                last_at=last,
-            )
-            # never inside an image: its positions are written by one mtmd call
-            targets = [
-                t for t in targets if not any(s < t < s + m.n_pos for s, m in media.items())
-            ]
+        w.max_new = budget if job.max_tokens is None else job.max_tokens
+        w.prepared = prepared
+
+    def _start(self, w: _Waiting, busy: set[int]) -> _Active | None:
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None and w.prepared is not None
+        prepared = w.prepared
+        job = w.job
+        tokens = prepared.tokens
+        spans = [(p, m.n_pos) for p, m in prepared.media.items()]
+        slot, n_keep = policy.acquire(tokens, spans, busy, cache_prompt=job.cache_prompt)
+        if eng.kv_unified:
+            # Streams give each slot its own n_ctx window; a unified cache is shared, so
+            # a request starts only when what running requests may still need leaves room.
+            reserved = sum(a.reserved for a in self.active)
+            if not policy.make_room(len(tokens) + w.max_new, reserved, busy, slot):
+                if not self.active:
+                    raise ContextOverflowError(
+                        f"the request needs {len(tokens) + w.max_new} positions of the "
+                        f"{eng.n_ctx_total}-position unified cache"
+                    )
+                return None
+        targets = policy.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot)
         sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
+        try:
+            parser = prepared.make_parser()
+            stopper = StopMatcher(prepared.stop)
+        except BaseException:
+            sampler.close()
+            raise
         return _Active(
             job=job,
             prepared=prepared,
             slot=slot,
             n_keep=n_keep,
-            max_new=max_new,
+            max_new=w.max_new,
             targets=targets,
             keep=frozenset(targets),
             sampler=sampler,
-            parser=prepared.make_parser(),
-            stopper=StopMatcher(prepared.stop),
+            parser=parser,
+            stopper=stopper,
             logprobs=[] if job.logprobs else None,
         )
 
-    def _touch(self, slot: Slot) -> Slot:
-        self._clock += 1
-        slot.last_used = self._clock
-        return slot
-
-    def _choose_slot(self, tokens: list[int], busy: set[int]) -> Slot:
-        """Pick the free slot for ``tokens`` (llama.cpp server's slot selection).
-
-        The free slot sharing the longest prefix wins when it keeps most of what it
-        holds; otherwise the request takes an empty or least recently used slot and
-        the shared prefix is copied from whichever slot has it (attention KV is
-        shared between sequences of a unified cache, so the copy costs nothing).
-        A conversation pushed out of its slot is parked in the host-RAM cache, and
-        one found there is restored instead of being decoded again.
-        """
-        eng = self.engine
-        assert eng is not None
-        free = [s for s in self.slots if s.seq_id not in busy]
-        lcp = {s.seq_id: reusable_prefix(s.entries, tokens) for s in self.slots}
-        best_free = max(free, key=lambda s: (lcp[s.seq_id], -s.last_used))
-        n_best = lcp[best_free.seq_id]
-        empty = [s for s in free if s.n_past == 0]
-        can_copy = eng.memory_kind is MemoryKind.PARTIAL
-        if can_copy and empty and 0 < n_best < best_free.n_past:
-            target = empty[0]  # fork: keep the other conversation whole, copy the prefix
-        elif n_best > 0 and (n_best * 10 >= len(tokens) or len(free) == 1):
-            target = best_free  # similar enough (llama.cpp's slot_prompt_similarity 0.1)
-            if n_best * 2 < target.n_past:
-                self._park(target)  # most of it is about to be trimmed: keep a copy
-        else:
-            target = empty[0] if empty else min(free, key=lambda s: s.last_used)
-        n_target = lcp[target.seq_id]
-
-        cached, n_cached = self.ram.best(tokens)
-        n_cached = min(n_cached, len(tokens) - 1)
-        src = max(self.slots, key=lambda s: lcp[s.seq_id])
-        n_src = lcp[src.seq_id]
-        if cached is not None and n_cached > max(n_target, n_src) and n_cached * 4 >= len(cached.entries):
-            self._park(target)
-            self._reset_slot(target)
-            if eng.state_set(cached.data, target.seq_id, 0):
-                self.ram.take(cached)
-                target.entries = list(cached.entries)
-                for ck in cached.checkpoints:
-                    target.checkpoints.add(ck)
-                logger.debug("restored %d cached entries from host RAM", len(cached.entries))
-            else:
-                self._reset_slot(target)
-        elif (
-            n_src > n_target
-            and src is not target
-            and eng.memory_kind is MemoryKind.PARTIAL
-        ):
-            self._park(target)
-            self._reset_slot(target)
-            eng.seq_cp(src.seq_id, target.seq_id, 0, n_src)
-            target.entries = list(src.entries[:n_src])
-            logger.debug("copied a %d-entry prefix from slot %d", n_src, src.seq_id)
-        elif target.n_past and n_target * 2 < target.n_past:
-            self._park(target)
-        return self._touch(target)
-
-    def _park(self, slot: Slot) -> None:
-        """Save a conversation to the host-RAM cache before its slot is reused."""
-        eng = self.engine
-        assert eng is not None
-        if slot.n_past == 0 or self.ram.max_bytes <= 0:
-            return
-        data = eng.state_get(slot.seq_id, 0)
-        self.ram.put(
-            CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items))
-        )
-
-    def _make_room(self, needed: int, busy: set[int], reserve: Slot | None = None) -> bool:
-        """Free KV cells (shared by all slots) for a request needing ``needed`` positions.
-
-        Idle slots are parked in host RAM and cleared, least recently used first.
-        Returns False when running requests hold too much for it to fit now.
-        """
-        eng = self.engine
-        assert eng is not None
-        if sum(s.n_past for s in self.slots if s.seq_id in busy) + needed > eng.n_ctx:
-            return False
-        idle = sorted(
-            (s for s in self.slots if s.seq_id not in busy and s is not reserve and s.n_past),
-            key=lambda s: s.last_used,
-        )
-        while idle and sum(s.n_past for s in self.slots if s is not reserve) + needed > eng.n_ctx:
-            victim = idle.pop(0)
-            self._park(victim)
-            self._reset_slot(victim)
-        return True
-
-    # ------------------------------------------------------------------ cache reuse
-
-    def _reset_slot(self, slot: Slot) -> None:
-        assert self.engine is not None
-        self.engine.seq_rm(slot.seq_id, -1, -1)
-        slot.entries.clear()
-        slot.checkpoints.clear()
-
-    def _restore_point(self, slot: Slot, n_keep: int) -> int:
-        """Trim ``slot`` to at most ``n_keep`` entries; returns how many it really keeps.
-
-        Attention KV is trimmed in place. Memory that cannot be trimmed (recurrent,
-        hybrid) or whose sliding window already dropped the positions needed is
-        rolled back to the newest checkpoint at or before ``n_keep``; without one the
-        sequence is cleared.
-        """
-        eng = self.engine
-        assert eng is not None
-        seq = slot.seq_id
-        kind = eng.memory_kind
-        if n_keep >= slot.n_past:  # pure extension: nothing to trim
-            return slot.n_past
-        if kind is MemoryKind.PARTIAL:
-            if eng.seq_rm(seq, n_keep, -1):
-                slot.truncate(n_keep)
-                return n_keep
-            self._reset_slot(slot)
-            return 0
-        if kind is MemoryKind.SWA and n_keep > 0 and self._swa_window_ok(slot, n_keep):
-            if eng.seq_rm(seq, n_keep, -1):
-                slot.truncate(n_keep)
-                return n_keep
-        ck = slot.checkpoints.best_for(n_keep)
-        if ck is not None and eng.state_set(ck.data, seq, PARTIAL_ONLY):
-            if eng.seq_rm(seq, ck.n_tokens, -1):
-                logger.debug(
-                    "restored the checkpoint at %d entries (common prefix %d, cached %d)",
-                    ck.n_tokens,
-                    n_keep,
-                    slot.n_past,
-                )
-                slot.truncate(ck.n_tokens)
-                return ck.n_tokens
-        logger.debug("no checkpoint at or before %d entries: re-reading the prompt", n_keep)
-        self._reset_slot(slot)
-        return 0
-
-    def _swa_window_ok(self, slot: Slot, n_keep: int) -> bool:
-        """True if the SWA cache still holds the window needed to resume at ``n_keep``."""
-        eng = self.engine
-        assert eng is not None
-        pos_min = eng.seq_pos_min(slot.seq_id)
-        return pos_min <= max(0, n_keep - eng.n_swa)
-
-    def _save_checkpoint(self, act: _Active) -> None:
-        eng = self.engine
-        assert eng is not None
-        slot = act.slot
-        if slot.n_past == 0:
-            return
-        slot.checkpoints.add(
-            Checkpoint(
-                n_tokens=slot.n_past,
-                pos_min=eng.seq_pos_min(slot.seq_id),
-                pos_max=eng.seq_pos_max(slot.seq_id),
-                data=eng.state_get(slot.seq_id, PARTIAL_ONLY),
-            ),
-            keep=act.keep,
-        )
-
-    # ------------------------------------------------------------------ one batch step
+    # ------------------------------------------------------------------ one step
 
     def _step(self) -> None:
-        """Build one batch from every active request, decode it, sample, stream."""
+        """Decode the generating requests' next tokens, then one prompt piece."""
+        for act in list(self.active):
+            err = self._stopped(act.job)
+            if err is not None:
+                self._finish_error(act, err)
+        gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
         eng = self.engine
         assert eng is not None
-        for act in list(self.active):
-            if act.job.cancelled():
-                self._finish_error(act, _cancel_error(act.job))
-                continue
-            media = act.prepared.media
-            try:
-                while act.prefilling and act.slot.n_past in media:
-                    self._eval_media(act, media[act.slot.n_past])
-            except DecodeError as exc:
-                self._finish_error(act, exc)
-        if not self.active:
-            return
-        toks: list[int] = []
-        pos: list[int] = []
-        seqs: list[int] = []
-        outs: list[bool] = []
-        plan: list[tuple[_Active, int, int]] = []  # (request, batch offset, count)
-        budget = eng.n_batch
-        for act in self.active:
-            if act.pending is not None:
-                plan.append((act, len(toks), 1))
-                toks.append(act.pending)
-                pos.append(act.slot.n_past)
-                seqs.append(act.slot.seq_id)
-                outs.append(True)
-                budget -= 1
-        for act in self.active:
-            if budget <= 0:
-                break
-            if act.pending is not None or not act.prefilling:
-                continue
-            start = act.slot.n_past
-            stop_at = next((t for t in act.targets if t > start), len(act.tokens))
-            stop_at = min([stop_at, *(p for p in act.prepared.media if p > start)])
-            n = min(budget, stop_at - start)
-            plan.append((act, len(toks), n))
-            for i in range(n):
-                toks.append(act.tokens[start + i])
-                pos.append(start + i)
-                seqs.append(act.slot.seq_id)
-                outs.append(start + i == len(act.tokens) - 1)
-            budget -= n
-        if not toks:
-            return
-        members = [a for a, _, _ in plan]
-        # The abort callback runs on every graph node; it only pays off for prompt
-        # chunks; a one-token step is checked between steps anyway.
-        prefill = len(toks) > sum(1 for a in members if a.pending is not None)
+        if eng.kv_unified or not self.cache.exact_batching:
+            group = max(1, len(gen))
+        else:  # no more rows per call than the kernels keep bit-identical (probed at load)
+            group = eng.exact_rows
+        for i in range(0, len(gen), group):
+            members = [a for a in gen[i : i + group] if a in self.active]
+            if members:
+                self._decode_generation(members)
+        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
+        if reading is not None:
+            self._decode_prompt_piece(reading)
+
+    def _decode_generation(self, gen: list[_Active]) -> None:
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None
+        toks = [a.pending for a in gen]
         try:
             eng.decode_batch(
-                toks,
-                pos,
-                seqs,
-                outs,
-                cancel=(lambda: all(a.job.cancelled() for a in members)) if prefill else None,
+                toks,  # type: ignore[arg-type]
+                [a.slot.n_past for a in gen],
+                [a.slot.seq_id for a in gen],
+                [True] * len(gen),
             )
         except (RequestCancelledError, DecodeError) as exc:
-            self._after_failed_decode(plan, exc)
+            self._after_failed_decode(gen, exc)
             return
-        for act, off, n in plan:
-            if act.pending is not None:
-                act.slot.entries.append(act.pending)
-                act.pending = None
-                self._sample(act, off)
-                continue
-            start = act.slot.n_past
-            act.slot.entries.extend(act.tokens[start : start + n])
-            if act.prefilling:
-                if act.targets and act.slot.n_past == act.targets[0]:
-                    act.targets.pop(0)
-                    self._save_checkpoint(act)
-            else:
-                act.t_prefill = time.perf_counter()
-                if eng.memory_kind is not MemoryKind.PARTIAL and self.cache.checkpoint_max_count > 0:
-                    # the end of the prompt: where the next turn diverges when a
-                    # template rewrites the reply (e.g. drops reasoning)
-                    self._save_checkpoint(act)
-                self._sample(act, off + n - 1)
+        for i, act in enumerate(gen):
+            policy.record(act.slot, [act.pending], exact=False)
+            act.pending = None
+            self._guarded(act, self._sample, act, i)
+
+    def _decode_prompt_piece(self, act: _Active) -> None:
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None
+        media = act.prepared.media
+        slot = act.slot
+        try:
+            while act.prefilling and slot.n_past in media:
+                self._eval_media(act, media[slot.n_past])
+        except DecodeError as exc:
+            self._finish_error(act, exc)
+            return
+        except Exception as exc:
+            self._finish_error(act, exc)
+            return
+        start = slot.n_past
+        n_prompt = len(act.tokens)
+        end = piece_end(
+            start,
+            n_prompt,
+            min(eng.n_batch, eng.n_ubatch),
+            policy.align,
+            stops=[*act.targets, *media],
+        )
+        chunk = act.tokens[start:end]
+        job = act.job
+        try:
+            eng.decode_batch(
+                chunk,
+                range(start, end),
+                [slot.seq_id] * len(chunk),
+                [i == n_prompt - 1 for i in range(start, end)],
+                cancel=job.cancelled if len(chunk) > 1 else None,
+            )
+        except (RequestCancelledError, DecodeError) as exc:
+            self._after_failed_decode([act], exc)
+            return
+        policy.record(slot, chunk, exact=True)
+        if act.prefilling:
+            if act.targets and slot.n_past == act.targets[0]:
+                act.targets.pop(0)
+                policy.save_checkpoint(slot, act.keep)
+            return
+        policy.seal_prompt(slot, n_prompt)
+        act.t_prefill = time.perf_counter()
+        self._guarded(act, self._sample, act, len(chunk) - 1)
 
     def _eval_media(self, act: _Active, media: Any) -> None:
-        """Encode and decode one image of a prompt (outside the shared batch)."""
+        """Encode and decode one image of a prompt (its own decode calls)."""
         eng = self.engine
-        assert eng is not None
+        policy = self.policy
+        assert eng is not None and policy is not None
         slot = act.slot
         start = slot.n_past
         try:
             eng.eval_media(media, start, slot.seq_id)
         except DecodeError:
-            self._sync_slot(slot)
+            policy.sync(slot)
             raise
-        slot.entries.extend(act.tokens[start : start + media.n_pos])
+        policy.record(slot, act.tokens[start : start + media.n_pos], exact=True)
         if not act.prefilling:  # an image at the very end of the prompt
             raise DecodeError("a prompt cannot end with an image: add text after it")
 
-    def _sync_slot(self, slot: Slot) -> None:
-        """After a failed or aborted decode, track exactly what the memory still holds."""
-        eng = self.engine
-        assert eng is not None
-        n = max(0, min(slot.n_past, eng.seq_pos_max(slot.seq_id) + 1))
-        if n < slot.n_past:
-            slot.truncate(n)
-        # Nothing of the failed ubatch may stay behind the entries we track: a stale
-        # cell at a reused position would be attended to later.
-        if not eng.seq_rm(slot.seq_id, slot.n_past, -1):
-            self._reset_slot(slot)
-
-    def _after_failed_decode(
-        self, plan: list[tuple[_Active, int, int]], exc: BaseException
-    ) -> None:
+    def _after_failed_decode(self, plan: list[_Active], exc: BaseException) -> None:
         """Keep each slot's entries equal to what the memory still holds, then recover."""
-        eng = self.engine
-        assert eng is not None
-        for act, _, _ in plan:
+        policy = self.policy
+        assert policy is not None
+        for act in plan:
             slot = act.slot
-            self._sync_slot(slot)
-            if act.job.cancelled():
-                self._finish_error(act, _cancel_error(act.job))
-            elif isinstance(exc, DecodeError) and not act.streamed and not act.retried:
-                # reuse failed before anything was streamed: start over once, from scratch
+            policy.sync(slot)
+            err = self._stopped(act.job)
+            if err is not None:
+                self._finish_error(act, err)
+            elif isinstance(exc, DecodeError) and act.n_gen == 0 and not act.retried:
+                # reading the prompt failed (e.g. a reused prefix): start over once, from scratch
                 logger.warning("decode failed (%s); retrying the request from scratch", exc)
-                self._reset_slot(slot)
+                policy.reset(slot)
                 act.retried = True
                 act.n_keep = 0
-                act.targets = [t for t in act.keep if t > 0]
-                act.targets.sort()
+                act.targets = sorted(t for t in act.keep if t > 0)
             else:
+                self._finish_error(act, exc)
+
+    # ------------------------------------------------------------------ the request boundary
+
+    def _guarded(self, act: _Active, fn: Callable[..., None], *args: Any) -> None:
+        """Run per-request work; any exception in it ends that request only."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            logger.debug("request failed while handling model output", exc_info=True)
+            if act in self.active:
                 self._finish_error(act, exc)
 
     # ------------------------------------------------------------------ sampling
@@ -799,9 +645,12 @@ class _WorkerState:
         act.job.channel.put(("error", exc))
 
     def _release(self, act: _Active) -> None:
-        act.sampler.close()
         if act in self.active:
             self.active.remove(act)
+        try:
+            act.sampler.close()
+        except Exception:
+            logger.exception("closing a sampler failed")
 
 
 def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:
@@ -826,12 +675,6 @@ def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:
             for i in idxs
         ]
     return entry
-
-
-def _cancel_error(job: ChatJob) -> BaseException:
-    if job.deadline is not None and time.monotonic() >= job.deadline:
-        return TimeoutError("the request timed out")
-    return RequestCancelledError("the request was cancelled")
 
 
 __all__ = [

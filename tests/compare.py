@@ -46,3 +46,22 @@ def assert_same_greedy(got: BaseMessage, ref: BaseMessage, *, tol: float = LOGPR
     """Same tokens and close log-probabilities, up to a near-tie in the reference."""
     problem = greedy_mismatch(got, ref, tol=tol)
     assert problem is None, problem
+
+
+def identical_mismatch(got: BaseMessage, ref: BaseMessage) -> str | None:
+    """Why ``got`` is not bit-for-bit the generation ``ref`` is (tokens and logprobs)."""
+    a, b = entries(got), entries(ref)
+    if len(a) != len(b):
+        return f"{len(a)} tokens vs {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x["id"] != y["id"] or x["logprob"] != y["logprob"]:
+            return f"token {i}: {x['id']} ({x['logprob']!r}) vs {y['id']} ({y['logprob']!r})"
+        if x.get("top_logprobs") != y.get("top_logprobs"):
+            return f"token {i}: top logprobs differ"
+    return None
+
+
+def assert_identical(got: BaseMessage, ref: BaseMessage) -> None:
+    """Same tokens and exactly the same log-probabilities (the exactness guarantee)."""
+    problem = identical_mismatch(got, ref)
+    assert problem is None, problem

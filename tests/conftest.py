@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# Every worker started by the suite asserts after each step that its tracked cache
+# entries match llama.cpp's memory (slot_policy.SlotPolicy.check).
+os.environ.setdefault("LLAMACPP_LOCAL_CHECK_KV", "1")
 
 from tests.gguf_models import write_tiny_hybrid, write_tiny_llama, write_tiny_mamba  # noqa: E402
 

@@ -167,10 +167,26 @@ def _rss() -> int:
 
 
 class _Poison(ChatJob):
-    """A request whose bookkeeping raises inside the worker loop: simulates a fatal bug."""
+    """A request whose own bookkeeping raises inside the worker loop."""
 
     def cancelled(self) -> bool:
-        raise RuntimeError("simulated fatal worker failure")
+        raise RuntimeError("simulated broken request")
+
+
+def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
+    from langchain_llamacpp_local.sampling import SamplingParams
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
+    llm.load()
+    worker = llm._worker
+    assert worker is not None
+    poison = _Poison(messages=[{"role": "user", "content": "x"}], sampling=SamplingParams())
+    worker.submit(poison)
+    kind, value = poison.channel.get(timeout=10)
+    assert kind == "error" and "simulated broken request" in repr(value)
+    assert worker.alive
+    assert llm.invoke("still serving").content is not None
+    assert llm._worker is worker
 
 
 def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
@@ -180,9 +196,17 @@ def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
     llm.load()
     worker = llm._worker
     assert worker is not None
-    poison = _Poison(messages=[], sampling=SamplingParams())
-    worker.submit(poison)
-    kind, value = poison.channel.get(timeout=10)
+
+    def break_engine(state: Any) -> None:
+        def fail(*_a: Any, **_k: Any) -> None:
+            raise OSError("simulated llama.cpp failure")
+
+        state.engine.decode_batch = fail
+
+    worker.call(break_engine)
+    job = ChatJob(messages=[{"role": "user", "content": "x"}], sampling=SamplingParams())
+    worker.submit(job)
+    kind, value = job.channel.get(timeout=10)
     assert kind == "error" and isinstance(value, WorkerDeadError)
     assert not worker.alive
     with pytest.raises(WorkerDeadError):
@@ -206,8 +230,48 @@ threading.Thread(target=run, daemon=True).start()
 import time; time.sleep(0.5)
 print("bye")
 """
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "bye" in proc.stdout
+
+
+def test_a_parser_failure_fails_its_request_only(
+    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 12 #2/#15: an exception while parsing model output is that request's error."""
+    from langchain_llamacpp_local import prompts
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=2, **GREEDY)
+    ok_ref = llm.invoke("a healthy request", cache_prompt=False)
+    real_feed = prompts.PlainParser.feed
+
+    def feed(self: Any, delta: str) -> Any:
+        if getattr(self, "poisoned", False):
+            raise ValueError("simulated parser failure")
+        return real_feed(self, delta)
+
+    real_make = prompts.PreparedPrompt.make_parser
+
+    def make_parser(self: Any) -> Any:
+        parser = real_make(self)
+        parser.poisoned = "poison" in self.text
+        return parser
+
+    monkeypatch.setattr(prompts.PlainParser, "feed", feed)
+    monkeypatch.setattr(prompts.PreparedPrompt, "make_parser", make_parser)
+    results: dict[str, Any] = {}
+
+    def run(p: str) -> None:
+        try:
+            results[p] = llm.invoke(p)
+        except Exception as exc:
+            results[p] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in ("poison me", "a healthy request")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert isinstance(results["poison me"], ValueError)
+    assert_same_greedy(results["a healthy request"], ok_ref, tol=0.0)
+    assert llm._worker is not None and llm._worker.alive

@@ -69,7 +69,8 @@ def test_multi_turn_reuse_is_exact(llm: ChatLlamaCpp) -> None:
     convo = [system, u1, AIMessage(first.content), HumanMessage("And of Italy?")]
     llm.invoke([system, u1])  # put turn 1 back in the cache
     second = llm.invoke(convo)
-    assert second.usage_metadata["input_token_details"]["cache_read"] >= n1
+    # reuse resumes on the 64-position decode grid (docs/cache.md, "Exactness")
+    assert second.usage_metadata["input_token_details"]["cache_read"] >= n1 // 64 * 64
     assert_same_greedy(second, llm.invoke(convo, cache_prompt=False))
 
     # divergence: edit the last user message
@@ -79,17 +80,18 @@ def test_multi_turn_reuse_is_exact(llm: ChatLlamaCpp) -> None:
     llm.invoke(convo)
     again = llm.invoke(edited)
     shared = again.usage_metadata["input_token_details"]["cache_read"]
-    assert n1 <= shared < again.usage_metadata["input_tokens"]
+    assert n1 // 64 * 64 <= shared < again.usage_metadata["input_tokens"]
     assert_same_greedy(again, third)
 
     # full match: the same prompt again re-decodes only its last token
     full = llm.invoke(edited)
-    assert full.usage_metadata["input_token_details"]["cache_read"] == full.usage_metadata["input_tokens"] - 1
+    n_full = full.usage_metadata["input_tokens"]
+    assert n_full - 66 <= full.usage_metadata["input_token_details"]["cache_read"] < n_full
     assert_same_greedy(full, third)
 
     # shrink: back to the first turn
     shrink = llm.invoke([system, u1])
-    assert shrink.usage_metadata["input_token_details"]["cache_read"] == n1 - 1
+    assert n1 - 66 <= shrink.usage_metadata["input_token_details"]["cache_read"] < n1
     assert_same_greedy(shrink, first)
 
 

