@@ -653,7 +653,9 @@ class ChatLlamaCpp(BaseChatModel):
             while True:
                 remaining = None if job.deadline is None else job.deadline - time.monotonic()
                 try:
-                    item = job.channel.get(timeout=max(remaining, 0) if remaining is not None else None)
+                    item = job.channel.get(
+                        timeout=max(remaining, 0) if remaining is not None else None
+                    )
                 except TimeoutError:
                     job.cancel.set()
                     raise TimeoutError("ChatLlamaCpp call timed out") from None
@@ -708,7 +710,9 @@ class ChatLlamaCpp(BaseChatModel):
         if done.logprobs is not None:
             meta["logprobs"] = {"content": done.logprobs}
         msg = AIMessageChunk(
-            content="", usage_metadata=done.usage, response_metadata=meta  # type: ignore[arg-type]
+            content="",
+            usage_metadata=done.usage,
+            response_metadata=meta,  # type: ignore[arg-type]
         )
         info: dict[str, Any] = {"finish_reason": done.finish_reason}
         if done.parsed is not None:
@@ -767,7 +771,9 @@ class ChatLlamaCpp(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        chunks = list(self._stream(messages, stop, run_manager if self.streaming else None, **kwargs))
+        chunks = list(
+            self._stream(messages, stop, run_manager if self.streaming else None, **kwargs)
+        )
         return _aggregate(chunks)
 
     async def _agenerate(

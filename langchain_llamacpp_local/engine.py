@@ -308,9 +308,7 @@ def load_model(
 class Engine:
     """A loaded model with one persistent context (see module docstring)."""
 
-    def __init__(
-        self, config: LoadConfig, progress: Callable[[float], None] | None = None
-    ) -> None:
+    def __init__(self, config: LoadConfig, progress: Callable[[float], None] | None = None) -> None:
         _init_backend()
         self.config = config
         check_load_config(config)

@@ -187,9 +187,7 @@ def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> 
         tool_choice = name
     if isinstance(tool_choice, str):
         if tool_choice not in names:
-            raise ValueError(
-                f"tool_choice={tool_choice!r} is not one of the bound tools {names}"
-            )
+            raise ValueError(f"tool_choice={tool_choice!r} is not one of the bound tools {names}")
         return f"name:{tool_choice}"
     raise ValueError(f"unsupported tool_choice {tool_choice!r}")
 
