@@ -645,7 +645,13 @@ class ChatTemplate:
         add_generation_prompt: bool,
         kwargs: Mapping[str, Any],
     ) -> str:
-        variables = self._variables_for(messages, tools, add_generation_prompt, kwargs)
+        try:
+            variables = self._variables_for(messages, tools, add_generation_prompt, kwargs)
+        except RecursionError:  # copying them: a tool schema or message nested ~1000 deep
+            raise ChatTemplateError(
+                "the messages or tools nest too deeply to pass to the chat template "
+                "(Python's recursion limit)"
+            ) from None
         try:
             return guarded_render(self._template, variables, self.limits)
         except TemplateRaised as exc:

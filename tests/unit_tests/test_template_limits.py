@@ -156,3 +156,16 @@ def test_large_numbers_are_fine_where_nothing_is_allocated() -> None:
         ChatTemplate("{{ 'a\\nb' | indent(100000000) }}").render(MSGS)
     with pytest.raises(ChatTemplateError, match="field width"):
         ChatTemplate("{{ '%01000000000d' | format(1) }}").render(MSGS)
+
+
+def test_tools_nested_past_the_recursion_limit_are_a_template_error() -> None:
+    # a tool schema 2000 objects deep: copying it for the template would hit Python's
+    # recursion limit; it must be a clear error, not a bare RecursionError
+    node: dict[str, object] = {"type": "string"}
+    for _ in range(2000):
+        node = {"type": "object", "properties": {"x": node}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": node}}]
+    tpl = ChatTemplate("{{ messages[0].content }}{{ tools | length }}")
+    with pytest.raises(ChatTemplateError, match="nest too deeply"):
+        tpl.render(MSGS, tools=tools)
+    assert tpl.render(MSGS, tools=[]) == "hi0"
