@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_llamacpp_local.template_analysis.analyzer import TemplateAnalysis
+from langchain_llamacpp_local.tool_parsers.base import _json_args
 
 logger = logging.getLogger(__name__)
 
@@ -132,20 +133,6 @@ def _typed_value(text: str, schema: Any, has_schema: bool) -> Any:
     if s in _PY_LITERALS:
         return _PY_LITERALS[s]
     return text
-
-
-def _args_obj(value: Any) -> dict[str, Any] | None:
-    if isinstance(value, dict):
-        return value
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            decoded = json.loads(value) if value.strip() else {}
-        except ValueError:
-            return None
-        return decoded if isinstance(decoded, dict) else None
-    return None
 
 
 def _get_path(obj: Any, path: str) -> Any:
@@ -294,7 +281,7 @@ class _CallScanner:
             if not self.final:
                 raise _Incomplete(name) from None
             raise _Malformed("arguments are not valid JSON") from None
-        args = _args_obj(val)
+        args = _json_args(val)
         if args is None:
             raise _Malformed("arguments are not a JSON object")
         end = self._need(end, a.args_end, "after the arguments", name)
@@ -418,7 +405,7 @@ def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[AnalysisCall]:
         if a.fun_name_is_key:
             if len(o) == 1:
                 ((name, args_val),) = o.items()
-                args = _args_obj(args_val)
+                args = _json_args(args_val)
                 out.append(
                     AnalysisCall(
                         name,
@@ -448,7 +435,7 @@ def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[AnalysisCall]:
         if not isinstance(name, str) or not name:
             out.append(AnalysisCall(None, None, r, error="tool call has no name"))
             continue
-        args = _args_obj(args_val)
+        args = _json_args(args_val)
         err = None if args is not None else "arguments are not a JSON object"
         out.append(AnalysisCall(name, args, r, id=str(cid) if cid is not None else None, error=err))
     return out
