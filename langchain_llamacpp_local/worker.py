@@ -199,6 +199,8 @@ class _Speculation:
     controller: DraftController
     limit: int  # most draft tokens per verify step (exactness, n_batch)
     history: list[int]  # text tokens of the sequence (after its last image), pending last
+    drafted: int = 0  # totals reported in the metadata
+    accepted: int = 0
 
 
 @dataclass
@@ -631,17 +633,21 @@ class _WorkerState:
         n_draft = len(batch) - 1
         used = 0  # rows whose input token stays in the sequence
         accepted = 0
+        sp = act.spec
+        sp.drafted += n_draft
         try:
             for i in range(len(batch)):
                 used = i + 1
                 tok = act.sampler.sample(eng.ctx, i)
+                match = i < n_draft and tok == batch[i + 1]
+                if match:  # counted first: the request may finish on this token
+                    accepted += 1
+                    sp.accepted += 1
                 if not self._take(act, i, tok):
                     break  # finished (end of generation, stop string, length)
-                if i < n_draft and tok == batch[i + 1]:
-                    accepted += 1
-                    continue
-                act.pending = tok
-                break
+                if not match:
+                    act.pending = tok
+                    break
         finally:
             act.spec.controller.update(n_draft, accepted)
             self._keep_rows(act, batch, used, saved)
@@ -843,10 +849,10 @@ class _WorkerState:
         }
         spec = None
         if act.spec is not None:
-            ctl = act.spec.controller
-            spec = {"type": act.spec.kind, "drafted": ctl.drafted, "accepted": ctl.accepted}
-            timings["draft_n"] = float(ctl.drafted)
-            timings["draft_n_accepted"] = float(ctl.accepted)
+            sp = act.spec
+            spec = {"type": sp.kind, "drafted": sp.drafted, "accepted": sp.accepted}
+            timings["draft_n"] = float(sp.drafted)
+            timings["draft_n_accepted"] = float(sp.accepted)
         assert self.info is not None
         parsed = getattr(act.parser, "result", None)
         self._release(act)
