@@ -243,11 +243,25 @@ def test_forced_tool_call_and_json_schema_with_speculation(tmp_path: Path) -> No
 # --------------------------------------------------------------------------- Gemma
 
 
-def test_gemma_greedy_output_is_bit_identical_in_exact_mode(gemma: str) -> None:
-    llm = ChatLlamaCpp(model_path=gemma, max_tokens=24, n_ctx=1024, n_slots=1, **GREEDY)
+def test_gemma_exact_mode_and_fast_mode(gemma: str) -> None:
+    """Gemma 3 270M Q4_K_M on x86: a 2-token verify step already rounds differently
+    after some prefixes, so the probe allows 1 and exact mode does not speculate; with
+    ``exact_batching=False`` drafts are verified and accepted on text to repeat."""
     text = "The cat sat on the mat. The dog sat on the log. The bird sat on the branch."
     prompt = f"Repeat this text exactly, word for word:\n\n{text}"
-    ref = llm.invoke(prompt, cache_prompt=False)
-    got = llm.invoke(prompt, cache_prompt=False, speculative="ngram")
+    base: dict[str, Any] = {"model_path": gemma, "max_tokens": 24, "n_ctx": 1024, "n_slots": 1}
+    exact = ChatLlamaCpp(**base, **GREEDY)
+    ref = exact.invoke(prompt, cache_prompt=False)
+    got = exact.invoke(prompt, cache_prompt=False, speculative="ngram")
     assert_identical(got, ref)
+    lease = exact._lease(None, None)[0]
+    try:
+        rows = lease.worker.call(lambda st: st.engine.exact_verify_rows)
+    finally:
+        lease.release()
+    if rows < 2:
+        assert _spec(got) == {"type": "ngram", "drafted": 0, "accepted": 0}
+    fast = ChatLlamaCpp(**base, exact_batching=False, **GREEDY)
+    got = fast.invoke(prompt, cache_prompt=False, speculative="ngram")
+    assert_same_greedy(got, fast.invoke(prompt, cache_prompt=False), tol=0.1)
     assert _spec(got)["accepted"] > 0
