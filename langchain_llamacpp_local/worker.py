@@ -22,11 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from . import prompts
 from .channel import Channel
-from .chunking import piece_end
+from .chunking import balanced_groups, piece_end
 from .engine import Engine, LoadConfig
 from .errors import (
     ContextOverflowError,
@@ -36,6 +34,7 @@ from .errors import (
 )
 from .jobs import ChatJob, cancel_error
 from .kv_cache import Slot
+from .logprobs import logprob_entry
 from .sampling import Sampler, StopMatcher, Utf8Decoder
 from .slot_policy import CacheOptions, SlotPolicy
 from .tool_parsers import StreamDelta
@@ -448,11 +447,11 @@ class _WorkerState:
         eng = self.engine
         assert eng is not None
         if eng.kv_unified or not self.cache.exact_batching:
-            group = max(1, len(gen))
+            limit = max(1, len(gen))
         else:  # no more rows per call than the kernels keep bit-identical (probed at load)
-            group = eng.exact_rows
-        for i in range(0, len(gen), group):
-            members = [a for a in gen[i : i + group] if a in self.active]
+            limit = eng.exact_rows
+        for group in balanced_groups(gen, limit):
+            members = [a for a in group if a in self.active]
             if members:
                 self._decode_generation(members)
         reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
@@ -654,27 +653,10 @@ class _WorkerState:
 
 
 def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:
-    logits = eng.logits(idx).astype(np.float64)
-    m = logits.max()
-    lse = m + np.log(np.exp(logits - m).sum())
-    entry: dict[str, Any] = {
-        "token": eng.token_piece(tok).decode("utf-8", errors="replace"),
-        "id": int(tok),
-        "logprob": float(logits[tok] - lse),
-    }
-    if top > 0:
-        k = min(top, len(logits))
-        idxs = np.argpartition(-logits, k - 1)[:k]
-        idxs = idxs[np.argsort(-logits[idxs])]
-        entry["top_logprobs"] = [
-            {
-                "token": eng.token_piece(int(i)).decode("utf-8", errors="replace"),
-                "id": int(i),
-                "logprob": float(logits[i] - lse),
-            }
-            for i in idxs
-        ]
-    return entry
+    def piece(t: int) -> str:
+        return eng.token_piece(t).decode("utf-8", errors="replace")
+
+    return logprob_entry(eng.logits(idx), tok, top, piece)
 
 
 __all__ = [

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from langchain_llamacpp_local.chunking import exact_prefix, grid_align, piece_end, restart_point
+from langchain_llamacpp_local.chunking import (
+    balanced_groups,
+    exact_prefix,
+    grid_align,
+    piece_end,
+    restart_point,
+)
 from langchain_llamacpp_local.prompt_cache import CachedPrompt, PromptCache
 
 
@@ -60,3 +66,13 @@ def test_take_of_an_evicted_entry_is_refused_not_raised() -> None:
     cache.put(a)
     cache.put(CachedPrompt((4, 5, 6), b"y" * 8))  # evicts a
     assert cache.take(a) is False
+
+
+def test_balanced_groups_use_the_fewest_calls_with_even_sizes() -> None:
+    assert balanced_groups([1, 2, 3, 4], 3) == [[1, 2], [3, 4]]
+    assert balanced_groups([1, 2, 3, 4, 5], 3) == [[1, 2, 3], [4, 5]]
+    assert balanced_groups([1, 2, 3, 4, 5, 6, 7], 3) == [[1, 2, 3], [4, 5], [6, 7]]
+    assert balanced_groups([1, 2, 3], 1) == [[1], [2], [3]]
+    assert balanced_groups([1, 2, 3], 8) == [[1, 2, 3]]
+    assert balanced_groups([], 3) == []
+    assert balanced_groups([1, 2], 0) == [[1], [2]]
