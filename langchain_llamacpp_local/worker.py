@@ -24,7 +24,7 @@ from typing import Any
 
 from . import prompts
 from .channel import Channel
-from .chunking import balanced_groups, piece_end
+from .chunking import balanced_groups, marker_cuts, piece_end
 from .engine import Engine, LoadConfig
 from .errors import (
     ContextOverflowError,
@@ -203,6 +203,7 @@ class _Active:
     decoder: Utf8Decoder = field(default_factory=Utf8Decoder)
     stopper: StopMatcher = field(default_factory=lambda: StopMatcher([]))
     logprobs: list[dict[str, Any]] | None = None
+    marks: list[int] = field(default_factory=list)  # chunking.marker_cuts of the prompt
     n_gen: int = 0
     pending: int | None = None  # sampled token to decode in the next step
     t_start: float = field(default_factory=time.perf_counter)
@@ -256,6 +257,7 @@ class _WorkerState:
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
         self.format: prompts.ChatFormat | None = None
+        self.marker: tuple[int, ...] = ()  # the template's generation prompt (chunking marks)
         self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
         self.prepare_count = 0  # prompts prepared (tests: a waiting request is prepared once)
@@ -266,6 +268,7 @@ class _WorkerState:
         eng = Engine(self.config, self.progress)
         self.engine = eng
         self.format = prompts.ChatFormat.from_engine(eng)
+        self.marker = prompts.generation_marker(self.format.template, eng)
         self.policy = SlotPolicy(eng, self.cache)
         name = eng.metadata.get("general.name") or self.config.model_path.rsplit("/", 1)[-1]
         self.info = ModelInfo(
@@ -401,7 +404,10 @@ class _WorkerState:
         job = w.job
         tokens = prepared.tokens
         spans = [(p, m.n_pos) for p, m in prepared.media.items()]
-        slot, n_keep = policy.acquire(tokens, spans, busy, cache_prompt=job.cache_prompt)
+        marks = marker_cuts(tokens, self.marker)
+        slot, n_keep = policy.acquire(
+            tokens, spans, busy, cache_prompt=job.cache_prompt, marks=marks
+        )
         if eng.kv_unified:
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
             # a request starts only when what running requests may still need leaves room.
@@ -413,7 +419,7 @@ class _WorkerState:
                         f"{eng.n_ctx_total}-position unified cache"
                     )
                 return None
-        targets = policy.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot)
+        targets = policy.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot, marks)
         sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
         try:
             parser = prepared.make_parser()
@@ -429,6 +435,7 @@ class _WorkerState:
             max_new=w.max_new,
             targets=targets,
             keep=frozenset(targets),
+            marks=marks,
             sampler=sampler,
             parser=parser,
             stopper=stopper,
@@ -501,6 +508,7 @@ class _WorkerState:
             min(eng.n_batch, eng.n_ubatch),
             policy.align,
             stops=[*act.targets, *media],
+            marks=act.marks,
         )
         chunk = act.tokens[start:end]
         job = act.job
@@ -521,7 +529,7 @@ class _WorkerState:
                 act.targets.pop(0)
                 policy.save_checkpoint(slot, act.keep)
             return
-        policy.seal_prompt(slot, n_prompt)
+        policy.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
         self._guarded(act, self._sample, act, len(chunk) - 1)
 
