@@ -9,6 +9,8 @@ Prints one JSON dict:
   :class:`Engine`, no worker), same context settings: the machine's batching limit.
 * ``ours_batch_speedup``: tokens/s of ``n`` concurrent ``invoke`` calls over one
   call alone; ``ratio_to_raw`` is ours / raw (the goal is >= 0.9).
+  ``ours_solo_decode_tok_s`` is the solo calls' own decode rate (after the prompt,
+  log-probabilities included), comparable with ``raw_solo_tok_s``.
 * ``identical``: "k/N identical": concurrent greedy answers equal, token ids and
   log-probabilities bit for bit, to the same requests run alone.
 * ``ttft_default_s`` / ``ttft_no_checkpoints_s``: median time to first token of short
@@ -122,7 +124,9 @@ def ours_batch_speedup(
     # both include prompt reading; prompts are short, so generation dominates
     solo_rate = solo_tokens / solo_time
     conc_rate = conc_tokens / conc_time
+    decode_rates = [m.response_metadata["timings"]["predicted_per_second"] for m in solo_msgs]
     return {
+        "ours_solo_decode_tok_s": statistics.median(decode_rates),
         "ours_solo_tok_s": solo_rate,
         "ours_concurrent_tok_s": conc_rate,
         "ours_batch_speedup": conc_rate / solo_rate,

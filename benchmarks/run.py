@@ -4,6 +4,7 @@ One command, one process, the same model and workloads for every contender:
 
     python benchmarks/run.py            # Gemma 3 270M from PyPI (pip install -e '.[bench]')
     python benchmarks/run.py --quick    # fewer turns, for a smoke run
+    python benchmarks/run.py --topics   # then every benchmarks/bench_*.py, one process each
 
 Writes ``benchmarks/results/results.json`` and ``benchmarks/results/chart.png``.
 Figures are medians over turns/runs; ratios are baseline / ours (higher = ours faster).
@@ -16,6 +17,7 @@ import asyncio
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -375,10 +377,49 @@ def chart(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+#: Topic benchmarks run by ``--topics``: script, arguments for a full and a quick run.
+TOPICS: dict[str, tuple[list[str], list[str]]] = {
+    "bench_concurrency.py": ([], ["--turns", "3"]),
+    "bench_embeddings.py": ([], ["--texts", "100"]),
+    "bench_models.py": ([], ["--calls", "4"]),
+    "bench_speculative.py": ([], ["--quick"]),
+    "bench_rpc.py": ([], ["--runs", "1"]),
+    "bench_parsers.py": ([], []),
+    "bench_template_analysis.py": ([], ["--quick"]),
+}
+
+
+def run_topics(model: str | None, quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """Each topic benchmark in its own process (they load models and measure memory)."""
+    out: dict[str, Any] = {}
+    for script, (full, short) in TOPICS.items():
+        path = ROOT / "benchmarks" / script
+        if not path.exists():
+            continue
+        cmd = [sys.executable, str(path), *(short if quick else full)]
+        if model and script not in ("bench_parsers.py", "bench_template_analysis.py"):
+            cmd += ["--model", model]
+        log(f"topic {script}...")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            out[script] = {"error": proc.stderr.strip().splitlines()[-3:]}
+            continue
+        text = proc.stdout
+        start = text.find("\n{")
+        try:
+            out[script] = json.loads(text if text.startswith("{") else text[start + 1 :])
+        except ValueError:
+            out[script] = {"error": "no JSON on stdout", "stdout_tail": text[-500:]}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M from PyPI)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--topics", action="store_true", help="also run every benchmarks/bench_*.py (slow)"
+    )
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
     turns = 4 if args.quick else 10
@@ -428,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         for name, r in results["agent_loop"].items()
     }
+    if args.topics:
+        results["topics"] = run_topics(args.model, args.quick, log)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2))
     chart(results, RESULTS / "chart.png")

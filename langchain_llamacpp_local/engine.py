@@ -689,6 +689,9 @@ class Engine:
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
+    def is_control(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_control(self.vocab, token))
+
     # ------------------------------------------------------------------ decode
 
     def _should_abort(self, _data: ctypes.c_void_p) -> bool:

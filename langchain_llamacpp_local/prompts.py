@@ -315,6 +315,29 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     )
 
 
+def generation_marker(template: ChatTemplate, eng: Engine) -> tuple[int, ...]:
+    """The tokens of ``template``'s generation prompt, e.g. ``<start_of_turn>model\n``.
+
+    Prompts are cut after each occurrence (:func:`~.chunking.marker_cuts`), so the next
+    turn of a conversation reuses the previous prompt whole. Only a generation prompt
+    that starts with a control token counts: message text cannot spell one (see
+    :mod:`~.prompt_tokens`), so the cuts stay where replies began. () when there is none.
+    """
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        with_prompt = template.render(probe, add_generation_prompt=True)
+        without = template.render(probe, add_generation_prompt=False)
+    except Exception:
+        logger.debug("no generation marker: the template did not render a probe", exc_info=True)
+        return ()
+    if not with_prompt.startswith(without) or not with_prompt[len(without) :].strip():
+        return ()
+    toks = eng.tokenize(with_prompt[len(without) :], add_special=False, parse_special=True)
+    if not toks or not eng.is_control(toks[0]):
+        return ()
+    return tuple(toks)
+
+
 def _strip_bos(eng: Engine, fmt: ChatFormat, text: str) -> str:
     """Drop a template-written BOS when the tokenizer adds one itself (no double BOS)."""
     if eng.add_bos and fmt.bos_text and text.startswith(fmt.bos_text):

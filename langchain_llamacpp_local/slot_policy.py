@@ -21,7 +21,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_targets
-from .chunking import grid_align, restart_point
+from .chunking import exact_prefix, grid_align, restart_point
 from .engine import Engine, MemoryKind
 from .kv_cache import Slot, common_prefix_len
 from .prompt_cache import CachedPrompt, PromptCache
@@ -91,12 +91,13 @@ class SlotPolicy:
         busy: set[int],
         *,
         cache_prompt: bool,
+        marks: Sequence[int] = (),
     ) -> tuple[Slot, int]:
         """A free slot for ``tokens`` and how many of its entries the request keeps."""
         slot = self._choose(tokens, busy)
         if not cache_prompt:
             self.reset(slot)
-        return slot, self._rewind(slot, tokens, media)
+        return slot, self._rewind(slot, tokens, media, marks)
 
     def _touch(self, slot: Slot) -> Slot:
         self._clock += 1
@@ -199,7 +200,11 @@ class SlotPolicy:
         logger.debug("copied a %d-entry prefix from slot %d", n, src.seq_id)
 
     def _rewind(
-        self, slot: Slot, tokens: Sequence[Hashable], media: Sequence[tuple[int, int]]
+        self,
+        slot: Slot,
+        tokens: Sequence[Hashable],
+        media: Sequence[tuple[int, int]],
+        marks: Sequence[int] = (),
     ) -> int:
         """Trim ``slot`` to the grid cut point a request for ``tokens`` resumes from.
 
@@ -211,7 +216,7 @@ class SlotPolicy:
         eng = self.engine
         n_prompt = len(tokens)
         limit = min(common_prefix_len(slot.entries, tokens), slot.exact)
-        n_keep = restart_point(limit, n_prompt, self.align, media)
+        n_keep = restart_point(limit, n_prompt, self.align, media, marks)
         if n_keep >= slot.n_past:  # pure extension: nothing to trim
             return slot.n_past
         kind = eng.memory_kind
@@ -249,13 +254,14 @@ class SlotPolicy:
         if exact and grid_exact:
             slot.exact = slot.n_past
 
-    def seal_prompt(self, slot: Slot, n_prompt: int) -> None:
+    def seal_prompt(self, slot: Slot, n_prompt: int, marks: Sequence[int] = ()) -> None:
         """After a prompt is read: only whole grid cells of it stay reusable exactly.
 
         The last partial cell was computed as a prompt's tail; a longer prompt would
-        compute the same positions inside a full piece.
+        compute the same positions inside a full piece, unless that cell ends on a
+        mark (a prompt ending with the generation prompt), where it cuts too.
         """
-        slot.exact = min(slot.exact, n_prompt // self.align * self.align)
+        slot.exact = min(slot.exact, exact_prefix(n_prompt, self.align, marks))
 
     def sync(self, slot: Slot) -> None:
         """After a failed or aborted decode, track exactly what the memory still holds."""
@@ -277,6 +283,7 @@ class SlotPolicy:
         boundaries: tuple[int, ...],
         media: Sequence[tuple[int, int]],
         slot: Slot,
+        marks: Sequence[int] = (),
     ) -> list[int]:
         """Grid cut points at which to save a checkpoint while this prompt is read."""
         if not self.uses_checkpoints:
@@ -293,7 +300,7 @@ class SlotPolicy:
         )
         # where a regenerate of this very prompt resumes
         raw.append(n_prompt - 1)
-        out = {restart_point(t, n_prompt, self.align, media) for t in raw}
+        out = {restart_point(t, n_prompt, self.align, media, marks) for t in raw}
         return sorted(t for t in out if n_keep < t < n_prompt)
 
     def save_checkpoint(self, slot: Slot, keep: frozenset[int]) -> None:

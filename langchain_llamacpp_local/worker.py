@@ -22,11 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from . import prompts
 from .channel import Channel
-from .chunking import piece_end
+from .chunking import balanced_groups, marker_cuts, piece_end
 from .engine import Engine, LoadConfig, MemoryKind
 from .errors import (
     ContextOverflowError,
@@ -36,6 +34,7 @@ from .errors import (
 )
 from .jobs import ChatJob, cancel_error
 from .kv_cache import Slot
+from .logprobs import logprob_entry
 from .sampling import Sampler, StopMatcher, Utf8Decoder
 from .slot_policy import PARTIAL_ONLY, CacheOptions, SlotPolicy
 from .speculative import DraftController, NgramProposer, Proposer
@@ -219,6 +218,7 @@ class _Active:
     decoder: Utf8Decoder = field(default_factory=Utf8Decoder)
     stopper: StopMatcher = field(default_factory=lambda: StopMatcher([]))
     logprobs: list[dict[str, Any]] | None = None
+    marks: list[int] = field(default_factory=list)  # chunking.marker_cuts of the prompt
     n_gen: int = 0
     pending: int | None = None  # sampled token to decode in the next step
     t_start: float = field(default_factory=time.perf_counter)
@@ -273,6 +273,7 @@ class _WorkerState:
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
         self.format: prompts.ChatFormat | None = None
+        self.marker: tuple[int, ...] = ()  # the template's generation prompt (chunking marks)
         self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
         self.prepare_count = 0  # prompts prepared (tests: a waiting request is prepared once)
@@ -284,6 +285,7 @@ class _WorkerState:
         eng = Engine(self.config, self.progress)
         self.engine = eng
         self.format = prompts.ChatFormat.from_engine(eng)
+        self.marker = prompts.generation_marker(self.format.template, eng)
         self.policy = SlotPolicy(eng, self.cache)
         self.proposers["ngram"] = NgramProposer()
         if self.config.draft_model_path:
@@ -430,7 +432,10 @@ class _WorkerState:
         job = w.job
         tokens = prepared.tokens
         spans = [(p, m.n_pos) for p, m in prepared.media.items()]
-        slot, n_keep = policy.acquire(tokens, spans, busy, cache_prompt=job.cache_prompt)
+        marks = marker_cuts(tokens, self.marker)
+        slot, n_keep = policy.acquire(
+            tokens, spans, busy, cache_prompt=job.cache_prompt, marks=marks
+        )
         if eng.kv_unified:
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
             # a request starts only when what running requests may still need leaves room.
@@ -442,7 +447,7 @@ class _WorkerState:
                         f"{eng.n_ctx_total}-position unified cache"
                     )
                 return None
-        targets = policy.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot)
+        targets = policy.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot, marks)
         sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
         try:
             parser = prepared.make_parser()
@@ -461,6 +466,7 @@ class _WorkerState:
             max_new=w.max_new,
             targets=targets,
             keep=frozenset(targets),
+            marks=marks,
             sampler=sampler,
             parser=parser,
             stopper=stopper,
@@ -521,11 +527,11 @@ class _WorkerState:
             drafting = {id(a) for a, _ in drafts}
             gen = [a for a in gen if id(a) not in drafting]
         if eng.kv_unified or not self.cache.exact_batching:
-            group = max(1, len(gen))
+            limit = max(1, len(gen))
         else:  # no more rows per call than the kernels keep bit-identical (probed at load)
-            group = eng.exact_rows
-        for i in range(0, len(gen), group):
-            members = [a for a in gen[i : i + group] if a in self.active]
+            limit = eng.exact_rows
+        for group in balanced_groups(gen, limit):
+            members = [a for a in group if a in self.active]
             if members:
                 self._decode_generation(members)
         for act, draft in drafts:
@@ -703,6 +709,7 @@ class _WorkerState:
             min(eng.n_batch, eng.n_ubatch),
             policy.align,
             stops=[*act.targets, *media],
+            marks=act.marks,
         )
         chunk = act.tokens[start:end]
         job = act.job
@@ -723,7 +730,7 @@ class _WorkerState:
                 act.targets.pop(0)
                 policy.save_checkpoint(slot, act.keep)
             return
-        policy.seal_prompt(slot, n_prompt)
+        policy.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
         self._guarded(act, self._sample, act, len(chunk) - 1)
 
@@ -877,27 +884,10 @@ class _WorkerState:
 
 
 def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:
-    logits = eng.logits(idx).astype(np.float64)
-    m = logits.max()
-    lse = m + np.log(np.exp(logits - m).sum())
-    entry: dict[str, Any] = {
-        "token": eng.token_piece(tok).decode("utf-8", errors="replace"),
-        "id": int(tok),
-        "logprob": float(logits[tok] - lse),
-    }
-    if top > 0:
-        k = min(top, len(logits))
-        idxs = np.argpartition(-logits, k - 1)[:k]
-        idxs = idxs[np.argsort(-logits[idxs])]
-        entry["top_logprobs"] = [
-            {
-                "token": eng.token_piece(int(i)).decode("utf-8", errors="replace"),
-                "id": int(i),
-                "logprob": float(logits[i] - lse),
-            }
-            for i in idxs
-        ]
-    return entry
+    def piece(t: int) -> str:
+        return eng.token_piece(t).decode("utf-8", errors="replace")
+
+    return logprob_entry(eng.logits(idx), tok, top, piece)
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.compare import GREEDY, assert_identical
+from tests.gguf_models import write_tiny_llama
 
 # mixed prompt lengths: below one grid cell, a few cells, past one micro-batch
 PROMPTS = [
@@ -32,7 +33,21 @@ def _tiny(path: str, **kw: Any) -> ChatLlamaCpp:
     return ChatLlamaCpp(model_path=path, n_slots=4, max_tokens=10, **GREEDY, **kw)
 
 
-@pytest.fixture(params=["llama", "mamba"])
+# a template whose generation prompt starts with a control token (<s>): prompts are then
+# also cut where each reply began (chunking marks), and the next turn reuses them whole
+MARKED_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m.role }}:{{ m.content }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_marked(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("marked") / "tiny-llama-marked.gguf"
+    return str(write_tiny_llama(path, chat_template=MARKED_TEMPLATE))
+
+
+@pytest.fixture(params=["llama", "mamba", "llama_marked"])
 def tiny(request: pytest.FixtureRequest) -> ChatLlamaCpp:
     return _tiny(request.getfixturevalue(f"tiny_{request.param}"))
 
@@ -142,3 +157,20 @@ def test_gemma_concurrent_and_warm_equal_solo_and_fresh(gemma: str) -> None:
     assert_identical(warm, llm.invoke(history, cache_prompt=False))
     regen = llm.invoke(history)
     assert_identical(regen, warm)
+
+
+def test_next_turn_reuses_the_whole_previous_prompt_exactly(tiny_llama_marked: str) -> None:
+    llm = _tiny(tiny_llama_marked)
+    for tag, n_user in (("short", 1), ("long", 30)):
+        history: list[BaseMessage] = [HumanMessage(f"{tag} question " * n_user)]
+        for _turn in range(3):
+            first = llm.invoke(history)
+            history += [AIMessage(str(first.content)), HumanMessage("and then?")]
+            warm = llm.invoke(history)
+            usage = first.usage_metadata
+            assert usage is not None and warm.usage_metadata is not None
+            # everything the previous prompt read is reused (not only whole grid cells)
+            read = warm.usage_metadata["input_token_details"]["cache_read"]  # type: ignore[typeddict-item]
+            assert read >= usage["input_tokens"], (read, usage["input_tokens"])
+            assert_identical(warm, llm.invoke(history, cache_prompt=False))
+            history += [AIMessage(str(warm.content)), HumanMessage("more")]
