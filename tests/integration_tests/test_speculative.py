@@ -265,3 +265,33 @@ def test_gemma_exact_mode_and_fast_mode(gemma: str) -> None:
     got = fast.invoke(prompt, cache_prompt=False, speculative="ngram")
     assert_same_greedy(got, fast.invoke(prompt, cache_prompt=False), tol=0.1)
     assert _spec(got)["accepted"] > 0
+
+
+# --------------------------------------------------------------------------- images
+
+
+def test_speculation_after_an_image_looks_only_at_the_text_after_it(
+    cycle_model: str, models_dir: Path
+) -> None:
+    """Image positions are not tokens: the proposer sees the text after the last image
+    (here text before it, an image, then the cycle to continue)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.gguf_models import write_tiny_mmproj
+
+    mmproj = str(write_tiny_mmproj(models_dir / "spec-mmproj.gguf", text_n_embd=64))
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, format="PNG")
+    data = base64.b64encode(buf.getvalue()).decode()
+    image = {"type": "image", "base64": data, "mime_type": "image/png"}
+    llm = _cycle_llm(cycle_model, mmproj_path=mmproj, n_slots=1)
+    text = {"type": "text", "text": "abcd efg.abcd efg.a"}
+    msgs = [HumanMessage(content=[{"type": "text", "text": "xyz"}, image, text])]
+    ref = llm.invoke(msgs, cache_prompt=False)
+    got = llm.invoke(msgs, cache_prompt=False, speculative="ngram")
+    assert_identical(got, ref)
+    assert got.content.startswith("bcd efg.")
+    assert _spec(got)["accepted"] > 0
