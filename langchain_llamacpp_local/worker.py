@@ -432,6 +432,7 @@ class _WorkerState:
         job = w.job
         tokens = prepared.tokens
         spans = [(p, m.n_pos) for p, m in prepared.media.items()]
+        spec = self._speculation(job, prepared)  # first: it may refuse the job
         marks = marker_cuts(tokens, self.marker)
         slot, n_keep = policy.acquire(
             tokens, spans, busy, cache_prompt=job.cache_prompt, marks=marks
@@ -471,7 +472,7 @@ class _WorkerState:
             parser=parser,
             stopper=stopper,
             logprobs=[] if job.logprobs else None,
-            spec=self._speculation(job, prepared),
+            spec=spec,
         )
 
     def _speculation(self, job: ChatJob, prepared: prompts.PreparedPrompt) -> _Speculation | None:

@@ -295,3 +295,32 @@ def test_speculation_after_an_image_looks_only_at_the_text_after_it(
     assert_identical(got, ref)
     assert got.content.startswith("bcd efg.")
     assert _spec(got)["accepted"] > 0
+
+
+def test_worker_refuses_a_proposer_it_does_not_have_and_keeps_serving(cycle_model: str) -> None:
+    from langchain_llamacpp_local.engine import LoadConfig
+    from langchain_llamacpp_local.sampling import SamplingParams
+    from langchain_llamacpp_local.worker import CacheOptions, ChatJob, ModelWorker
+
+    worker = ModelWorker(LoadConfig(model_path=cycle_model, n_ctx=256), CacheOptions())
+    try:
+
+        def job(**kw: Any) -> ChatJob:
+            return ChatJob(
+                messages=[{"role": "user", "content": "a"}],
+                sampling=SamplingParams(temperature=0),
+                max_tokens=5,
+                chat_template=RAW,
+                **kw,
+            )
+
+        kind, err = worker.submit(job(speculative="draft")).get()
+        assert kind == "error" and "draft_model_path" in str(err)
+        items = []
+        ch = worker.submit(job(speculative="ngram"))
+        while not items or items[-1][0] not in ("done", "error"):
+            items.append(ch.get())
+        assert items[-1][0] == "done"
+        assert items[-1][1].speculative["type"] == "ngram"
+    finally:
+        worker.stop()
