@@ -151,6 +151,10 @@ def _thread_main(
         state.load()
     except BaseException as exc:  # reported to the constructor
         state.load_error = exc
+        try:  # what loaded before the failure (the engine, when the draft model fails)
+            state.close()
+        except BaseException:
+            logger.exception("freeing a failed load failed")
         ready.set()
         return
     ready.set()
