@@ -48,6 +48,10 @@ KV_TYPES: dict[str, int] = {
 #: Default cap on ``n_ctx`` when the caller leaves it to the model's training length:
 #: a 128k-token KV cache would take gigabytes that a chat rarely needs.
 DEFAULT_MAX_CTX = 8192
+#: Longest verify step :meth:`Engine._probe_verify_rows` tries (cost: a few decodes per k).
+VERIFY_PROBE_MAX = 8
+#: Prefix lengths after which it tries them (kernels round alike or not depending on data).
+VERIFY_PROBE_PREFIXES = (37, 4, 20)
 
 _GGUF_MAGIC = b"GGUF"
 _backend_lock = threading.Lock()
@@ -110,6 +114,9 @@ class LoadConfig:
     # only, and the proportion of layers per device (RPC devices first, then local GPUs)
     rpc_servers: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] | None = None
+    # a second, small GGUF proposing draft tokens (speculative="draft"); the worker key
+    # includes it, the target's weights do not depend on it
+    draft_model_path: str | None = None
 
     def model_key(self) -> tuple[tuple[str, object], ...]:
         """What decides the loaded weights: configs with equal keys share one ``llama_model``.
@@ -143,6 +150,7 @@ CONTEXT_FIELDS = frozenset(
         "mmproj_path",
         "image_min_tokens",
         "image_max_tokens",
+        "draft_model_path",
     }
 )
 
@@ -389,6 +397,7 @@ class Engine:
             self.eos_id = int(C.llama_vocab_eos(self.vocab))
             self.memory_kind = self._probe_memory()
             self.exact_rows = self._probe_rows()
+            self.exact_verify_rows = self._probe_verify_rows()
             self.mtmd = self._load_mtmd(threads) if config.mmproj_path else None
         except BaseException:
             self.close()
@@ -593,6 +602,65 @@ class Engine:
         finally:
             C.llama_memory_clear(self.mem, True)
         logger.debug("up to %d sequences share a generation step exactly", best)
+        return best
+
+    def _probe_verify_rows(self) -> int:
+        """How many tokens of ONE sequence one decode may carry with exactly the logits
+        (and the memory) that one-token steps would give: speculative verification.
+
+        For k = 2.. ``VERIFY_PROBE_MAX``, after prefixes of a few lengths, decoding k
+        tokens at once must give, row by row, the logits of k single steps, and the
+        step after it must match too (the cached K/V or recurrent state is the same).
+        Returns the largest k that held everywhere (1: a multi-token verify step
+        changes logits). A probe can only find counterexamples: whether two kernels
+        round alike depends on the data, so it tries several positions. Measured on
+        x86: Gemma 3 270M Q4_K_M matches for k <= 3 after some prefixes and not even
+        for k = 2 after others (33, 40 tokens), so it gets 1; the test models with
+        zeroed attention get 8.
+        """
+        k_max = min(VERIFY_PROBE_MAX, self.n_batch, self.n_ubatch)
+        heads = [h for h in VERIFY_PROBE_PREFIXES if h + k_max + 1 <= self.n_ctx]
+        if k_max < 2 or not heads:
+            return 1
+        try:
+            # k = 2 everywhere first: most CPU models fail there, after a few decodes
+            best = self._verify_rows_upto(2, heads)
+            if best == 2 and k_max > 2:
+                best = self._verify_rows_upto(k_max, heads)
+        except (DecodeError, RequestCancelledError):
+            best = 1
+        finally:
+            C.llama_memory_clear(self.mem, True)
+        logger.debug("a verify step of up to %d tokens of one sequence is exact", best)
+        return best
+
+    def _verify_rows_upto(self, best: int, heads: Sequence[int]) -> int:
+        bos = [self.bos_id] if self.bos_id >= 0 else []
+        n_vocab = max(2, min(self.n_vocab, 4096))
+
+        def prime(toks: list[int], head: int) -> None:  # recurrent state: start over
+            C.llama_memory_clear(self.mem, True)
+            self.decode(toks[:head], 0, 0, logits_last=False)
+
+        for c, head in enumerate(heads):
+            toks = bos + [(53 + 29 * c + 11 * i) % n_vocab for i in range(head + best + 1)]
+            prime(toks, head)
+            solo = []
+            for i in range(head, head + best + 1):
+                self.decode_batch([toks[i]], [i], [0], [True])
+                solo.append(self.logits(0))
+            for k in range(2, best + 1):
+                prime(toks, head)
+                self.decode_batch(toks[head : head + k], range(head, head + k), [0] * k, [True] * k)
+                same = all(np.array_equal(self.logits(i), solo[i]) for i in range(k))
+                if same:  # and the state it left: the next single step
+                    self.decode_batch([toks[head + k]], [head + k], [0], [True])
+                    same = np.array_equal(self.logits(0), solo[k])
+                if not same:
+                    best = k - 1
+                    break
+            if best < 2:
+                return 1
         return best
 
     # ------------------------------------------------------------------ tokens

@@ -39,10 +39,10 @@ from tests.gguf_models import write_tiny_llama
 
 def test_unknown_constructor_arguments_raise_naming_the_closest_field(tmp_path: Path) -> None:
     with pytest.raises(TypeError) as info:
-        ChatLlamaCpp(model_path="m.gguf", n_gpu_layer=10, speculative="ngram")
+        ChatLlamaCpp(model_path="m.gguf", n_gpu_layer=10, lookahead="ngram")
     msg = str(info.value)
     assert "'n_gpu_layer' (did you mean 'n_gpu_layers'?)" in msg
-    assert "'speculative'" in msg
+    assert "'lookahead'" in msg
     with pytest.raises(TypeError, match="did you mean 'temperature'"):
         ChatLlamaCpp(model_path="m.gguf", temprature=0.1)
     # aliases and every declared field stay accepted
