@@ -115,6 +115,23 @@ def top_probability(logits: np.ndarray, top_k: int = DRAFT_TOP_K) -> tuple[int, 
     return best, float(1.0 / exp.sum())
 
 
+def _token_ids(entries: Sequence[object], n_vocab: int) -> list[int] | None:
+    """``entries`` as token ids of a ``n_vocab`` vocabulary, or None if one is not
+    (an image position of a multimodal prompt, an id past the draft's vocabulary)."""
+    out: list[int] = []
+    for e in entries:
+        if isinstance(e, (tuple, str, bytes)):
+            return None
+        try:
+            t = int(e)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            return None
+        if not 0 <= t < n_vocab:
+            return None
+        out.append(t)
+    return out
+
+
 class DraftModel:
     """Draft tokens from a small compatible model (see the module docstring)."""
 
@@ -173,9 +190,9 @@ class DraftModel:
             return []
         try:
             n_keep = self._rewind(seq_id, history)
-            new = list(history[n_keep:])
-            if max(new) >= eng.n_vocab:
-                logger.debug("history token outside the draft vocabulary: no draft")
+            new = _token_ids(history[n_keep:], eng.n_vocab)
+            if new is None:
+                logger.debug("history entry the draft cannot read (image, id): no draft")
                 self.forget(seq_id)
                 return []
             eng.decode(new, n_keep, seq_id, logits_last=True)

@@ -162,6 +162,10 @@ def test_window_and_vocabulary_limits_give_no_draft(
         assert len(draft.propose(0, near, 8)) == 3
         assert draft.propose(0, near, 0) == []
         assert draft.propose(0, [], 4) == []
+        # an image position of a multimodal prompt: the draft cannot read it
+        image: list = [BOS_ID, ("media", "digest", 0), byte_token(65)]
+        assert draft.propose(0, image, 4) == []
+        assert draft.engine is not None and draft.engine.seq_pos_max(0) == -1
     finally:
         draft.close()
 
