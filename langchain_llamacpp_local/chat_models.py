@@ -48,6 +48,7 @@ from .validation import (
     check_call_options,
     check_load_settings,
     check_max_tokens,
+    check_speculative,
     check_timeout,
     normalize_stop,
     unknown_names_error,
@@ -82,6 +83,8 @@ _CALL_KWARGS = {
     "logprobs",
     "top_logprobs",
     "cache_prompt",
+    "speculative",
+    "speculative_max_draft",
     "timeout",
     "model",
     "keep_alive",
@@ -219,6 +222,21 @@ class ChatLlamaCpp(BaseChatModel):
     (probed at load: 3 for Gemma 3 Q4_K_M on x86, 1 for F32 weights). False puts every
     running request in one call (faster, but logits then depend on what runs beside)."""
 
+    # ------------------------------------------------------------------ speculative decoding
+    speculative: Literal["ngram", "draft"] | None = None
+    """Speculative decoding (docs/speculative.md): ``"ngram"`` drafts the continuation of
+    the longest recent n-gram match in the conversation's own tokens (no second model);
+    ``"draft"`` asks ``draft_model_path``'s model. Verified by this model with the
+    request's own sampler, so the output is the same as without it; overridable per call.
+    None: ``"draft"`` when ``draft_model_path`` is set, else off."""
+    speculative_max_draft: int = 8
+    """Most draft tokens per verify step (adapted per request below it). With
+    ``exact_batching`` a step also stays within what the model's kernels verify exactly
+    (probed at load; a model that allows no multi-token step then does not speculate)."""
+    draft_model_path: str | None = None
+    """A small GGUF with this model's vocabulary that proposes draft tokens
+    (``speculative="draft"``); loaded beside the model, checked at load."""
+
     # ------------------------------------------------------------------ model selection
     model: str | None = None
     """The model: a GGUF path, a name in ``models_dir`` (``qwen3``, ``qwen3:Q4_K_M``) or a
@@ -297,6 +315,9 @@ class ChatLlamaCpp(BaseChatModel):
         check_max_tokens(self.max_tokens)
         check_timeout(self.timeout)
         check_call_options({"top_logprobs": self.top_logprobs, "logprobs": self.logprobs})
+        check_speculative(
+            self.speculative, self.speculative_max_draft, draft_model=self.draft_model_path
+        )
         self._check_placement()
         self._sampling()  # validates the sampling fields
         return self
@@ -449,6 +470,11 @@ class ChatLlamaCpp(BaseChatModel):
             image_max_tokens=self.image_max_tokens,
             rpc_servers=tuple(self.rpc_servers or ()),
             tensor_split=tuple(self.tensor_split) if self.tensor_split is not None else None,
+            draft_model_path=(
+                os.path.abspath(Path(self.draft_model_path).expanduser())
+                if self.draft_model_path
+                else None
+            ),
         )
 
     def load(self) -> Self:
@@ -606,6 +632,11 @@ class ChatLlamaCpp(BaseChatModel):
         template_kwargs.update(kwargs.get("chat_template_kwargs") or {})
         timeout = check_timeout(kwargs.get("timeout", self.timeout))
         max_tokens = check_max_tokens(kwargs.get("max_tokens", self.max_tokens))
+        speculative = kwargs.get("speculative", self.speculative)
+        if speculative is None and "speculative" not in kwargs and self.draft_model_path:
+            speculative = "draft"
+        max_draft = kwargs.get("speculative_max_draft", self.speculative_max_draft)
+        check_speculative(speculative, max_draft, draft_model=self.draft_model_path)
         return ChatJob(
             messages=self._decode_images(convert_messages(messages)),
             sampling=self._sampling(kwargs),
@@ -621,6 +652,8 @@ class ChatLlamaCpp(BaseChatModel):
             logprobs=bool(kwargs.get("logprobs", self.logprobs)),
             top_logprobs=int(kwargs.get("top_logprobs", self.top_logprobs) or 0),
             cache_prompt=bool(kwargs.get("cache_prompt", True)),
+            speculative=speculative,
+            speculative_max_draft=max_draft,
             deadline=None if timeout is None else time.monotonic() + timeout,
         )
 
@@ -709,6 +742,8 @@ class ChatLlamaCpp(BaseChatModel):
         }
         if done.logprobs is not None:
             meta["logprobs"] = {"content": done.logprobs}
+        if done.speculative is not None:
+            meta["speculative"] = done.speculative
         msg = AIMessageChunk(
             content="",
             usage_metadata=done.usage,

@@ -34,6 +34,9 @@ class ChatJob:
     logprobs: bool = False
     top_logprobs: int = 0
     cache_prompt: bool = True
+    #: "ngram" (prompt lookup) or "draft" (the worker's draft model); None: off
+    speculative: str | None = None
+    speculative_max_draft: int = 8
     deadline: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     channel: Channel = field(default_factory=Channel)

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_THREADS",
     "check_call_options",
     "check_load_settings",
+    "check_speculative",
     "check_timeout",
     "closest_name",
     "normalize_stop",
@@ -195,3 +196,21 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
     tmpl = kwargs.get("chat_template")
     if tmpl is not None and not isinstance(tmpl, str):
         raise TypeError(f"chat_template must be a string, got {type(tmpl).__name__}")
+
+
+#: Speculative decoding kinds (``ChatLlamaCpp.speculative``).
+SPECULATIVE_KINDS = ("ngram", "draft")
+#: Most draft tokens one verify step may carry (llama.cpp's server allows 16 by default).
+MAX_DRAFT = 64
+
+
+def check_speculative(kind: Any, max_draft: Any, *, draft_model: str | None) -> None:
+    """``speculative``/``speculative_max_draft`` (constructor or per call)."""
+    if kind is not None and kind not in SPECULATIVE_KINDS:
+        raise ValueError(
+            f"speculative={kind!r} is not a speculative decoding kind; use one of "
+            f"{list(SPECULATIVE_KINDS)} or None"
+        )
+    if kind == "draft" and not draft_model:
+        raise ValueError('speculative="draft" needs draft_model_path=... (a small GGUF)')
+    _int("speculative_max_draft", max_draft, lo=1, hi=MAX_DRAFT)

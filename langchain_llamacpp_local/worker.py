@@ -27,7 +27,7 @@ import numpy as np
 from . import prompts
 from .channel import Channel
 from .chunking import piece_end
-from .engine import Engine, LoadConfig
+from .engine import Engine, LoadConfig, MemoryKind
 from .errors import (
     ContextOverflowError,
     DecodeError,
@@ -37,7 +37,8 @@ from .errors import (
 from .jobs import ChatJob, cancel_error
 from .kv_cache import Slot
 from .sampling import Sampler, StopMatcher, Utf8Decoder
-from .slot_policy import CacheOptions, SlotPolicy
+from .slot_policy import PARTIAL_ONLY, CacheOptions, SlotPolicy
+from .speculative import DraftController, NgramProposer, Proposer
 from .tool_parsers import StreamDelta
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Done:
     model_name: str
     logprobs: list[dict[str, Any]] | None = None
     parsed: Any = None  # the parser's final ParsedOutput, when tools or reasoning were parsed
+    speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
 
 
 @dataclass
@@ -189,6 +191,19 @@ class _Waiting:
 
 
 @dataclass
+class _Speculation:
+    """A speculating request's proposer, draft-length controller and token history."""
+
+    kind: str
+    proposer: Proposer | None  # None: speculation is off for this request (see limit)
+    controller: DraftController
+    limit: int  # most draft tokens per verify step (exactness, n_batch)
+    history: list[int]  # text tokens of the sequence (after its last image), pending last
+    drafted: int = 0  # totals reported in the metadata
+    accepted: int = 0
+
+
+@dataclass
 class _Active:
     """A request that owns a slot: reading its prompt or generating."""
 
@@ -210,6 +225,7 @@ class _Active:
     t_prefill: float = 0.0
     retried: bool = False
     streamed: bool = False
+    spec: _Speculation | None = None
 
     @property
     def tokens(self) -> list[Any]:
@@ -260,6 +276,7 @@ class _WorkerState:
         self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
         self.prepare_count = 0  # prompts prepared (tests: a waiting request is prepared once)
+        self.proposers: dict[str, Proposer] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -268,6 +285,11 @@ class _WorkerState:
         self.engine = eng
         self.format = prompts.ChatFormat.from_engine(eng)
         self.policy = SlotPolicy(eng, self.cache)
+        self.proposers["ngram"] = NgramProposer()
+        if self.config.draft_model_path:
+            from .draft_model import DraftModel
+
+            self.proposers["draft"] = DraftModel(self.config, eng)
         name = eng.metadata.get("general.name") or self.config.model_path.rsplit("/", 1)[-1]
         self.info = ModelInfo(
             model_name=name,
@@ -292,6 +314,12 @@ class _WorkerState:
 
     def close(self) -> None:
         self.fail_all(RequestCancelledError("the model was closed"))
+        for proposer in self.proposers.values():
+            try:
+                proposer.close()
+            except Exception:
+                logger.exception("closing a draft proposer failed")
+        self.proposers.clear()
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -422,6 +450,9 @@ class _WorkerState:
         except BaseException:
             sampler.close()
             raise
+        if n_keep == 0:
+            for proposer in self.proposers.values():
+                proposer.forget(slot.seq_id)
         return _Active(
             job=job,
             prepared=prepared,
@@ -434,6 +465,40 @@ class _WorkerState:
             parser=parser,
             stopper=stopper,
             logprobs=[] if job.logprobs else None,
+            spec=self._speculation(job, prepared),
+        )
+
+    def _speculation(self, job: ChatJob, prepared: prompts.PreparedPrompt) -> _Speculation | None:
+        """How ``job`` speculates, or None when it does not ask to."""
+        kind = job.speculative
+        if kind is None:
+            return None
+        eng = self.engine
+        assert eng is not None
+        proposer = self.proposers.get(kind)
+        if proposer is None:
+            raise ValueError(
+                f"speculative={kind!r} is not available for this model"
+                + (" (load it with draft_model_path=...)" if kind == "draft" else "")
+            )
+        limit = min(job.speculative_max_draft, eng.n_batch - 1)
+        if self.cache.exact_batching:
+            # a verify step longer than the probed limit would change the logits
+            limit = min(limit, eng.exact_verify_rows - 1)
+            if limit < 1:
+                logger.debug(
+                    "speculation off: this model's kernels give a multi-token verify step "
+                    "different logits (exact_verify_rows=%d); exact_batching=False allows it",
+                    eng.exact_verify_rows,
+                )
+        start = max((p + m.n_pos for p, m in prepared.media.items()), default=0)
+        history = [int(t) for t in prepared.tokens[start:]]
+        return _Speculation(
+            kind=kind,
+            proposer=proposer if limit >= 1 else None,
+            controller=DraftController(n_max=max(1, limit)),
+            limit=max(0, limit),
+            history=history,
         )
 
     # ------------------------------------------------------------------ one step
@@ -447,6 +512,14 @@ class _WorkerState:
         gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
         eng = self.engine
         assert eng is not None
+        drafts: list[tuple[_Active, list[int]]] = []
+        for act in gen:
+            draft = self._draft(act)
+            if draft:
+                drafts.append((act, draft))
+        if drafts:  # a verify step is its own decode call (see _decode_verify)
+            drafting = {id(a) for a, _ in drafts}
+            gen = [a for a in gen if id(a) not in drafting]
         if eng.kv_unified or not self.cache.exact_batching:
             group = max(1, len(gen))
         else:  # no more rows per call than the kernels keep bit-identical (probed at load)
@@ -455,6 +528,9 @@ class _WorkerState:
             members = [a for a in gen[i : i + group] if a in self.active]
             if members:
                 self._decode_generation(members)
+        for act, draft in drafts:
+            if act in self.active:
+                self._decode_verify(act, draft)
         reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
         if reading is not None:
             self._decode_prompt_piece(reading)
@@ -478,6 +554,131 @@ class _WorkerState:
             policy.record(act.slot, [act.pending], exact=False)
             act.pending = None
             self._guarded(act, self._sample, act, i)
+
+    # ------------------------------------------------------------------ speculation
+
+    def _draft(self, act: _Active) -> list[int]:
+        """Draft tokens to verify after ``act``'s pending token this step ([]: none)."""
+        sp = act.spec
+        if sp is None or sp.proposer is None:
+            return []
+        eng = self.engine
+        assert eng is not None
+        # every verified row is a generated token and a KV position: stay within both
+        room = min(act.max_new - act.n_gen - 1, eng.n_ctx - act.slot.n_past - 1)
+        n = min(sp.limit, room)
+        if n < 1:
+            return []
+        n = min(n, sp.controller.want())
+        if n < 1:
+            return []
+        try:
+            draft = sp.proposer.propose(act.slot.seq_id, sp.history, n)
+        except Exception:  # a failing proposer costs speed, never the request
+            logger.warning(
+                "the %s proposer failed; speculation off for the request", sp.kind, exc_info=True
+            )
+            sp.proposer = None
+            return []
+        return [int(t) for t in draft[:n]]
+
+    def _rollback_mode(self, act: _Active, n_rows: int) -> bool:
+        """True if rejected positions of a verify step need a state restore (not seq_rm).
+
+        Recurrent/hybrid memory cannot be trimmed; a sliding-window cache prunes
+        positions that left the window while the draft was decoded, unless the whole
+        sequence still fits in half a window (any SWA type).
+        """
+        eng = self.engine
+        assert eng is not None
+        kind = eng.memory_kind
+        if kind is MemoryKind.PARTIAL:
+            return False
+        if kind is MemoryKind.SWA:
+            return act.slot.n_past + n_rows >= eng.n_swa // 2
+        return True
+
+    def _decode_verify(self, act: _Active, draft: list[int]) -> None:
+        """Decode [pending, *draft] of one request in one call and keep what its sampler
+        agrees with (llama.cpp's ``common_sampler_sample_and_accept_n``)."""
+        eng = self.engine
+        assert eng is not None and act.pending is not None
+        slot = act.slot
+        batch = [act.pending, *draft]
+        n_past = slot.n_past
+        saved = (
+            eng.state_get(slot.seq_id, PARTIAL_ONLY)
+            if self._rollback_mode(act, len(batch))
+            else None
+        )
+        try:
+            eng.decode_batch(
+                batch,
+                range(n_past, n_past + len(batch)),
+                [slot.seq_id] * len(batch),
+                [True] * len(batch),
+            )
+        except (RequestCancelledError, DecodeError) as exc:
+            if saved is not None:
+                eng.state_set(saved, slot.seq_id, PARTIAL_ONLY)
+            self._after_failed_decode([act], exc)
+            return
+        act.pending = None
+        self._guarded(act, self._accept_draft, act, batch, saved)
+
+    def _accept_draft(self, act: _Active, batch: list[int], saved: bytes | None) -> None:
+        """Sample the verify rows in order until the sampler disagrees with the draft."""
+        eng = self.engine
+        assert eng is not None and act.spec is not None
+        n_draft = len(batch) - 1
+        used = 0  # rows whose input token stays in the sequence
+        accepted = 0
+        sp = act.spec
+        sp.drafted += n_draft
+        try:
+            for i in range(len(batch)):
+                used = i + 1
+                tok = act.sampler.sample(eng.ctx, i)
+                match = i < n_draft and tok == batch[i + 1]
+                if match:  # counted first: the request may finish on this token
+                    accepted += 1
+                    sp.accepted += 1
+                if not self._take(act, i, tok):
+                    break  # finished (end of generation, stop string, length)
+                if not match:
+                    act.pending = tok
+                    break
+        finally:
+            act.spec.controller.update(n_draft, accepted)
+            self._keep_rows(act, batch, used, saved)
+
+    def _keep_rows(self, act: _Active, batch: list[int], used: int, saved: bytes | None) -> None:
+        """Leave the first ``used`` rows of a verify step in the sequence, drop the rest."""
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None
+        slot = act.slot
+        seq = slot.seq_id
+        n_past = slot.n_past
+        if used == len(batch):
+            policy.record(slot, batch, exact=False)
+            return
+        if saved is None:
+            if eng.seq_rm(seq, n_past + used, -1):
+                policy.record(slot, batch[:used], exact=False)
+                return
+        elif eng.state_set(saved, seq, PARTIAL_ONLY) and eng.seq_rm(seq, n_past, -1):
+            try:  # back to before the step: decode the kept rows again
+                eng.decode_batch(
+                    batch[:used], range(n_past, n_past + used), [seq] * used, [False] * used
+                )
+            except (RequestCancelledError, DecodeError):
+                policy.sync(slot)
+                raise
+            policy.record(slot, batch[:used], exact=False)
+            return
+        policy.reset(slot)  # the memory is unknown now: nothing of it may be reused
+        raise DecodeError("rolling back the rejected draft tokens failed")
 
     def _decode_prompt_piece(self, act: _Active) -> None:
         eng = self.engine
@@ -579,18 +780,29 @@ class _WorkerState:
         eng = self.engine
         assert eng is not None
         tok = act.sampler.sample(eng.ctx, idx)
+        if self._take(act, idx, tok):
+            act.pending = tok
+
+    def _take(self, act: _Active, idx: int, tok: int) -> bool:
+        """Handle one sampled token (logprobs, end of generation, stop strings, length);
+        False once the request has finished."""
+        eng = self.engine
+        assert eng is not None
         if act.logprobs is not None:
             act.logprobs.append(_logprob_entry(eng, idx, tok, act.job.top_logprobs))
         if eng.is_eog(tok):
             self._finish(act, "stop")
-            return
+            return False
         act.n_gen += 1
+        if act.spec is not None:
+            act.spec.history.append(tok)
         if self._emit(act, act.decoder.feed(eng.token_piece(tok))):
             self._finish(act, "stop", stopped=True)
         elif act.n_gen >= act.max_new:
             self._finish(act, "length")
         else:
-            act.pending = tok
+            return True
+        return False
 
     def _emit(self, act: _Active, text: str) -> bool:
         """Stream ``text`` through stop strings and the output parser; True if a stop matched."""
@@ -635,10 +847,21 @@ class _WorkerState:
             "predicted_ms": gen_ms,
             "predicted_per_second": act.n_gen / (gen_ms / 1000) if gen_ms > 0 else 0.0,
         }
+        spec = None
+        if act.spec is not None:
+            sp = act.spec
+            spec = {"type": sp.kind, "drafted": sp.drafted, "accepted": sp.accepted}
+            timings["draft_n"] = float(sp.drafted)
+            timings["draft_n_accepted"] = float(sp.accepted)
         assert self.info is not None
         parsed = getattr(act.parser, "result", None)
         self._release(act)
-        put(("done", Done(reason, usage, timings, self.info.model_name, act.logprobs, parsed)))
+        put(
+            (
+                "done",
+                Done(reason, usage, timings, self.info.model_name, act.logprobs, parsed, spec),
+            )
+        )
 
     def _finish_error(self, act: _Active, exc: BaseException) -> None:
         self._release(act)
