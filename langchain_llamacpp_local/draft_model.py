@@ -136,6 +136,10 @@ class DraftModel:
     """Draft tokens from a small compatible model (see the module docstring)."""
 
     def __init__(self, config: LoadConfig, target: Engine, *, p_min: float = 0.75) -> None:
+        """``config``: the draft's own load settings, or the target's with
+        ``draft_model_path`` set (the draft's are then derived by :func:`draft_config`)."""
+        if config.draft_model_path:
+            config = draft_config(config, config.draft_model_path, n_ctx=target.n_ctx)
         if config.n_seq_max != target.n_seq_max:
             raise ValueError(
                 f"the draft model needs one sequence per target slot: n_seq_max="

@@ -6,6 +6,7 @@ token at a time (what the draft must reproduce when it is the target's own file)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -210,6 +211,20 @@ def test_vocab_differences_below_the_checked_ids_are_accepted(
     """Like llama.cpp, token texts are compared from id 5 on (special tokens may differ)."""
     path = str(write_tiny_llama_vocab(models_dir / "tiny-unk.gguf", renamed={0: "<pad>"}))
     _draft(path, target).close()
+
+
+def test_built_from_the_targets_config(tiny_llama: str, target: Engine) -> None:
+    """The worker passes the target's LoadConfig with ``draft_model_path`` set."""
+    cfg = dataclasses.replace(target.config, draft_model_path=tiny_llama)
+    draft = DraftModel(cfg, target, p_min=0.0)
+    try:
+        assert draft.engine is not None
+        assert draft.engine.config.draft_model_path is None
+        assert draft.engine.n_seq_max == target.n_seq_max and draft.n_ctx == target.n_ctx
+        history = _text(target, "from the worker")
+        assert draft.propose(1, history, 3) == greedy(target, history, 3, seq=1)
+    finally:
+        draft.close()
 
 
 def test_slot_count_must_match(tiny_llama: str, target: Engine) -> None:
