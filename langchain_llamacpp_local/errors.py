@@ -32,3 +32,11 @@ class WorkerDeadError(LlamaCppError):
 
 class RequestCancelledError(LlamaCppError):
     """The request was cancelled (stream closed, task cancelled or ``close()``)."""
+
+
+class IncompatibleDraftModelError(ModelLoadError):
+    """The draft model's vocabulary cannot share token ids with the target's.
+
+    Checked at load like llama.cpp's ``common_speculative_are_compatible``; the
+    message names the mismatch and both files.
+    """

@@ -506,3 +506,79 @@ def write_scripted_llama(
         t.const(p + "ffn_down.weight", n_embd, n_ff, value=0.0)
     _finish(w)
     return path
+
+
+def write_tiny_llama_vocab(
+    path: Path,
+    *,
+    seed: int = 0,
+    extra_tokens: int = 0,
+    renamed: dict[int, str] | None = None,
+    add_bos: bool = True,
+) -> Path:
+    """Write a :func:`write_tiny_llama`-shaped model with another vocabulary.
+
+    ``extra_tokens`` user-defined tokens ``<extra_k>`` are appended (a vocab size
+    difference), ``renamed`` replaces the text of the given token ids (a vocab whose
+    texts differ), ``add_bos`` sets ``tokenizer.ggml.add_bos_token``: drafts that
+    llama.cpp's speculative compatibility check must refuse.
+    """
+    path = Path(path)
+    n_head, n_head_kv, n_ff = 4, 2, 128
+    head_dim = N_EMBD // n_head
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [SPACE]
+    types = (
+        [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+        + [gguf.TokenType.BYTE] * 256
+        + [gguf.TokenType.NORMAL]
+    )
+    for i, text in (renamed or {}).items():
+        tokens[i] = text
+        types[i] = gguf.TokenType.USER_DEFINED
+    tokens += [f"<extra_{k}>" for k in range(extra_tokens)]
+    types += [gguf.TokenType.USER_DEFINED] * extra_tokens
+    n_vocab = len(tokens)
+    w = gguf.GGUFWriter(path, "llama")
+    t = _Weights(w, seed)
+    w.add_name("tiny-other-vocab")
+    w.add_context_length(2048)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types(types)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(add_bos)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    t.normal("token_embd.weight", n_vocab, N_EMBD, scale=0.5)
+    t.const("output_norm.weight", N_EMBD)
+    t.normal("output.weight", n_vocab, N_EMBD, scale=0.5)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        t.const(p + "attn_norm.weight", N_EMBD)
+        t.normal(p + "attn_q.weight", n_head * head_dim, N_EMBD)
+        t.normal(p + "attn_k.weight", n_head_kv * head_dim, N_EMBD)
+        t.normal(p + "attn_v.weight", n_head_kv * head_dim, N_EMBD)
+        t.normal(p + "attn_output.weight", N_EMBD, n_head * head_dim)
+        t.const(p + "ffn_norm.weight", N_EMBD)
+        t.normal(p + "ffn_gate.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
+    _finish(w)
+    return path
+
+
+__all__ += ["write_tiny_llama_vocab"]
