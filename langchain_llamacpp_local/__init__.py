@@ -5,6 +5,7 @@ from .embeddings import LlamaCppEmbeddings
 from .errors import (
     ContextOverflowError,
     DecodeError,
+    IncompatibleDraftModelError,
     LlamaCppError,
     ModelLoadError,
     RequestCancelledError,
@@ -17,6 +18,7 @@ __all__ = [
     "ChatLlamaCpp",
     "ContextOverflowError",
     "DecodeError",
+    "IncompatibleDraftModelError",
     "LlamaCppEmbeddings",
     "LlamaCppError",
     "LlamaCppRerank",

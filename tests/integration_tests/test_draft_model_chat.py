@@ -74,11 +74,6 @@ def test_recurrent_draft_for_an_attention_target(tiny_llama: str, tiny_mamba: st
         spec.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker._thread_main does not close the target engine when load() fails "
-    "after it (state.close() belongs in its except branch, before ready.set())",
-)
 def test_incompatible_draft_fails_the_load_and_frees_everything(
     tiny_llama: str, models_dir: Path
 ) -> None:
