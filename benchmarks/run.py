@@ -382,7 +382,7 @@ TOPICS: dict[str, tuple[list[str], list[str]]] = {
     "bench_concurrency.py": ([], ["--turns", "3"]),
     "bench_embeddings.py": ([], ["--texts", "100"]),
     "bench_models.py": ([], ["--calls", "4"]),
-    "bench_speculative.py": ([], ["--quick"]),
+    "bench_speculative.py": ([], ["--runs", "1", "--max-tokens", "128"]),
     "bench_rpc.py": ([], ["--runs", "1"]),
     "bench_parsers.py": ([], []),
     "bench_template_analysis.py": ([], ["--quick"]),
