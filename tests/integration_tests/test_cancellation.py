@@ -87,16 +87,20 @@ def test_timeout_field_raises_timeout_error(tiny_llama: str) -> None:
 def test_close_cancels_running_calls(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=1500)
     errors: list[BaseException] = []
+    started = threading.Event()
 
     def run() -> None:
         try:
-            llm.invoke("z " * 100)
+            for _ in llm.stream("z " * 100):
+                started.set()
         except BaseException as exc:
             errors.append(exc)
+        finally:
+            started.set()
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.3)
+    assert started.wait(60)  # running, not merely submitted (a loaded machine is slow)
     llm.close()
     t.join(10)
     assert not t.is_alive()
