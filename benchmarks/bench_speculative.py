@@ -234,8 +234,12 @@ def build(args: argparse.Namespace, path: str) -> dict[str, Contender | str]:
     """Every contender, or why it cannot run in this build."""
     spec: dict[str, dict[str, Any]] = {
         "ours_plain": {},
-        "ours_ngram": {"speculative": "ngram"},
-        "ours_ngram_fast": {"speculative": "ngram", "exact_batching": False},
+        "ours_ngram": {"speculative": "ngram", "speculative_max_draft": args.max_draft},
+        "ours_ngram_fast": {
+            "speculative": "ngram",
+            "exact_batching": False,
+            "speculative_max_draft": args.max_draft,
+        },
     }
     if args.draft_self:
         spec["ours_draft_self"] = {"draft_model_path": path}
@@ -314,6 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--draft-self", action="store_true", help="also run Gemma as its own draft model"
     )
+    ap.add_argument(
+        "--max-draft", type=int, default=8, help="speculative_max_draft of our contenders"
+    )
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
     contenders = build(args, path)
@@ -323,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_tokens": args.max_tokens,
         "runs": args.runs,
         "lookup_tokens": args.lookup_tokens,
+        "max_draft": args.max_draft,
     }
     for name in args.workloads.split(","):
         prompt, sampling = WORKLOADS[name]
