@@ -12,8 +12,9 @@ boundaries lie on one grid that depends only on the prompt itself:
 
 * cut points are the multiples of ``align`` (a multiple of 4), the start and end of
   every image, every *mark* (the position right after each occurrence of the chat
-  template's generation prompt, e.g. ``<start_of_turn>model\n``: where an assistant
-  reply began) and the end of the prompt; the multiple of ``align`` just before a
+  template's generation prompt, e.g. ``<start_of_turn>model\n``, where an assistant
+  reply began, or of its end of a message, e.g. ``<end_of_turn>\n``) and the end of
+  the prompt; the multiple of ``align`` just before a
   one-token tail (before a mark or the end) is dropped so no text piece is a lone row
   unless the layout forces it;
 * a decode call covers consecutive pieces (at most ``n_batch`` tokens) and never
@@ -57,18 +58,25 @@ def exact_prefix(n_prompt: int, align: int, marks: Iterable[int] = ()) -> int:
     return max([n_prompt // align * align, *(m for m in marks if m <= n_prompt)])
 
 
-def marker_cuts(tokens: Sequence[object], marker: Sequence[object]) -> list[int]:
-    """Positions right after each occurrence of ``marker`` in ``tokens`` (ascending)."""
-    m = len(marker)
-    if m == 0 or len(tokens) < m:
-        return []
-    last = marker[-1]
-    first = tuple(marker)
-    return [
-        j + 1
-        for j in range(m - 1, len(tokens))
-        if tokens[j] == last and tuple(tokens[j + 1 - m : j + 1]) == first
-    ]
+def marker_cuts(tokens: Sequence[object], markers: Sequence[Sequence[object]]) -> list[int]:
+    """Positions right after each occurrence of any of ``markers`` in ``tokens`` (ascending).
+
+    A cut depends only on the tokens before it, so a prompt and any longer prompt
+    that begins with it find the same cuts there.
+    """
+    cuts: set[int] = set()
+    for marker in markers:
+        m = len(marker)
+        if m == 0 or len(tokens) < m:
+            continue
+        last = marker[-1]
+        whole = tuple(marker)
+        cuts.update(
+            j + 1
+            for j in range(m - 1, len(tokens))
+            if tokens[j] == last and tuple(tokens[j + 1 - m : j + 1]) == whole
+        )
+    return sorted(cuts)
 
 
 def restart_point(

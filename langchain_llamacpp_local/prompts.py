@@ -315,27 +315,35 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     )
 
 
-def generation_marker(template: ChatTemplate, eng: Engine) -> tuple[int, ...]:
-    """The tokens of ``template``'s generation prompt, e.g. ``<start_of_turn>model\n``.
+def chunk_markers(template: ChatTemplate, eng: Engine) -> tuple[tuple[int, ...], ...]:
+    """Token sequences after which prompts are cut (:func:`~.chunking.marker_cuts`).
 
-    Prompts are cut after each occurrence (:func:`~.chunking.marker_cuts`), so the next
-    turn of a conversation reuses the previous prompt whole. Only a generation prompt
-    that starts with a control token counts: message text cannot spell one (see
-    :mod:`~.prompt_tokens`), so the cuts stay where replies began. () when there is none.
+    The template's generation prompt (e.g. ``<start_of_turn>model\n``: a prompt ends
+    with it, so the next turn of a conversation reuses the previous prompt whole) and
+    its end of a message (e.g. ``<end_of_turn>\n``: every message then starts on a
+    cut, so an edited last message resumes from a checkpoint at its start). Only
+    sequences that start with a control token count: message text cannot spell one
+    (see :mod:`~.prompt_tokens`), so the cuts stay on message boundaries.
     """
-    probe = [{"role": "user", "content": "x"}]
+    probe = [{"role": "user", "content": "\x01probe\x02"}]
     try:
         with_prompt = template.render(probe, add_generation_prompt=True)
         without = template.render(probe, add_generation_prompt=False)
     except Exception:
-        logger.debug("no generation marker: the template did not render a probe", exc_info=True)
+        logger.debug("no chunk markers: the template did not render a probe", exc_info=True)
         return ()
-    if not with_prompt.startswith(without) or not with_prompt[len(without) :].strip():
-        return ()
-    toks = eng.tokenize(with_prompt[len(without) :], add_special=False, parse_special=True)
-    if not toks or not eng.is_control(toks[0]):
-        return ()
-    return tuple(toks)
+    texts: list[str] = []
+    if with_prompt.startswith(without) and with_prompt[len(without) :].strip():
+        texts.append(with_prompt[len(without) :])
+    at = without.find("\x02")
+    if at >= 0 and without[at + 1 :].strip():
+        texts.append(without[at + 1 :])
+    out: list[tuple[int, ...]] = []
+    for text in texts:
+        toks = eng.tokenize(text, add_special=False, parse_special=True)
+        if toks and eng.is_control(toks[0]) and tuple(toks) not in out:
+            out.append(tuple(toks))
+    return tuple(out)
 
 
 def _strip_bos(eng: Engine, fmt: ChatFormat, text: str) -> str:

@@ -277,7 +277,8 @@ class _WorkerState:
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
         self.format: prompts.ChatFormat | None = None
-        self.marker: tuple[int, ...] = ()  # the template's generation prompt (chunking marks)
+        # token sequences prompts are cut after (chunking marks: message boundaries)
+        self.markers: tuple[tuple[int, ...], ...] = ()
         self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
         self.prepare_count = 0  # prompts prepared (tests: a waiting request is prepared once)
@@ -289,7 +290,7 @@ class _WorkerState:
         eng = Engine(self.config, self.progress)
         self.engine = eng
         self.format = prompts.ChatFormat.from_engine(eng)
-        self.marker = prompts.generation_marker(self.format.template, eng)
+        self.markers = prompts.chunk_markers(self.format.template, eng)
         self.policy = SlotPolicy(eng, self.cache)
         self.proposers["ngram"] = NgramProposer()
         if self.config.draft_model_path:
@@ -437,7 +438,7 @@ class _WorkerState:
         tokens = prepared.tokens
         spans = [(p, m.n_pos) for p, m in prepared.media.items()]
         spec = self._speculation(job, prepared)  # first: it may refuse the job
-        marks = marker_cuts(tokens, self.marker)
+        marks = marker_cuts(tokens, self.markers)
         slot, n_keep = policy.acquire(
             tokens, spans, busy, cache_prompt=job.cache_prompt, marks=marks
         )

@@ -263,7 +263,9 @@ def test_gemma_exact_mode_and_fast_mode(gemma: str) -> None:
         assert _spec(got) == {"type": "ngram", "drafted": 0, "accepted": 0}
     fast = ChatLlamaCpp(**base, exact_batching=False, **GREEDY)
     got = fast.invoke(prompt, cache_prompt=False, speculative="ngram")
-    assert_same_greedy(got, fast.invoke(prompt, cache_prompt=False), tol=0.1)
+    # not exact: the same tokens, log-probabilities within rounding of a 4-bit model
+    # (a multi-token step moved them by up to ~0.5 in the lead's measurements)
+    assert_same_greedy(got, fast.invoke(prompt, cache_prompt=False), tol=1.0)
     assert _spec(got)["accepted"] > 0
 
 

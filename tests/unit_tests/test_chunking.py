@@ -88,11 +88,12 @@ def test_balanced_groups_use_the_fewest_calls_with_even_sizes() -> None:
 
 def test_marker_cuts_follow_each_occurrence() -> None:
     toks = [1, 7, 8, 9, 5, 7, 8, 9, 7, 8]
-    assert marker_cuts(toks, (7, 8, 9)) == [4, 8]
-    assert marker_cuts(toks, ()) == []
-    assert marker_cuts([7, 8], (7, 8, 9)) == []
+    assert marker_cuts(toks, [(7, 8, 9)]) == [4, 8]
+    assert marker_cuts(toks, [(7, 8, 9), (5,), (8, 9)]) == [4, 5, 8]
+    assert marker_cuts(toks, []) == []
+    assert marker_cuts([7, 8], [(7, 8, 9)]) == []
     # a prefix has the same marks as the longer prompt it begins
-    assert marker_cuts(toks[:8], (7, 8, 9)) == [4, 8]
+    assert marker_cuts(toks[:8], [(7, 8, 9)]) == [4, 8]
 
 
 def _decode_plan(start: int, n: int, marks: tuple[int, ...]) -> list[tuple[int, int]]:
