@@ -78,13 +78,27 @@ def byte_token(b: int) -> int:
     return N_BYTE_OFFSET + b
 
 
-def _add_vocab(w: gguf.GGUFWriter, chat_template: str | None, *, add_eos: bool = False) -> None:
+def _add_vocab(
+    w: gguf.GGUFWriter,
+    chat_template: str | None,
+    *,
+    add_eos: bool = False,
+    add_bos: bool = True,
+    extra_tokens: int = 0,
+    renamed: dict[int, str] | None = None,
+) -> None:
+    """The shared byte-level vocab; ``extra_tokens``/``renamed`` make another one."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [SPACE]
     types = (
         [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
         + [gguf.TokenType.BYTE] * 256
         + [gguf.TokenType.NORMAL]
     )
+    for i, text in (renamed or {}).items():
+        tokens[i] = text
+        types[i] = gguf.TokenType.USER_DEFINED
+    tokens += [f"<extra_{k}>" for k in range(extra_tokens)]
+    types += [gguf.TokenType.USER_DEFINED] * extra_tokens
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -93,7 +107,7 @@ def _add_vocab(w: gguf.GGUFWriter, chat_template: str | None, *, add_eos: bool =
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)
-    w.add_add_bos_token(True)
+    w.add_add_bos_token(add_bos)
     w.add_add_eos_token(add_eos)
     w.add_add_space_prefix(False)
     if chat_template is not None:
@@ -127,16 +141,41 @@ def _finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
-def _text_common(w: gguf.GGUFWriter, t: _Weights, n_ctx_train: int) -> None:
-    w.add_name("tiny")
+def _text_common(
+    w: gguf.GGUFWriter, t: _Weights, n_ctx_train: int, *, n_vocab: int = N_VOCAB, name: str = "tiny"
+) -> None:
+    w.add_name(name)
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(N_LAYER)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    t.normal("token_embd.weight", N_VOCAB, N_EMBD, scale=0.5)
+    t.normal("token_embd.weight", n_vocab, N_EMBD, scale=0.5)
     t.const("output_norm.weight", N_EMBD)
-    t.normal("output.weight", N_VOCAB, N_EMBD, scale=0.5)
+    t.normal("output.weight", n_vocab, N_EMBD, scale=0.5)
+
+
+def _llama_blocks(w: gguf.GGUFWriter, t: _Weights, n_vocab: int) -> None:
+    """The llama hyperparameters and its layers (n_embd 64, 4 heads, 2 KV heads, n_ff 128)."""
+    n_head, n_head_kv, n_ff = 4, 2, 128
+    head_dim = N_EMBD // n_head
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(n_vocab)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        t.const(p + "attn_norm.weight", N_EMBD)
+        t.normal(p + "attn_q.weight", n_head * head_dim, N_EMBD)
+        t.normal(p + "attn_k.weight", n_head_kv * head_dim, N_EMBD)
+        t.normal(p + "attn_v.weight", n_head_kv * head_dim, N_EMBD)
+        t.normal(p + "attn_output.weight", N_EMBD, n_head * head_dim)
+        t.const(p + "ffn_norm.weight", N_EMBD)
+        t.normal(p + "ffn_gate.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
+        t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
 
 
 def write_tiny_llama(
@@ -154,8 +193,6 @@ def write_tiny_llama(
     ``split_max_tensors`` > 0 writes a split GGUF (``<stem>-00001-of-0000N.gguf``...)
     and returns its first part."""
     path = Path(path)
-    n_head, n_head_kv, n_ff = 4, 2, 128
-    head_dim = N_EMBD // n_head
     w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     t = _Weights(w, seed)
     _text_common(w, t, n_ctx_train)
@@ -164,24 +201,8 @@ def write_tiny_llama(
             w.add_string(key, value)
         else:
             w.add_uint32(key, value)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(N_VOCAB)
     _add_vocab(w, chat_template)
-    for i in range(N_LAYER):
-        p = f"blk.{i}."
-        t.const(p + "attn_norm.weight", N_EMBD)
-        t.normal(p + "attn_q.weight", n_head * head_dim, N_EMBD)
-        t.normal(p + "attn_k.weight", n_head_kv * head_dim, N_EMBD)
-        t.normal(p + "attn_v.weight", n_head_kv * head_dim, N_EMBD)
-        t.normal(p + "attn_output.weight", N_EMBD, n_head * head_dim)
-        t.const(p + "ffn_norm.weight", N_EMBD)
-        t.normal(p + "ffn_gate.weight", n_ff, N_EMBD)
-        t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
-        t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
+    _llama_blocks(w, t, N_VOCAB)
     _finish(w)
     if split_max_tensors:
         return path.with_name(f"{path.stem}-00001-of-{len(w.tensors):05d}.gguf")
@@ -524,59 +545,12 @@ def write_tiny_llama_vocab(
     llama.cpp's speculative compatibility check must refuse.
     """
     path = Path(path)
-    n_head, n_head_kv, n_ff = 4, 2, 128
-    head_dim = N_EMBD // n_head
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [SPACE]
-    types = (
-        [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-        + [gguf.TokenType.BYTE] * 256
-        + [gguf.TokenType.NORMAL]
-    )
-    for i, text in (renamed or {}).items():
-        tokens[i] = text
-        types[i] = gguf.TokenType.USER_DEFINED
-    tokens += [f"<extra_{k}>" for k in range(extra_tokens)]
-    types += [gguf.TokenType.USER_DEFINED] * extra_tokens
-    n_vocab = len(tokens)
+    n_vocab = N_VOCAB + extra_tokens
     w = gguf.GGUFWriter(path, "llama")
     t = _Weights(w, seed)
-    w.add_name("tiny-other-vocab")
-    w.add_context_length(2048)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_layer_norm_rms_eps(RMS_EPS)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types(types)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_unk_token_id(UNK_ID)
-    w.add_add_bos_token(add_bos)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
-    t.normal("token_embd.weight", n_vocab, N_EMBD, scale=0.5)
-    t.const("output_norm.weight", N_EMBD)
-    t.normal("output.weight", n_vocab, N_EMBD, scale=0.5)
-    for i in range(N_LAYER):
-        p = f"blk.{i}."
-        t.const(p + "attn_norm.weight", N_EMBD)
-        t.normal(p + "attn_q.weight", n_head * head_dim, N_EMBD)
-        t.normal(p + "attn_k.weight", n_head_kv * head_dim, N_EMBD)
-        t.normal(p + "attn_v.weight", n_head_kv * head_dim, N_EMBD)
-        t.normal(p + "attn_output.weight", N_EMBD, n_head * head_dim)
-        t.const(p + "ffn_norm.weight", N_EMBD)
-        t.normal(p + "ffn_gate.weight", n_ff, N_EMBD)
-        t.normal(p + "ffn_up.weight", n_ff, N_EMBD)
-        t.normal(p + "ffn_down.weight", N_EMBD, n_ff)
+    _text_common(w, t, 2048, n_vocab=n_vocab, name="tiny-other-vocab")
+    _add_vocab(w, None, add_bos=add_bos, extra_tokens=extra_tokens, renamed=renamed)
+    _llama_blocks(w, t, n_vocab)
     _finish(w)
     return path
 
