@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import flags_line, machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 N_CTX = 4096
@@ -423,11 +425,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
     turns = 4 if args.quick else 10
-    results: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "cpus": __import__("os").cpu_count()},
-        "model": Path(path).name,
-    }
+    results: dict[str, Any] = {"machine": machine_info(path), "model": Path(path).name}
+    print(flags_line(results["machine"]), flush=True)
     ours = Ours(path)
     contenders: list[Contender] = [ours, Community(path), RawLlama(path)]
     log: Callable[[str], None] = lambda s: print(s, flush=True)  # noqa: E731

@@ -33,7 +33,14 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
 from typing_extensions import Self
 
 from . import registry
@@ -187,6 +194,11 @@ class ChatLlamaCpp(BaseChatModel):
     """Memory-map the model file."""
     use_mlock: bool = False
     """Lock the model in RAM."""
+    cpu_amx: StrictBool | None = None
+    """Let llama.cpp put weights in ggml's AMX buffer type on Intel CPUs with AMX.
+    None (default) or False: no weight goes there, because its matrix kernel crashes the
+    process on some CPUs (ggml-org/llama.cpp#20824); every other repacking is kept.
+    Part of the load settings; see docs/configuration.md."""
     rope_freq_base: float = 0.0
     """RoPE base frequency; 0 uses the model's own value."""
     rope_freq_scale: float = 0.0
@@ -459,6 +471,7 @@ class ChatLlamaCpp(BaseChatModel):
             kv_unified=self.kv_unified,
             use_mmap=self.use_mmap,
             use_mlock=self.use_mlock,
+            cpu_amx=self.cpu_amx,
             rope_freq_base=self.rope_freq_base,
             rope_freq_scale=self.rope_freq_scale,
             mmproj_path=(

@@ -67,6 +67,7 @@ def draft_config(target: LoadConfig, draft_path: str, *, n_ctx: int | None = Non
         kv_unified=False,
         use_mmap=target.use_mmap,
         use_mlock=target.use_mlock,
+        cpu_amx=target.cpu_amx,
     )
 
 

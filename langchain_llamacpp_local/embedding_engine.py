@@ -65,6 +65,7 @@ class EmbeddingConfig:
     n_gpu_layers: int = 0
     use_mmap: bool = True
     use_mlock: bool = False
+    cpu_amx: bool | None = None  # weights in the AMX buffer type (weight_placement.py)
     flash_attn: bool | None = None
     fast_pooling: bool = True  # causal models: pool in numpy, skip the output head
 
@@ -75,6 +76,7 @@ class EmbeddingConfig:
             n_gpu_layers=self.n_gpu_layers,
             use_mmap=self.use_mmap,
             use_mlock=self.use_mlock,
+            cpu_amx=self.cpu_amx,
         )
 
 

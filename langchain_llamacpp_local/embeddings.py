@@ -17,7 +17,7 @@ from typing import Literal
 import anyio
 import numpy as np
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool
 from typing_extensions import Self
 
 from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
@@ -134,6 +134,11 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
     """Memory-map the model file."""
     use_mlock: bool = False
     """Lock the model in RAM."""
+    cpu_amx: StrictBool | None = None
+    """Let llama.cpp put weights in ggml's AMX buffer type on Intel CPUs with AMX.
+    None (default) or False: no weight goes there, because its matrix kernel crashes the
+    process on some CPUs (ggml-org/llama.cpp#20824); every other repacking is kept.
+    Part of the load settings shared with chat; see docs/configuration.md."""
     flash_attn: bool | None = None
     """Flash attention: True/False, or None to let llama.cpp decide."""
 
@@ -153,6 +158,7 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
             n_gpu_layers=self.n_gpu_layers,
             use_mmap=self.use_mmap,
             use_mlock=self.use_mlock,
+            cpu_amx=self.cpu_amx,
             flash_attn=self.flash_attn,
         )
 

@@ -14,6 +14,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import re
 import struct
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -24,10 +25,11 @@ from pathlib import Path
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from . import model_handle
+from . import ggml_cpu, model_handle
 from .errors import DecodeError, ModelLoadError, RequestCancelledError
-from .gguf_meta import check_hparams, open_regular_file, read_hparams
+from .gguf_meta import check_hparams, open_regular_file, read_hparams, read_tensor_infos
 from .rpc import DevicePlacement
+from .weight_placement import AMX, TensorInfo, WeightPlacement, plan_weight_placement
 
 logger = logging.getLogger(__name__)
 native_logger = logging.getLogger("langchain_llamacpp_local.llama_cpp")
@@ -117,6 +119,8 @@ class LoadConfig:
     # a second, small GGUF proposing draft tokens (speculative="draft"); the worker key
     # includes it, the target's weights do not depend on it
     draft_model_path: str | None = None
+    # weights in ggml's AMX buffer type: None/False keep them out (weight_placement.py)
+    cpu_amx: bool | None = None
 
     def model_key(self) -> tuple[tuple[str, object], ...]:
         """What decides the loaded weights: configs with equal keys share one ``llama_model``.
@@ -167,6 +171,16 @@ _LEVELS = {
 _last_level = logging.DEBUG
 
 
+class _LogCapture(threading.local):
+    """Lines llama.cpp logs on this thread while a load runs (the loader logs from the
+    calling thread), so what it reports about the load can be read back."""
+
+    lines: list[str] | None = None
+
+
+_capture = _LogCapture()
+
+
 class _AbortState:
     """Set while a requested abort unwinds (the abort callback runs on ggml's threads)."""
 
@@ -183,6 +197,8 @@ def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     if _aborting.active:
         lvl = logging.DEBUG  # llama.cpp reports a requested abort as an error: it is not one
     _last_level = lvl
+    if _capture.lines is not None:
+        _capture.lines.append(text.decode("utf-8", errors="replace"))
     if native_logger.isEnabledFor(lvl):
         native_logger.log(lvl, text.decode("utf-8", errors="replace").rstrip("\n"))
 
@@ -263,13 +279,17 @@ def _kv_type(name: str | None, field: str) -> int | None:
 
 
 def load_model(
-    config: LoadConfig, progress: Callable[[float], None] | None = None
+    config: LoadConfig,
+    progress: Callable[[float], None] | None = None,
+    *,
+    extra_bufts: Sequence[str] | None = None,
 ) -> model_handle.ModelRef:
     """A reference to the shared ``llama_model`` for ``config`` (loaded on first use).
 
     Chat and embedding contexts on the same file and load settings
     (:meth:`LoadConfig.model_key`) share one model; ``progress`` is only called
-    when this call actually loads it.
+    when this call actually loads it. ``extra_bufts`` decides the weight placement as
+    if the CPU back-end offered those buffer types (see :func:`plan_weights`).
     """
     _init_backend()
     check_gguf_file(config.model_path)
@@ -293,8 +313,19 @@ def load_model(
             mparams.progress_callback = progress_cb
         placement = DevicePlacement(config.rpc_servers, config.tensor_split)
         placement.apply(mparams)
-        model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
-        del progress_cb  # kept alive until the load returns
+        weights = plan_weights(config, extra_bufts)
+        mparams.use_extra_bufts = weights.use_extra_bufts
+        overrides = _buft_overrides(weights)
+        if overrides is not None:
+            mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        if weights.avoided:
+            logger.info("%s: %s", config.model_path, weights.reason)
+        _capture.lines = lines = []
+        try:
+            model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
+        finally:
+            _capture.lines = None
+        del progress_cb, overrides  # kept alive until the load returns
         if not model:
             placement.release()
             raise ModelLoadError(
@@ -303,14 +334,77 @@ def load_model(
                 "'langchain_llamacpp_local.llama_cpp' for llama.cpp's reason)"
             )
         placements[model] = placement
+        _weight_buffers[_address(model)] = _buffer_sizes(lines)
         return model
 
     def free(model: object) -> None:
+        _weight_buffers.pop(_address(model), None)
         C.llama_model_free(model)
         placements.pop(model).release()  # after the model: it holds the RPC devices
 
     placements: dict[object, DevicePlacement] = {}
-    return model_handle.acquire(config.model_key(), load, free)
+    key = config.model_key()
+    if extra_bufts is not None:
+        key = (*key, ("extra_bufts", tuple(extra_bufts)))
+    return model_handle.acquire(key, load, free)
+
+
+# Weight buffer sizes by buffer type name, per loaded model (see :func:`weight_buffers`).
+_weight_buffers: dict[int, dict[str, float]] = {}
+_BUFFER_SIZE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s*([0-9.]+) MiB")
+
+
+def _address(model: object) -> int:
+    return int(ctypes.cast(model, ctypes.c_void_p).value or 0)
+
+
+def _buffer_sizes(lines: Sequence[str]) -> dict[str, float]:
+    sizes: dict[str, float] = {}
+    for line in lines:
+        m = _BUFFER_SIZE.search(line)
+        if m:
+            sizes[m.group(1)] = sizes.get(m.group(1), 0.0) + float(m.group(2))
+    return sizes
+
+
+def weight_buffers(model: object) -> dict[str, float]:
+    """MiB of weights per buffer type llama.cpp reported when it loaded ``model``
+    (``CPU_Mapped``, ``CPU_REPACK``, ``AMX``, a GPU's...)."""
+    return dict(_weight_buffers.get(_address(model), {}))
+
+
+def plan_weights(config: LoadConfig, extra_bufts: Sequence[str] | None = None) -> WeightPlacement:
+    """The weight placement for ``config`` (see :mod:`.weight_placement`).
+
+    ``extra_bufts`` are the CPU extra buffer types to decide for (default: the ones ggml
+    registered on this machine); the tests pass them to check a decision on any CPU.
+    """
+    extra = tuple(ggml_cpu.extra_buffer_types()) if extra_bufts is None else tuple(extra_bufts)
+    if AMX not in extra or config.cpu_amx:
+        # nothing to avoid: no need to read the tensor table
+        return plan_weight_placement(extra_bufts=extra, cpu_amx=config.cpu_amx)
+    try:
+        infos = read_tensor_infos(config.model_path)
+    except (ValueError, OSError, struct.error, UnicodeDecodeError):
+        infos = []  # unreadable table: llama.cpp's loader reports it; nothing to repack
+    return plan_weight_placement(
+        extra_bufts=extra,
+        cpu_amx=config.cpu_amx,
+        tensors=[TensorInfo(n, t, shape) for n, t, shape in infos],
+        repack_accepts=ggml_cpu.repack_accepts,
+    )
+
+
+def _buft_overrides(plan: WeightPlacement) -> ctypes.Array[ggml_cpu.BuftOverride] | None:
+    """llama.cpp's NULL-terminated ``tensor_buft_overrides`` array for ``plan``."""
+    if not plan.overrides:
+        return None
+    bufts = ggml_cpu.extra_buffer_types()
+    array = (ggml_cpu.BuftOverride * (len(plan.overrides) + 1))()
+    for i, (pattern, buft_name) in enumerate(plan.overrides):
+        array[i].pattern = pattern.encode()
+        array[i].buft = bufts[buft_name]
+    return array
 
 
 class Engine:
@@ -326,6 +420,7 @@ class Engine:
 
         self._model_ref = load_model(config, progress)
         self.model = model = self._model_ref.model
+        self.weight_buffers = weight_buffers(model)
         self.ctx = None
         self.mtmd: object | None = None
         self._batch: C.llama_batch | None = None

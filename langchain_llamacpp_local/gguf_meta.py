@@ -240,3 +240,40 @@ _HPARAM_KEYS = (
     "*.expert_group_used_count",
     "*.rope.scaling.type",
 )
+
+
+#: Bounds on the tensor table of a GGUF (llama.cpp's own loader has similar ones).
+MAX_TENSORS = 1 << 20
+MAX_DIMS = 4
+
+
+def read_tensor_infos(path: str | Path) -> list[tuple[str, int, tuple[int, ...]]]:
+    """Every tensor's ``(name, ggml type, shape)`` from the header, in file order.
+
+    The metadata is skipped (arrays through mmap); the data is never read.
+    Raises ``ValueError`` for a header that is not a well-formed GGUF.
+    """
+    with open_regular_file(path) as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"not a GGUF file: {path}")
+        version = _read(f, "<I")
+        if version < 2:
+            raise ValueError(f"unsupported GGUF version {version}: {path}")
+        n_tensors = _read(f, "<Q")
+        n_kv = _read(f, "<Q")
+        if n_tensors > MAX_TENSORS:
+            raise ValueError(f"{n_tensors} tensors in {path} (at most {MAX_TENSORS})")
+        for _ in range(n_kv):
+            _read_str(f)
+            _read_value(f, _read(f, "<I"), keep=False)
+        out: list[tuple[str, int, tuple[int, ...]]] = []
+        for _ in range(n_tensors):
+            name = _read_str(f)
+            n_dims = _read(f, "<I")
+            if not 0 < n_dims <= MAX_DIMS:
+                raise ValueError(f"tensor {name!r} has {n_dims} dimensions in {path}")
+            shape = tuple(_read(f, "<Q") for _ in range(n_dims))
+            ggml_type = _read(f, "<I")
+            _read(f, "<Q")  # offset of the data
+            out.append((name, ggml_type, shape))
+    return out

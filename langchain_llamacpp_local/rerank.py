@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, StrictBool
 from typing_extensions import Self
 
 from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
@@ -69,6 +69,11 @@ class LlamaCppRerank(BaseDocumentCompressor):
     """Memory-map the model file."""
     use_mlock: bool = False
     """Lock the model in RAM."""
+    cpu_amx: StrictBool | None = None
+    """Let llama.cpp put weights in ggml's AMX buffer type on Intel CPUs with AMX.
+    None (default) or False: no weight goes there, because its matrix kernel crashes the
+    process on some CPUs (ggml-org/llama.cpp#20824); every other repacking is kept.
+    Part of the load settings shared with chat; see docs/configuration.md."""
     flash_attn: bool | None = None
     """Flash attention: True/False, or None to let llama.cpp decide."""
 
@@ -97,6 +102,7 @@ class LlamaCppRerank(BaseDocumentCompressor):
                         n_gpu_layers=self.n_gpu_layers,
                         use_mmap=self.use_mmap,
                         use_mlock=self.use_mlock,
+                        cpu_amx=self.cpu_amx,
                         flash_attn=self.flash_attn,
                     )
                 )

@@ -120,6 +120,9 @@ def check_load_settings(s: Mapping[str, Any]) -> None:
                 raise ValueError(
                     f"{name}={value!r} is not a KV cache type; use one of {sorted(KV_TYPES)}"
                 )
+    cpu_amx = s.get("cpu_amx")
+    if cpu_amx is not None and not isinstance(cpu_amx, bool):
+        raise TypeError(f"cpu_amx must be True, False or None, got {cpu_amx!r}")
     for name in ("prompt_cache_bytes", "checkpoint_max_count", "checkpoint_max_bytes"):
         if name in s:
             _int(name, s[name], lo=0)

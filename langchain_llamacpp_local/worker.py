@@ -69,6 +69,8 @@ class ModelInfo:
     metadata: dict[str, str]
     template_origin: str
     tool_format: str
+    #: MiB of weights per buffer type, as llama.cpp reported the load (CPU_REPACK, AMX...)
+    weight_buffers: dict[str, float] = field(default_factory=dict)
 
 
 _STOP = object()
@@ -308,6 +310,7 @@ class _WorkerState:
             metadata=dict(eng.metadata),
             template_origin=self.format.template.origin,
             tool_format=self.format.tool_format,
+            weight_buffers=dict(eng.weight_buffers),
         )
 
     @property

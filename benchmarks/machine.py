@@ -1,0 +1,63 @@
+"""What a benchmark figure depends on besides the code: CPU flags and weight placement.
+
+Every benchmark records this next to its figures, so runs on different machines can be
+told apart: the CPU's AVX2 / AVX-512 / AMX flags, what ggml's CPU back-end was built with,
+the extra buffer types it registered, and where llama.cpp put a model's weights.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+_FLAG = re.compile(r"^(avx2|avx512\w*|amx\w*)$")
+
+
+def cpu_flags() -> list[str]:
+    """The AVX2, AVX-512 and AMX flags of this CPU (Linux ``/proc/cpuinfo``)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(f for f in line.split(":", 1)[1].split() if _FLAG.match(f))
+    return sorted(flags)
+
+
+def machine_info(model_path: str | None = None) -> dict[str, Any]:
+    """The machine's description; with ``model_path``, also that model's weight placement
+    (the decision and the buffer sizes llama.cpp reported when loading it)."""
+    from langchain_llamacpp_local import engine, ggml_cpu
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpu_flags": cpu_flags(),
+        "ggml_cpu_features": sorted(ggml_cpu.cpu_features()),
+        "cpu_extra_buffer_types": list(ggml_cpu.extra_buffer_types()),
+    }
+    if model_path is not None:
+        config = engine.LoadConfig(model_path=model_path)
+        ref = engine.load_model(config)
+        try:
+            info["weight_buffers_mib"] = engine.weight_buffers(ref.model)
+        finally:
+            ref.release()
+        info["weight_placement"] = engine.plan_weights(config).reason
+    return info
+
+
+def flags_line(info: dict[str, Any]) -> str:
+    """One line for a benchmark's printout."""
+    flags = " ".join(info["cpu_flags"]) or "no AVX2/AVX-512/AMX"
+    line = f"CPU flags: {flags}; CPU extra buffer types: {info['cpu_extra_buffer_types']}"
+    if "weight_buffers_mib" in info:
+        line += f"; weights (MiB): {info['weight_buffers_mib']}"
+    return line
