@@ -10,9 +10,9 @@ Three greedy workloads on Gemma 3 270M, each run ``--runs`` times per contender
 * ``quote``: an answer quoting a tool result (a JSON record) back;
 * ``prose``: free prose with nothing to copy (the overhead case).
 
-Contenders: ``ChatLlamaCpp`` without speculation, with ``speculative="ngram"``
-(``exact_batching=True``, the default), with ``exact_batching=False`` (longer drafts),
-optionally with Gemma as its own draft model (``--draft-self``: the draft-model
+Contenders: ``ChatLlamaCpp`` without speculation and with ``speculative="ngram"``, in
+the default mode (``ours_*``: full drafts verified) and with ``deterministic=True``
+(``det_*``: drafts only as long as the model's kernels verify exactly), optionally with Gemma as its own draft model (``--draft-self``: the draft-model
 path's cost, no gain is possible); and llama-cpp-python's ``Llama`` plain and with
 ``draft_model=LlamaPromptLookupDecoding(...)`` as the raw alternative.
 
@@ -20,7 +20,9 @@ Per workload and contender: ``tok_s`` (median decode tokens/s: ours from
 ``response_metadata["timings"]["predicted_per_second"]``, raw: the text's tokens
 over the time from the first streamed token to the end), ``speedup`` over the same stack without speculation,
 ``drafted``/``accepted`` (ours, from ``response_metadata["speculative"]``) and
-``identical`` (the text equals the non-speculative run's). A contender this build
+``identical`` (the text equals the non-speculative run's in every run; ``identical_runs``:
+the fraction of runs where it does). ``ours_ngram`` also gets ``vs_raw_lookup``: its
+speedup over the speedup of ``raw_lookup``. A contender this build
 cannot run (the ``speculative`` fields missing) is reported as ``unavailable``.
 
 Prints one JSON dict. Run it on a quiet machine: every figure is a ratio or a
@@ -235,9 +237,10 @@ def build(args: argparse.Namespace, path: str) -> dict[str, Contender | str]:
     spec: dict[str, dict[str, Any]] = {
         "ours_plain": {},
         "ours_ngram": {"speculative": "ngram", "speculative_max_draft": args.max_draft},
-        "ours_ngram_fast": {
+        "det_plain": {"deterministic": True},
+        "det_ngram": {
             "speculative": "ngram",
-            "exact_batching": False,
+            "deterministic": True,
             "speculative_max_draft": args.max_draft,
         },
     }
@@ -288,7 +291,7 @@ def measure(
             if fig["drafted"]:
                 fig["acceptance"] = fig["accepted"] / fig["drafted"]
         out[name] = fig
-    for stack in ("ours", "raw"):
+    for stack in ("ours", "det", "raw"):
         base = out.get(f"{stack}_plain")
         if not isinstance(base, dict):
             continue
@@ -296,7 +299,12 @@ def measure(
         for name, fig in out.items():
             if name.startswith(stack + "_") and name != f"{stack}_plain" and isinstance(fig, dict):
                 fig["speedup"] = fig["tok_s"] / base["tok_s"] if base["tok_s"] else None
-                fig["identical"] = all(r[1] == base_text for r in results[name])
+                same = [r[1] == base_text for r in results[name]]
+                fig["identical"] = all(same)
+                fig["identical_runs"] = sum(same) / len(same)
+    ngram, lookup = out.get("ours_ngram"), out.get("raw_lookup")
+    if isinstance(ngram, dict) and isinstance(lookup, dict) and lookup.get("speedup"):
+        ngram["vs_raw_lookup"] = (ngram.get("speedup") or 0.0) / lookup["speedup"]
     return out
 
 

@@ -65,6 +65,8 @@ class Ours(Contender):
     name = "langchain-llamacpp-local"
 
     def __init__(self, path: str, **kw: Any) -> None:
+        if kw.get("deterministic"):
+            self.name = f"{Ours.name} (deterministic)"
         self.llm = ChatLlamaCpp(
             model_path=path, n_ctx=N_CTX, n_batch=N_BATCH, temperature=0, **kw
         ).load()
@@ -415,6 +417,46 @@ def run_topics(model: str | None, quick: bool, log: Callable[[str], None]) -> di
     return out
 
 
+_LOAD_SNIPPET = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+t0 = time.perf_counter()
+if {which!r} == "Llama":
+    from llama_cpp import Llama
+    Llama(model_path={path!r}, n_ctx={n_ctx}, n_batch={n_batch}, verbose=False)
+else:
+    from langchain_llamacpp_local import ChatLlamaCpp
+    ChatLlamaCpp(model_path={path!r}, n_ctx={n_ctx}, n_batch={n_batch},
+                 deterministic={which!r} == "deterministic").load()
+dt = time.perf_counter() - t0
+rss = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")][0]
+print(json.dumps({{"load_s": dt, "rss_mib": rss / 1024}}))
+"""
+
+
+def load_cost(path: str, runs: int = 3) -> dict[str, Any]:
+    """Load time and resident memory after load, each in a fresh process (default settings)."""
+    out: dict[str, Any] = {}
+    for which in ("default", "deterministic", "Llama"):
+        rows = []
+        for _ in range(runs):
+            code = _LOAD_SNIPPET.format(
+                root=str(ROOT), which=which, path=path, n_ctx=N_CTX, n_batch=N_BATCH
+            )
+            res = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True
+            )
+            rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        out[which] = {
+            "load_s": statistics.median(r["load_s"] for r in rows),
+            "rss_mib": statistics.median(r["rss_mib"] for r in rows),
+        }
+    for which in ("default", "deterministic"):
+        out[which]["load_vs_llama"] = out[which]["load_s"] / out["Llama"]["load_s"]
+        out[which]["rss_vs_llama"] = out[which]["rss_mib"] / out["Llama"]["rss_mib"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M from PyPI)")
@@ -427,9 +469,13 @@ def main(argv: list[str] | None = None) -> None:
     turns = 4 if args.quick else 10
     results: dict[str, Any] = {"machine": machine_info(path), "model": Path(path).name}
     print(flags_line(results["machine"]), flush=True)
-    ours = Ours(path)
-    contenders: list[Contender] = [ours, Community(path), RawLlama(path)]
     log: Callable[[str], None] = lambda s: print(s, flush=True)  # noqa: E731
+    log("load time and memory...")
+    results["load"] = load_cost(path, 1 if args.quick else 3)
+    # both modes in the same run (they share the weights: one load)
+    ours = Ours(path)
+    det = Ours(path, deterministic=True)
+    contenders: list[Contender] = [ours, det, Community(path), RawLlama(path)]
     log("agent loop...")
     results["agent_loop"] = agent_loop(contenders, turns)
     n_convs = 3
@@ -439,16 +485,29 @@ def main(argv: list[str] | None = None) -> None:
     results["single_conversation_ttft_s"] = single_conversation(
         Ours(path, n_slots=1, prompt_cache_bytes=0), 3 if args.quick else 6
     )
+    results["single_conversation_ttft_s_deterministic"] = single_conversation(
+        Ours(path, n_slots=1, prompt_cache_bytes=0, deterministic=True), 3 if args.quick else 6
+    )
     log("decode throughput...")
     results["decode"] = decode_throughput(path, ours)
     log("event loop...")
     results["event_loop"] = loop_stall(ours)
     log("concurrency...")
     results["concurrent"] = concurrent(ours)
+    results["concurrent_deterministic"] = concurrent(det)
     del contenders
     log("regenerate (sliding window, recurrent)...")
     target = 600 if args.quick else 2000
-    regen = [regenerate(path, "gemma3-270m (SWA)", target, {"swa_full": False}, {})]
+    regen = [
+        regenerate(path, "gemma3-270m (SWA)", target, {"swa_full": False}, {}),
+        regenerate(
+            path,
+            "gemma3-270m (SWA), deterministic",
+            target,
+            {"swa_full": False, "deterministic": True},
+            {},
+        ),
+    ]
     try:
         sys.path.insert(0, str(ROOT / "tests"))
         from gguf_models import write_tiny_mamba
@@ -460,10 +519,10 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         log("gguf not installed: skipping the recurrent model")
     results["regenerate"] = regen
-    ours_last = results["interleaved"][Ours.name]["last_turn_median_s"]
+    ours_last = results["interleaved"][ours.name]["last_turn_median_s"]
     results["ratios"] = {
         name: {
-            "agent_loop_ttft": r["median_ttft_s"] / results["agent_loop"][Ours.name]["median_ttft_s"],
+            "agent_loop_ttft": r["median_ttft_s"] / results["agent_loop"][ours.name]["median_ttft_s"],
             "interleaved_last_turn_ttft": results["interleaved"][name]["last_turn_median_s"] / ours_last,
         }
         for name, r in results["agent_loop"].items()
@@ -473,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2))
     chart(results, RESULTS / "chart.png")
-    print(json.dumps({k: results[k] for k in ("ratios", "decode", "event_loop", "concurrent", "regenerate")}, indent=2))
+    print(json.dumps({k: results[k] for k in ("ratios", "load", "decode", "event_loop", "concurrent", "concurrent_deterministic", "regenerate")}, indent=2))
 
 
 if __name__ == "__main__":

@@ -154,9 +154,11 @@ class ChatLlamaCpp(BaseChatModel):
     """Name reported in ``response_metadata`` and traces (default: the ``model`` name
     asked for, else the GGUF's ``general.name``)."""
     n_ctx: int | None = None
-    """Context window of one conversation in tokens (default: the model's trained
-    context, capped at 8192). Each of the ``n_slots`` slots gets a window of its own,
-    so the KV cache holds ``n_ctx * n_slots`` positions (see ``kv_unified``)."""
+    """Context window in tokens (default: the model's trained context, capped at 8192).
+    By default the ``n_slots`` slots share one KV pool of ``n_ctx`` positions, as in
+    llama.cpp's server; with per-slot streams (``kv_unified=False``, the default of
+    ``deterministic=True``) each slot gets a window of its own and the KV cache holds
+    ``n_ctx * n_slots`` positions."""
     n_batch: int = 512
     """Maximum tokens per ``llama_decode`` call while reading a prompt."""
     n_ubatch: int | None = None
@@ -177,17 +179,19 @@ class ChatLlamaCpp(BaseChatModel):
     """Proportion of the offloaded layers per device: the RPC servers' devices in
     order, then the local GPUs (default: by free memory)."""
     flash_attn: bool | None = None
-    """Flash attention: True/False, or None for off unless a quantized ``type_v`` needs it.
-    Off keeps warm (cached) and fresh prompts bit-identical; on, llama.cpp's CPU kernel
-    rounds differently with the micro-batch shape."""
+    """Flash attention: True/False, or None for llama.cpp's own default ("auto"); with
+    ``deterministic=True`` None means off unless a quantized ``type_v`` needs it (off
+    keeps warm and fresh prompts bit-identical: llama.cpp's CPU kernel rounds a row
+    differently with the micro-batch shape)."""
     type_k: str | None = None
     """KV cache type for keys (``f16``, ``q8_0``, ``q4_0``...; default f16)."""
     type_v: str | None = None
     """KV cache type for values (quantized V needs flash attention)."""
-    kv_unified: bool = False
-    """Share one KV buffer of ``n_ctx`` positions between all slots instead of a window
-    per slot: ``n_slots`` times less KV memory, but a request's logits then depend on
-    what runs beside it (concurrent greedy answers may differ from solo ones)."""
+    kv_unified: bool | None = None
+    """Share one KV buffer of ``n_ctx`` positions between all slots (True) instead of a
+    window per slot (False): ``n_slots`` times less KV memory, but a request's logits
+    then depend on what runs beside it. None: shared, or per slot with
+    ``deterministic=True``."""
     swa_full: bool = False
     """Keep the full KV cache for sliding-window layers. Off saves memory; state
     checkpoints keep prefix reuse exact without it."""
@@ -219,8 +223,8 @@ class ChatLlamaCpp(BaseChatModel):
     n_slots: int = 4
     """Conversations kept live in the context at once (llama.cpp ``n_seq_max``).
 
-    Each slot has its own KV window of ``n_ctx`` positions; a request goes to the slot
-    sharing the longest prefix with it, and concurrent requests run together in one batch."""
+    A request goes to the slot sharing the longest prefix with it, and concurrent
+    requests run together in one batch (see ``kv_unified`` for how they share KV memory)."""
     prompt_cache_bytes: int = 1024 * 1024 * 1024
     """Host-RAM budget for conversations evicted from the slots (0 disables it)."""
     prompt_cache_dir: str | None = None
@@ -237,11 +241,13 @@ class ChatLlamaCpp(BaseChatModel):
     """Byte budget for the checkpoints of one conversation."""
     checkpoint_min_step: int = 512
     """Minimum spacing in tokens between periodic checkpoints."""
-    exact_batching: bool = True
-    """Keep greedy answers independent of concurrent requests: generation steps share a
-    ``llama_decode`` only in groups as large as the model's kernels keep rows identical
-    (probed at load: 3 for Gemma 3 Q4_K_M on x86, 1 for F32 weights). False puts every
-    running request in one call (faster, but logits then depend on what runs beside)."""
+    deterministic: bool = False
+    """Bit-exact mode (docs/cache.md): a greedy answer does not depend on what runs beside
+    it nor on what the cache holds (warm equals fresh). At load it turns flash attention
+    off by default, gives each slot its own KV stream and probes the kernels; per request
+    it decodes prompts on a fixed grid, reuses only grid-exact prefixes (a previous reply
+    is decoded again), batches generation steps only in exact groups and verifies only
+    exact draft lengths. Slower; off by default (llama.cpp's behaviour)."""
 
     # ------------------------------------------------------------------ speculative decoding
     speculative: Literal["ngram", "draft"] | None = None
@@ -252,7 +258,7 @@ class ChatLlamaCpp(BaseChatModel):
     None: ``"draft"`` when ``draft_model_path`` is set, else off."""
     speculative_max_draft: int = 8
     """Most draft tokens per verify step (adapted per request below it). With
-    ``exact_batching`` a step also stays within what the model's kernels verify exactly
+    ``deterministic`` a step also stays within what the model's kernels verify exactly
     (probed at load; a model that allows no multi-token step then does not speculate)."""
     draft_model_path: str | None = None
     """A small GGUF with this model's vocabulary that proposes draft tokens
@@ -477,7 +483,8 @@ class ChatLlamaCpp(BaseChatModel):
             type_v=self.type_v,
             swa_full=self.swa_full,
             n_seq_max=self.n_slots,
-            kv_unified=self.kv_unified,
+            kv_unified=(not self.deterministic) if self.kv_unified is None else self.kv_unified,
+            deterministic=self.deterministic,
             use_mmap=self.use_mmap,
             use_mlock=self.use_mlock,
             cpu_amx=self.cpu_amx,
@@ -515,7 +522,6 @@ class ChatLlamaCpp(BaseChatModel):
             checkpoint_max_bytes=self.checkpoint_max_bytes,
             checkpoint_min_step=self.checkpoint_min_step,
             prompt_cache_bytes=self.prompt_cache_bytes,
-            exact_batching=self.exact_batching,
             prompt_cache_dir=self._prompt_cache_dir(),
             prompt_cache_dir_bytes=self.prompt_cache_dir_bytes,
         )

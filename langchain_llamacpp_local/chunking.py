@@ -1,4 +1,9 @@
-"""Where a prompt is cut into ``llama_decode`` calls: on a fixed grid of absolute positions.
+"""Where a prompt is cut into ``llama_decode`` calls.
+
+By default (``deterministic=False``) as llama.cpp does: ``n_batch`` tokens per call
+from wherever the cached prefix ends, plus the cuts checkpoints and images need
+(:func:`resume_point`, :func:`fast_piece_end`). The rest of this module is the
+deterministic mode's fixed grid of absolute positions.
 
 llama.cpp's CPU kernels round a token's activations differently depending on the
 shape of the micro-batch it is computed in (a one-row batch takes a vector path,
@@ -108,6 +113,22 @@ def restart_point(
         if r < end <= limit and end < n_prompt:
             r = end
     return max(r, 0)
+
+
+def resume_point(limit: int, n_prompt: int, media: Iterable[tuple[int, int]] = ()) -> int:
+    """Default mode: resume right after the common prefix ``limit`` (moved back to the
+    start of an image it ends inside), leaving at least one entry to decode."""
+    r = max(0, min(limit, n_prompt - 1))
+    for start, n_pos in media:
+        if start < r < start + n_pos:
+            r = start
+    return r
+
+
+def fast_piece_end(start: int, n_prompt: int, n_batch: int, stops: Iterable[int] = ()) -> int:
+    """Default mode: a decode call ends after ``n_batch`` tokens, at the end of the prompt
+    or at the first stop (checkpoint position, image start) after ``start``."""
+    return min([n_prompt, start + max(1, n_batch), *(s for s in stops if s > start)])
 
 
 def piece_end(

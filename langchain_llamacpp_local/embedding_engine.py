@@ -68,6 +68,8 @@ class EmbeddingConfig:
     cpu_amx: bool | None = None  # weights in the AMX buffer type (weight_placement.py)
     flash_attn: bool | None = None
     fast_pooling: bool = True  # causal models: pool in numpy, skip the output head
+    # one text per llama_decode: a text's vector does not depend on the texts beside it
+    deterministic: bool = False
 
     def load_config(self) -> _engine.LoadConfig:
         """The model-loading part, so a chat model with the same settings shares the weights."""
@@ -328,7 +330,8 @@ class EmbeddingEngine:
         out = np.empty((len(token_lists), width), dtype=np.float32)
         lengths = [len(t) for t in token_lists]
         with self.lock:
-            for start, end in pack(lengths, self.n_batch, self.n_seq_max):
+            per_call = 1 if self.config.deterministic else self.n_seq_max
+            for start, end in pack(lengths, self.n_batch, per_call):
                 out[start:end] = self._embed_group(token_lists[start:end], width)
         return out
 

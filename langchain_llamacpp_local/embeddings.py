@@ -141,6 +141,9 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
     Part of the load settings shared with chat; see docs/configuration.md."""
     flash_attn: bool | None = None
     """Flash attention: True/False, or None to let llama.cpp decide."""
+    deterministic: bool = False
+    """One text per ``llama_decode``: a text's result does not depend on the batch it
+    would otherwise share (slower for many short texts)."""
 
     _engine: EmbeddingEngine | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
@@ -160,6 +163,7 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
             use_mlock=self.use_mlock,
             cpu_amx=self.cpu_amx,
             flash_attn=self.flash_attn,
+            deterministic=self.deterministic,
         )
 
     def load(self) -> Self:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+import llama_cpp
 import llama_cpp.llama_cpp as C
 import numpy as np
 
@@ -121,6 +122,9 @@ class LoadConfig:
     draft_model_path: str | None = None
     # weights in ggml's AMX buffer type: None/False keep them out (weight_placement.py)
     cpu_amx: bool | None = None
+    # bit-exact mode: flash attention off by default and the exactness probes at load
+    # (the worker also decodes on a fixed grid and in exact groups; see chunking)
+    deterministic: bool = False
 
     def model_key(self) -> tuple[tuple[str, object], ...]:
         """What decides the loaded weights: configs with equal keys share one ``llama_model``.
@@ -155,8 +159,13 @@ CONTEXT_FIELDS = frozenset(
         "image_min_tokens",
         "image_max_tokens",
         "draft_model_path",
+        "deterministic",
     }
 )
+
+#: Exactness probe results per (model file identity, llama.cpp build, context settings):
+#: reloading the same model in deterministic mode does not probe again.
+_PROBE_CACHE: dict[tuple[object, ...], tuple[int, int]] = {}
 
 
 # --------------------------------------------------------------------------- logging
@@ -457,15 +466,20 @@ class Engine:
             cparams.n_threads_batch = config.n_threads_batch or threads
             cparams.swa_full = config.swa_full
             cparams.no_perf = True
-            # Flash attention off by default: llama.cpp's CPU kernel rounds a query row
+            # Flash attention follows llama.cpp ("auto") unless set. Deterministic mode
+            # turns it off by default: llama.cpp's CPU kernel rounds a query row
             # differently with the shape of its micro-batch, so a warm suffix would not
             # match a fresh prompt (measured: up to 0.03 in a logit; 0.0 without it).
             # A quantized V cache needs it, as in llama.cpp's "auto".
             flash = config.flash_attn
-            if flash is None:
+            if flash is None and config.deterministic:
                 flash = (config.type_v or "f16").lower() not in ("f16", "f32", "bf16")
             cparams.flash_attn_type = (
-                C.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+                C.LLAMA_FLASH_ATTN_TYPE_AUTO
+                if flash is None
+                else C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                if flash
+                else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
             if type_k is not None:
                 cparams.type_k = type_k
@@ -500,8 +514,11 @@ class Engine:
             self.bos_id = int(C.llama_vocab_bos(self.vocab))
             self.eos_id = int(C.llama_vocab_eos(self.vocab))
             self.memory_kind = self._probe_memory()
-            self.exact_rows = self._probe_rows()
-            self.exact_verify_rows = self._probe_verify_rows()
+            # 0: not probed (only deterministic mode needs them)
+            self.exact_rows = 0
+            self.exact_verify_rows = 0
+            if config.deterministic:
+                self.exact_rows, self.exact_verify_rows = self._probe_exactness(threads)
             self.mtmd = self._load_mtmd(threads) if config.mmproj_path else None
         except BaseException:
             self.close()
@@ -662,6 +679,23 @@ class Engine:
                 kind = MemoryKind.SWA
         C.llama_memory_clear(self.mem, True)
         return kind
+
+    def _probe_exactness(self, threads: int) -> tuple[int, int]:
+        """(exact_rows, exact_verify_rows), probed once per model file, build and settings."""
+        st = os.stat(self.config.model_path)
+        key = (
+            os.path.realpath(self.config.model_path),
+            st.st_size,
+            st.st_mtime_ns,
+            llama_cpp.__version__,
+            C.llama_print_system_info(),
+            threads,
+            dataclasses.replace(self.config, model_path="", draft_model_path=None),
+        )
+        found = _PROBE_CACHE.get(key)
+        if found is None:
+            found = _PROBE_CACHE[key] = (self._probe_rows(), self._probe_verify_rows())
+        return found
 
     def _probe_rows(self) -> int:
         """How many sequences may share a generation step without changing any one's logits.

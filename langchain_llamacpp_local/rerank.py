@@ -76,6 +76,9 @@ class LlamaCppRerank(BaseDocumentCompressor):
     Part of the load settings shared with chat; see docs/configuration.md."""
     flash_attn: bool | None = None
     """Flash attention: True/False, or None to let llama.cpp decide."""
+    deterministic: bool = False
+    """One text per ``llama_decode``: a text's result does not depend on the batch it
+    would otherwise share (slower for many short texts)."""
 
     _engine: EmbeddingEngine | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
@@ -104,6 +107,7 @@ class LlamaCppRerank(BaseDocumentCompressor):
                         use_mlock=self.use_mlock,
                         cpu_amx=self.cpu_amx,
                         flash_attn=self.flash_attn,
+                        deterministic=self.deterministic,
                     )
                 )
                 if eng.gguf_pooling != "rank":

@@ -9,8 +9,9 @@ that after every step.
 
 Slot choice follows llama.cpp's server (longest common prefix, similarity 0.1, a
 prefix copy when the best slot would lose most of what it holds, LRU otherwise);
-reuse stops at the fixed decode grid of :mod:`chunking` so a warm request computes
-exactly what a fresh one would.
+by default a request reuses the whole common prefix, the previous reply included
+(as llama.cpp's server does); in deterministic mode reuse stops at the fixed decode
+grid of :mod:`chunking` so a warm request computes exactly what a fresh one would.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from . import disk_cache
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_targets
-from .chunking import exact_prefix, grid_align, restart_point
+from .chunking import exact_prefix, grid_align, restart_point, resume_point
 from .engine import Engine, MemoryKind, build_info
 from .kv_cache import Slot, common_prefix_len
 from .prompt_cache import CachedPrompt, PromptCache
@@ -45,10 +46,6 @@ class CacheOptions:
     checkpoint_max_bytes: int = 256 * 1024 * 1024
     checkpoint_min_step: int = 512
     prompt_cache_bytes: int = 1024 * 1024 * 1024
-    #: Batch concurrent generation steps only where that cannot change a token's logits
-    #: (probed at load); False batches them always (faster with F16/Q8_0 weights, but a
-    #: greedy answer may then depend on what runs beside it).
-    exact_batching: bool = True
     #: Directory of the prompt cache on disk (None: off), and its byte budget.
     prompt_cache_dir: str | None = None
     prompt_cache_dir_bytes: int = disk_cache.DEFAULT_MAX_BYTES
@@ -63,16 +60,16 @@ _STATE_NEUTRAL = frozenset(
 )
 
 
-def disk_key_parts(engine: Engine, cache: CacheOptions) -> dict[str, object]:
-    """What a saved state depends on: the model file's contents, every load setting that
-    changes the KV cache or its numbers, and how ``exact`` prefixes were computed."""
+def disk_key_parts(engine: Engine) -> dict[str, object]:
+    """What a saved state depends on: the model file's contents and every load setting
+    that changes the KV cache or its numbers (``deterministic`` included: it decides how
+    ``exact`` prefixes were computed)."""
     config = engine.config
     parts: dict[str, object] = {
         f: getattr(config, f) for f in vars(config) if f not in _STATE_NEUTRAL
     }
     parts["model"] = disk_cache.file_identity(config.model_path)
     parts["n_ctx_per_seq"] = engine.n_ctx
-    parts["exact_batching"] = cache.exact_batching
     return parts
 
 
@@ -102,7 +99,7 @@ class SlotPolicy:
             try:
                 self.disk = disk_cache.DiskPromptCache(
                     cache.prompt_cache_dir,
-                    disk_cache.cache_key(disk_key_parts(engine, cache)),
+                    disk_cache.cache_key(disk_key_parts(engine)),
                     build_info(),
                     cache.prompt_cache_dir_bytes,
                 )
@@ -111,6 +108,8 @@ class SlotPolicy:
                     f"prompt_cache_dir={cache.prompt_cache_dir!r} cannot be used: {exc}"
                 ) from None
         self.align = grid_align(engine.n_batch)
+        #: bit-exact mode (fixed grid, exact prefixes only); else llama.cpp's reuse
+        self.deterministic = engine.config.deterministic
         self.checking = check_enabled()
         self._clock = 0
 
@@ -283,7 +282,7 @@ class SlotPolicy:
         eng = self.engine
         n_prompt = len(tokens)
         limit = min(common_prefix_len(slot.entries, tokens), slot.exact)
-        n_keep = restart_point(limit, n_prompt, self.align, media, marks)
+        n_keep = self._resume(limit, n_prompt, media, marks)
         if n_keep >= slot.n_past:  # pure extension: nothing to trim
             return slot.n_past
         kind = eng.memory_kind
@@ -309,16 +308,26 @@ class SlotPolicy:
         self.reset(slot)
         return 0
 
+    def _resume(
+        self, limit: int, n_prompt: int, media: Sequence[tuple[int, int]], marks: Sequence[int]
+    ) -> int:
+        """Where a prompt sharing ``limit`` entries with a slot resumes decoding."""
+        if self.deterministic:
+            return restart_point(limit, n_prompt, self.align, media, marks)
+        return resume_point(limit, n_prompt, media)
+
     def _swa_window_ok(self, slot: Slot, n_keep: int) -> bool:
         """True if the SWA cache still holds the window needed to resume at ``n_keep``."""
         eng = self.engine
         return eng.seq_pos_min(slot.seq_id) <= max(0, n_keep - eng.n_swa)
 
     def record(self, slot: Slot, entries: Sequence[Hashable], *, exact: bool) -> None:
-        """Track entries just decoded into ``slot`` (``exact``: a grid prompt piece)."""
+        """Track entries just decoded into ``slot`` (``exact``: a grid prompt piece).
+
+        Outside deterministic mode every decoded entry is reusable (generated ones too)."""
         grid_exact = slot.exact == slot.n_past
         slot.entries.extend(entries)
-        if exact and grid_exact:
+        if (exact and grid_exact) or not self.deterministic:
             slot.exact = slot.n_past
 
     def seal_prompt(self, slot: Slot, n_prompt: int, marks: Sequence[int] = ()) -> None:
@@ -328,6 +337,8 @@ class SlotPolicy:
         compute the same positions inside a full piece, unless that cell ends on a
         mark (a prompt ending with the generation prompt), where it cuts too.
         """
+        if not self.deterministic:
+            return
         slot.exact = min(slot.exact, exact_prefix(n_prompt, self.align, marks))
 
     def sync(self, slot: Slot) -> None:
@@ -352,7 +363,7 @@ class SlotPolicy:
         slot: Slot,
         marks: Sequence[int] = (),
     ) -> list[int]:
-        """Grid cut points at which to save a checkpoint while this prompt is read."""
+        """Cut points at which to save a checkpoint while this prompt is read."""
         if not self.uses_checkpoints:
             return []
         n_prompt = len(tokens)
@@ -367,7 +378,7 @@ class SlotPolicy:
         )
         # where a regenerate of this very prompt resumes
         raw.append(n_prompt - 1)
-        out = {restart_point(t, n_prompt, self.align, media, marks) for t in raw}
+        out = {self._resume(t, n_prompt, media, marks) for t in raw}
         return sorted(t for t in out if n_keep < t < n_prompt)
 
     def save_checkpoint(self, slot: Slot, keep: frozenset[int]) -> None:

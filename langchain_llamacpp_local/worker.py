@@ -24,7 +24,7 @@ from typing import Any
 
 from . import prompts
 from .channel import Channel
-from .chunking import balanced_groups, marker_cuts, piece_end
+from .chunking import balanced_groups, fast_piece_end, marker_cuts, piece_end
 from .engine import Engine, LoadConfig, MemoryKind
 from .errors import (
     ContextOverflowError,
@@ -256,9 +256,10 @@ class _WorkerState:
 
     Each loop iteration admits queued requests into free slots, then decodes one
     step: the next token of every generating request in one ``llama_decode``, and
-    one grid piece (see :mod:`chunking`) of the oldest request still reading its
-    prompt in another, never mixed with other sequences, so a request computes the
-    same logits whatever runs beside it.
+    one piece (see :mod:`chunking`) of the oldest request still reading its prompt
+    in another. In deterministic mode pieces lie on a fixed grid, are never mixed
+    with other sequences and generation steps share a call only in groups the
+    kernels keep exact, so a request computes the same logits whatever runs beside it.
 
     Anything that goes wrong while preparing, sampling, parsing or streaming one
     request becomes that request's error; only a failure of llama.cpp itself (an
@@ -497,13 +498,13 @@ class _WorkerState:
                 + (" (load it with draft_model_path=...)" if kind == "draft" else "")
             )
         limit = min(job.speculative_max_draft, eng.n_batch - 1)
-        if self.cache.exact_batching:
+        if self.config.deterministic:
             # a verify step longer than the probed limit would change the logits
             limit = min(limit, eng.exact_verify_rows - 1)
             if limit < 1:
                 logger.debug(
                     "speculation off: this model's kernels give a multi-token verify step "
-                    "different logits (exact_verify_rows=%d); exact_batching=False allows it",
+                    "different logits (exact_verify_rows=%d); deterministic=False allows it",
                     eng.exact_verify_rows,
                 )
         start = max((p + m.n_pos for p, m in prepared.media.items()), default=0)
@@ -535,7 +536,7 @@ class _WorkerState:
         if drafts:  # a verify step is its own decode call (see _decode_verify)
             drafting = {id(a) for a, _ in drafts}
             gen = [a for a in gen if id(a) not in drafting]
-        if eng.kv_unified or not self.cache.exact_batching:
+        if eng.kv_unified or not self.config.deterministic:
             limit = max(1, len(gen))
         else:  # no more rows per call than the kernels keep bit-identical (probed at load)
             limit = eng.exact_rows
@@ -712,14 +713,17 @@ class _WorkerState:
             return
         start = slot.n_past
         n_prompt = len(act.tokens)
-        end = piece_end(
-            start,
-            n_prompt,
-            min(eng.n_batch, eng.n_ubatch),
-            policy.align,
-            stops=[*act.targets, *media],
-            marks=act.marks,
-        )
+        if self.config.deterministic:
+            end = piece_end(
+                start,
+                n_prompt,
+                min(eng.n_batch, eng.n_ubatch),
+                policy.align,
+                stops=[*act.targets, *media],
+                marks=act.marks,
+            )
+        else:
+            end = fast_piece_end(start, n_prompt, eng.n_batch, stops=[*act.targets, *media])
         chunk = act.tokens[start:end]
         job = act.job
         try:

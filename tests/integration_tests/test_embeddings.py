@@ -178,6 +178,17 @@ def test_batching_equals_one_text_at_a_time(kind: str) -> None:
     np.testing.assert_allclose(np.array(tight.embed_documents(texts)), batched, atol=ATOL)
 
 
+@pytest.mark.parametrize("kind", ["bert", "llama", "gemma"])
+def test_deterministic_vectors_do_not_depend_on_the_batch(kind: str, request: Any) -> None:
+    """deterministic=True: a text's vector is bit for bit the same alone or among others."""
+    path = request.getfixturevalue("gemma") if kind == "gemma" else MODELS[kind]()
+    emb = LlamaCppEmbeddings(model_path=path, deterministic=True)
+    texts = TEXTS * 2
+    batched = np.array(emb.embed_documents(texts))
+    single = np.array([emb.embed_query(t) for t in texts])
+    assert np.array_equal(batched, single)
+
+
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 def test_default_settings_batching_agrees_closely(kind: str) -> None:
     emb = LlamaCppEmbeddings(model_path=MODELS[kind]())

@@ -1,7 +1,7 @@
 """Batch invariance: a greedy answer is the same alone, beside other requests, warm or fresh.
 
 Every comparison here is bit-for-bit (token ids and log-probabilities), not within
-a tolerance: the worker decodes prompts on a fixed grid of absolute positions, gives
+a tolerance, with ``deterministic=True``: the worker decodes prompts on a fixed grid of absolute positions, gives
 each slot its own KV stream and batches generation steps only where the model's
 kernels give identical rows (see docs/cache.md, "Exactness").
 """
@@ -30,7 +30,9 @@ PROMPTS = [
 
 
 def _tiny(path: str, **kw: Any) -> ChatLlamaCpp:
-    return ChatLlamaCpp(model_path=path, n_slots=4, max_tokens=10, **GREEDY, **kw)
+    return ChatLlamaCpp(
+        model_path=path, n_slots=4, max_tokens=10, deterministic=True, **GREEDY, **kw
+    )
 
 
 # a template whose generation prompt starts with a control token (<s>): prompts are then
@@ -144,7 +146,9 @@ def test_warm_equals_fresh_after_edits_and_regenerations(tiny: ChatLlamaCpp) -> 
 
 @pytest.mark.timeout(1200)
 def test_gemma_concurrent_and_warm_equal_solo_and_fresh(gemma: str) -> None:
-    llm = ChatLlamaCpp(model_path=gemma, n_ctx=1024, n_slots=3, max_tokens=6, **GREEDY)
+    llm = ChatLlamaCpp(
+        model_path=gemma, n_ctx=1024, n_slots=3, max_tokens=6, deterministic=True, **GREEDY
+    )
     prompts = ["Name a colour.", "Write one word about the sea. " * 6]
     solo = _solo(llm, prompts)
     for got, ref in zip(_threads(llm, prompts), solo, strict=True):

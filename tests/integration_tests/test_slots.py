@@ -1,4 +1,8 @@
-"""Several conversations on one model: slots, prefix copy, host-RAM cache, continuous batching."""
+"""Several conversations on one model: slots, prefix copy, host-RAM cache, continuous batching.
+
+These compare warm and concurrent answers with fresh ones bit for bit, so they run in
+deterministic mode (per-slot KV streams); test_fast_mode.py covers the default mode.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from tests.compare import GREEDY as _GREEDY
+from tests.compare import GREEDY as _BASE
 from tests.compare import assert_identical
+
+_GREEDY: dict[str, Any] = {**_BASE, "deterministic": True}
 
 GRID = 64  # prompt pieces are cut on multiples of this (n_batch 512): reuse stops there
 

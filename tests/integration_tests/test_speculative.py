@@ -5,10 +5,10 @@ The suite runs with ``LLAMACPP_LOCAL_CHECK_KV=1``: after every step the worker a
 that each slot's tracked entries equal llama.cpp's memory, so a wrong rollback fails.
 
 The tiny random-weight F32 models probe ``exact_verify_rows == 1`` (a multi-token step
-rounds differently; F16/Q8_0/Q4_0 variants of them too), so with ``exact_batching``
-they do not speculate; their tests use ``exact_batching=False`` and compare greedy
-tokens. The scripted model (attention and FFN zeroed) and Gemma 3 270M verify
-several tokens exactly, so there the comparison is bit for bit in exact mode.
+rounds differently; F16/Q8_0/Q4_0 variants of them too), so with ``deterministic=True``
+they do not speculate; their tests use the default mode and compare greedy
+tokens. The scripted model (attention and FFN zeroed) verifies several tokens
+exactly, so there the comparison is bit for bit.
 """
 
 from __future__ import annotations
@@ -172,7 +172,6 @@ def test_random_model_rollback_matches_plain_decoding(arch: str, request: Any) -
         chat_template=RAW,
         n_ctx=512,
         max_tokens=30,
-        exact_batching=False,
         speculative_max_draft=6,
         **GREEDY,
     )
@@ -189,7 +188,9 @@ def test_random_model_rollback_matches_plain_decoding(arch: str, request: Any) -
 
 
 def test_exact_mode_does_not_speculate_where_the_probe_forbids_it(tiny_llama: str) -> None:
-    llm = ChatLlamaCpp(model_path=tiny_llama, chat_template=RAW, max_tokens=12, **GREEDY)
+    llm = ChatLlamaCpp(
+        model_path=tiny_llama, chat_template=RAW, max_tokens=12, deterministic=True, **GREEDY
+    )
     info = llm._lease(None, None)[0]
     try:
         rows = info.worker.call(lambda st: st.engine.exact_verify_rows)
@@ -218,9 +219,7 @@ def test_forced_tool_call_and_json_schema_with_speculation(tmp_path: Path) -> No
         tmp_path / "tools.gguf",
         chat_template=(TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(),
     )
-    llm = ChatLlamaCpp(
-        model_path=str(path), max_tokens=60, n_ctx=2048, exact_batching=False, **GREEDY
-    )
+    llm = ChatLlamaCpp(model_path=str(path), max_tokens=60, n_ctx=2048, **GREEDY)
     bound = llm.bind_tools([get_weather], tool_choice="get_weather")
     q = "Weather in Paris? Call get_weather with city Paris."
     ref = bound.invoke(q, cache_prompt=False)
@@ -246,11 +245,11 @@ def test_forced_tool_call_and_json_schema_with_speculation(tmp_path: Path) -> No
 def test_gemma_exact_mode_and_fast_mode(gemma: str) -> None:
     """Gemma 3 270M Q4_K_M on x86: a 2-token verify step already rounds differently
     after some prefixes, so the probe allows 1 and exact mode does not speculate; with
-    ``exact_batching=False`` drafts are verified and accepted on text to repeat."""
+    the default mode drafts are verified and accepted on text to repeat."""
     text = "The cat sat on the mat. The dog sat on the log. The bird sat on the branch."
     prompt = f"Repeat this text exactly, word for word:\n\n{text}"
     base: dict[str, Any] = {"model_path": gemma, "max_tokens": 24, "n_ctx": 1024, "n_slots": 1}
-    exact = ChatLlamaCpp(**base, **GREEDY)
+    exact = ChatLlamaCpp(**base, deterministic=True, **GREEDY)
     ref = exact.invoke(prompt, cache_prompt=False)
     got = exact.invoke(prompt, cache_prompt=False, speculative="ngram")
     assert_identical(got, ref)
@@ -261,7 +260,7 @@ def test_gemma_exact_mode_and_fast_mode(gemma: str) -> None:
         lease.release()
     if rows < 2:
         assert _spec(got) == {"type": "ngram", "drafted": 0, "accepted": 0}
-    fast = ChatLlamaCpp(**base, exact_batching=False, **GREEDY)
+    fast = ChatLlamaCpp(**base, **GREEDY)
     got = fast.invoke(prompt, cache_prompt=False, speculative="ngram")
     # not exact: the same tokens, log-probabilities within rounding of a 4-bit model
     # (a multi-token step moved them by up to ~0.5 in the lead's measurements)
