@@ -199,14 +199,15 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
     def _embed(self, texts: list[str], prefix: str) -> list[list[float]]:
         if not texts:
             return []
-        eng = self._get_engine()
-        tokens = [
-            eng.fit(eng.tokenize(prefix + text), i, truncate=self.truncate)
-            for i, text in enumerate(texts)
-        ]
-        vectors = postprocess(
-            eng.embed(tokens), dimensions=self.dimensions, normalize=self.normalize
-        )
+        # tokenize and embed under the engine's lock: close() on another thread waits
+        # for this call instead of freeing the vocabulary and context under it
+        with self._get_engine().using() as eng:
+            tokens = [
+                eng.fit(eng.tokenize(prefix + text), i, truncate=self.truncate)
+                for i, text in enumerate(texts)
+            ]
+            rows = eng.embed(tokens)
+        vectors = postprocess(rows, dimensions=self.dimensions, normalize=self.normalize)
         return vectors.tolist()
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

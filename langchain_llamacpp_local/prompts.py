@@ -30,6 +30,7 @@ from .sampling import (
     tool_call_grammar,
 )
 from .template_analysis import TemplateAnalysis, analyze_template
+from .template_sandbox import request_budget
 from .templates import ChatTemplate, adapt_messages, select_template
 from .tool_parsers import StreamDelta, StreamParser, detect_format
 
@@ -209,7 +210,16 @@ def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
-    """Render, tokenize and choose grammar and parser for ``job``."""
+    """Render, tokenize and choose grammar and parser for ``job``.
+
+    Every template operation of the request (compiling an override, probing, each
+    render) shares one time budget, which also stops at the caller's cancel or timeout.
+    """
+    with request_budget(fmt.template.limits, cancelled=job.cancelled):
+        return _prepare(fmt, job, eng)
+
+
+def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     tools = job.tools or []
     choice = normalize_tool_choice(job.tool_choice, tools) if tools else None
     use_tools = bool(tools) and choice != "none"

@@ -165,9 +165,11 @@ class LlamaCppRerank(BaseDocumentCompressor):
         docs = check_texts(documents, "documents")
         if not docs:
             return []
-        eng = self._get_engine()
-        pairs = [self._pair_tokens(eng, query, d, i) for i, d in enumerate(docs)]
-        return [float(row[0]) for row in eng.embed(pairs)]
+        # one lock across tokenizing and scoring: close() waits for this call
+        with self._get_engine().using() as eng:
+            pairs = [self._pair_tokens(eng, query, d, i) for i, d in enumerate(docs)]
+            rows = eng.embed(pairs)
+        return [float(row[0]) for row in rows]
 
     def compress_documents(
         self,

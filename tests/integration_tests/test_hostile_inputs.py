@@ -398,3 +398,61 @@ def test_image_decoding_does_not_block_the_event_loop(tmp_path: Path, tiny_llama
 
     worst, took = asyncio.run(main())
     assert worst < 0.25 and worst < took / 2, (worst, took)
+
+
+def test_close_during_embed_rerank_and_chat_never_kills_the_process(
+    tmp_path: Path, tiny_llama: str
+) -> None:
+    """close() on one thread while others embed, rerank and chat: every call ends with a
+    result or a clear RequestCancelledError, and nothing is freed under a running call
+    (a crash or abort kills the child, which fails the test)."""
+    proc = _run_isolated(
+        f"""
+        import random, threading, time
+        from pathlib import Path
+        from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
+        from langchain_llamacpp_local.errors import RequestCancelledError
+        from tests.gguf_models import write_tiny_bert
+
+        d = Path({str(tmp_path)!r})
+        emb = LlamaCppEmbeddings(model_path=str(write_tiny_bert(d / "e.gguf")), truncate=True)
+        rr = LlamaCppRerank(
+            model_path=str(write_tiny_bert(d / "r.gguf", rerank=True)), truncate=True
+        )
+        chat = ChatLlamaCpp(model_path={tiny_llama!r}, max_tokens=4, temperature=0)
+        texts = ["hello world " * random.randint(1, 3000) for _ in range(24)]
+        stop = time.monotonic() + 4.0
+        ok, cancelled, other = [0], [0], []
+
+        def hammer(call):
+            while time.monotonic() < stop:
+                try:
+                    call()
+                    ok[0] += 1
+                except RequestCancelledError:
+                    cancelled[0] += 1
+                except Exception as exc:
+                    other.append(repr(exc))
+
+        calls = [
+            lambda: emb.embed_documents(texts),
+            lambda: emb.embed_query("q " * 50),
+            lambda: rr.rerank("query", texts),
+            lambda: chat.invoke("hi"),
+        ]
+        threads = [threading.Thread(target=hammer, args=(c,)) for c in calls * 2]
+        for t in threads:
+            t.start()
+        while time.monotonic() < stop:
+            for model in (emb, rr, chat):
+                model.close()
+            time.sleep(random.random() * 0.003)
+        for t in threads:
+            t.join()
+        print("OK", ok[0], "CANCELLED", cancelled[0], "OTHER", other[:3])
+        """,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OTHER []" in proc.stdout, proc.stdout
+    assert int(proc.stdout.split()[1]) > 0, proc.stdout
