@@ -248,14 +248,20 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
     check_fits(eng, text, job.max_tokens)  # before anything that scales with the prompt
     info = vocab_info(eng)
-    injected = content_has_control_text(info, messages)
+    # Everything the template sees goes through one check: message content, tool names,
+    # descriptions and schemas, argument keys and values, template kwargs.
+    inputs = {"messages": messages, "tools": render_tools, "kwargs": kwargs}
+    injected = content_has_control_text(info, inputs)
     mapping: dict[str, str] = {}
     rendered = text
-    if injected:  # content that spells control tokens: render again with placeholders
-        logger.debug("message content contains control-token text %s", injected[:5])
-        protected, mapping = protect_content(messages, injected)
+    if injected:  # text that spells control tokens: render again with placeholders
+        logger.debug("prompt inputs contain control-token text %s", injected[:5])
+        protected, mapping = protect_content(inputs, injected)
         rendered = template.render(
-            protected, tools=render_tools, add_generation_prompt=True, **kwargs
+            protected["messages"],
+            tools=protected["tools"],
+            add_generation_prompt=True,
+            **protected["kwargs"],
         )
         text = restore(rendered, mapping)
 
