@@ -456,3 +456,26 @@ def test_close_during_embed_rerank_and_chat_never_kills_the_process(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OTHER []" in proc.stdout, proc.stdout
     assert int(proc.stdout.split()[1]) > 0, proc.stdout
+
+
+@pytest.mark.parametrize("length", [2**62, 2**64 - 1, 10**9])
+def test_a_crafted_key_length_is_a_load_error_naming_the_file(
+    tmp_path: Path, length: int
+) -> None:
+    path = write_tiny_llama(tmp_path / "huge-key.gguf")
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<Q", data, 24, length)  # the first key's length
+    path.write_bytes(bytes(data))
+    proc = _run_isolated(
+        f"""
+        from langchain_llamacpp_local import ChatLlamaCpp
+        from langchain_llamacpp_local.errors import ModelLoadError
+        try:
+            ChatLlamaCpp(model_path={str(path)!r}, max_tokens=2).invoke("hi")
+        except ModelLoadError as exc:
+            print("MODEL_LOAD_ERROR", exc)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "MODEL_LOAD_ERROR" in out and str(path) in out and f"{length} bytes" in out, out
