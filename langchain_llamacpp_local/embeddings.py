@@ -69,6 +69,19 @@ def postprocess(vectors: np.ndarray, *, dimensions: int | None, normalize: bool)
     return vectors
 
 
+def encodable(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode; else a ValueError naming the text and character
+    (a lone surrogate, e.g. from a badly decoded file, has no UTF-8 form)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} is not valid Unicode: character {exc.start} is "
+            f"{text[exc.start]!r} ({exc.reason}); a lone surrogate cannot be embedded"
+        ) from None
+    return text
+
+
 def check_texts(texts: object, what: str = "texts") -> list[str]:
     """``texts`` as a list of strings, or a ``TypeError`` naming the first bad item."""
     if isinstance(texts, str) or not isinstance(texts, Sequence):
@@ -203,7 +216,9 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
         # for this call instead of freeing the vocabulary and context under it
         with self._get_engine().using() as eng:
             tokens = [
-                eng.fit(eng.tokenize(prefix + text), i, truncate=self.truncate)
+                eng.fit(
+                    eng.tokenize(prefix + encodable(text, f"text {i}")), i, truncate=self.truncate
+                )
                 for i, text in enumerate(texts)
             ]
             rows = eng.embed(tokens)

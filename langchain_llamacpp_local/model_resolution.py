@@ -27,6 +27,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -51,7 +52,8 @@ class ModelNotFoundError(ModelLoadError):
         self.spec = spec
         self.tried = list(tried)
         lines = "\n".join(f"  - {t}" for t in tried)
-        super().__init__(f"model {spec!r} not found; tried:\n{lines}")
+        shown = repr(spec) if len(spec) <= 200 else f"{spec[:60]!r}... ({len(spec)} characters)"
+        super().__init__(f"model {shown} not found; tried:\n{lines}")
 
 
 @dataclass(frozen=True)
@@ -327,6 +329,18 @@ def _in_models_dir(
     return None
 
 
+def _fs_lookup(
+    look: Callable[[], ResolvedModel | None], where: str, spec: str, tried: list[str]
+) -> ResolvedModel | None:
+    """A file-system lookup whose ``OSError`` (a name too long for the file system, a
+    folder without permission) becomes a line of the not-found report."""
+    try:
+        return look()
+    except OSError as exc:
+        tried.append(f"{where}: cannot look it up ({exc.strerror or exc})")
+        return None
+
+
 def _from_path(spec: str, mmproj: str | None, tried: list[str]) -> ResolvedModel | None:
     p = Path(spec).expanduser()
     if p.is_file() or (p.exists() and not p.is_dir()):
@@ -549,13 +563,15 @@ def resolve_model(
     tried: list[str] = []
     explicit_proj = mmproj not in (None, MMPROJ_AUTO, MMPROJ_NONE)
     mode = None if explicit_proj else mmproj
-    found = _from_path(spec, mode, tried)
+    found = _fs_lookup(lambda: _from_path(spec, mode, tried), "path", spec, tried)
     if found is None:
         mdir = models_dir_from(models_dir)
         if mdir is None:
             tried.append(f"models_dir: not set (pass models_dir= or set {MODELS_DIR_ENV})")
         else:
-            found = _in_models_dir(spec, mdir, mode, tried)
+            found = _fs_lookup(
+                lambda: _in_models_dir(spec, mdir, mode, tried), f"models_dir {mdir}", spec, tried
+            )
     if found is None:
         hs = parse_hf_spec(spec)
         if hs is None:

@@ -459,9 +459,7 @@ def test_close_during_embed_rerank_and_chat_never_kills_the_process(
 
 
 @pytest.mark.parametrize("length", [2**62, 2**64 - 1, 10**9])
-def test_a_crafted_key_length_is_a_load_error_naming_the_file(
-    tmp_path: Path, length: int
-) -> None:
+def test_a_crafted_key_length_is_a_load_error_naming_the_file(tmp_path: Path, length: int) -> None:
     path = write_tiny_llama(tmp_path / "huge-key.gguf")
     data = bytearray(path.read_bytes())
     struct.pack_into("<Q", data, 24, length)  # the first key's length
@@ -479,3 +477,35 @@ def test_a_crafted_key_length_is_a_load_error_naming_the_file(
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "MODEL_LOAD_ERROR" in out and str(path) in out and f"{length} bytes" in out, out
+
+
+def test_unclear_inputs_get_errors_naming_the_problem(tmp_path: Path) -> None:
+    from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
+    from langchain_llamacpp_local.errors import ContextOverflowError
+    from langchain_llamacpp_local.model_resolution import ModelNotFoundError
+    from tests.gguf_models import write_tiny_bert
+
+    # a model name too long for the file system: a not-found report, not an OSError
+    with pytest.raises(ModelNotFoundError, match=r"\(5000 characters\) not found") as info:
+        ChatLlamaCpp(model="a" * 5000).invoke("hi")
+    assert "File name too long" in str(info.value) and len(str(info.value)) < 1000
+    # a port that str.isdigit() accepts but int() does not
+    with pytest.raises(ValueError, match=r"port '²' is not a number in 1\.\.65535"):
+        ChatLlamaCpp(model_path=str(tmp_path / "m.gguf"), rpc_servers=["h:²"])
+    # a lone surrogate: the text and the character are named
+    emb = LlamaCppEmbeddings(model_path=str(write_tiny_bert(tmp_path / "e.gguf")))
+    with pytest.raises(ValueError, match=r"text 1 is not valid Unicode: character 2 is '\\ud800'"):
+        emb.embed_documents(["fine", "ab\ud800c"])
+    assert len(emb.embed_documents(["still serving"])) == 1
+    # truncate=True with a query too long by itself: no advice to pass truncate=True
+    rr = LlamaCppRerank(
+        model_path=str(write_tiny_bert(tmp_path / "r.gguf", rerank=True)),
+        n_ctx=32,
+        truncate=True,
+        flash_attn=False,
+    )
+    with pytest.raises(ContextOverflowError, match="shorten the query") as info:
+        rr.rerank("q " * 100, ["doc"])
+    assert "pass truncate=True" not in str(info.value)
+    with pytest.raises(ValueError, match="document 0 is not valid Unicode"):
+        rr.rerank("q", ["\udfff"])
