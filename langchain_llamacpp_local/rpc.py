@@ -190,7 +190,9 @@ def parse_endpoint(endpoint: str) -> str:
         )
     # isascii: '²'.isdigit() is true, yet int() refuses it
     if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
-        raise ValueError(f"RPC endpoint {endpoint!r}: port {port!r} is not a number in 1..65535")
+        raise ValueError(
+            f"RPC endpoint {endpoint!r}: port must be a number in 1..65535, not {port!r}"
+        )
     return f"{host}:{int(port)}"
 
 

@@ -490,7 +490,7 @@ def test_unclear_inputs_get_errors_naming_the_problem(tmp_path: Path) -> None:
         ChatLlamaCpp(model="a" * 5000).invoke("hi")
     assert "File name too long" in str(info.value) and len(str(info.value)) < 1000
     # a port that str.isdigit() accepts but int() does not
-    with pytest.raises(ValueError, match=r"port '²' is not a number in 1\.\.65535"):
+    with pytest.raises(ValueError, match=r"port must be a number in 1\.\.65535, not '²'"):
         ChatLlamaCpp(model_path=str(tmp_path / "m.gguf"), rpc_servers=["h:²"])
     # a lone surrogate: the text and the character are named
     emb = LlamaCppEmbeddings(model_path=str(write_tiny_bert(tmp_path / "e.gguf")))
