@@ -509,3 +509,18 @@ def test_unclear_inputs_get_errors_naming_the_problem(tmp_path: Path) -> None:
     assert "pass truncate=True" not in str(info.value)
     with pytest.raises(ValueError, match="document 0 is not valid Unicode"):
         rr.rerank("q", ["\udfff"])
+
+
+def test_a_slow_template_stops_at_the_callers_timeout(tiny_llama: str) -> None:
+    """The template's time is the request's: it ends at the caller's timeout, so a
+    bystander on the same model is served within its own."""
+    slow = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    llm = ChatLlamaCpp(model_path=tiny_llama, max_tokens=2, temperature=0, n_slots=1)
+    llm.load()
+    start = time.monotonic()
+    with pytest.raises((TimeoutError, ValueError)):
+        llm.invoke("hi", chat_template=slow, timeout=0.5)
+    assert time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert llm.invoke("hi", timeout=3).content is not None
+    assert time.monotonic() - start < 2.0
