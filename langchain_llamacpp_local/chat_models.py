@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import re
 import threading
@@ -57,6 +56,7 @@ from .validation import (
     check_max_tokens,
     check_speculative,
     check_timeout,
+    keep_alive_seconds,
     normalize_stop,
     unknown_names_error,
 )
@@ -1012,9 +1012,9 @@ def _duration_seconds(value: Any) -> Any:
         m = _DURATION.match(value)
         if m is None:
             raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
-        return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-    if isinstance(value, (int, float)) and math.isnan(value):
-        raise ValueError("keep_alive must be a number of seconds, not nan")
+        return keep_alive_seconds(float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    if isinstance(value, (int, float)):
+        return keep_alive_seconds(value)  # nan refused; inf or past ten years: forever
     return value
 
 

@@ -15,8 +15,12 @@ callback stops the graph once the final hidden state (``t_embd``) is computed,
 and the mean/first/last row is taken here with numpy: the same numbers as
 llama.cpp's pooling (tested), at prefill speed.
 
-An :class:`EmbeddingEngine` is not thread-safe by itself; :meth:`embed` holds
-its lock, so callers on several threads take turns.
+Every public call (:meth:`tokenize`, :meth:`embed`, :meth:`token_vectors`) and
+:meth:`close` take the engine's one (re-entrant) lock, so callers on several
+threads take turns and nothing is freed under a running call; a caller that
+needs several calls to see one context (tokenize, then embed) holds
+:attr:`lock` around them (:meth:`using`). A call on a closed engine raises
+:class:`~.errors.RequestCancelledError`.
 """
 
 from __future__ import annotations
@@ -25,14 +29,15 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import llama_cpp.llama_cpp as C
 import numpy as np
 
 from . import engine as _engine
-from .errors import ContextOverflowError, DecodeError, ModelLoadError
+from .errors import ContextOverflowError, DecodeError, ModelLoadError, RequestCancelledError
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +181,7 @@ class EmbeddingEngine:
         if config.n_seq_max < 1:
             raise ValueError(f"n_seq_max must be at least 1, got {config.n_seq_max}")
         self.config = config
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.ctx = None
         self._batch: C.llama_batch | None = None
         self._model_ref = _engine.load_model(config.load_config())
@@ -285,9 +290,28 @@ class EmbeddingEngine:
 
     # ------------------------------------------------------------------ tokens
 
+    @contextmanager
+    def using(self) -> Iterator[EmbeddingEngine]:
+        """Hold the engine open (its lock) across several calls; raises if it is closed."""
+        with self.lock:
+            self._check_open()
+            yield self
+
+    def _check_open(self) -> None:
+        if self.ctx is None:
+            raise RequestCancelledError(
+                f"the embedding context of {os.path.basename(self.config.model_path)} was "
+                "closed (close() ran before or during this call)"
+            )
+
     def tokenize(
         self, text: str, *, add_special: bool = True, parse_special: bool = False
     ) -> list[int]:
+        with self.lock:
+            self._check_open()
+            return self._tokenize(text, add_special, parse_special)
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 8
         arr = (C.llama_token * cap)()
@@ -330,6 +354,7 @@ class EmbeddingEngine:
         out = np.empty((len(token_lists), width), dtype=np.float32)
         lengths = [len(t) for t in token_lists]
         with self.lock:
+            self._check_open()
             per_call = 1 if self.config.deterministic else self.n_seq_max
             for start, end in pack(lengths, self.n_batch, per_call):
                 out[start:end] = self._embed_group(token_lists[start:end], width)
@@ -341,6 +366,7 @@ class EmbeddingEngine:
             raise ValueError("token_vectors() needs an engine with pooling='none'")
         pack([len(tokens)], self.n_batch, 1)  # validates the length
         with self.lock:
+            self._check_open()
             self._decode([tokens])
             try:
                 return self._rows(len(tokens)).copy()

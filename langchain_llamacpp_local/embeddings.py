@@ -69,6 +69,19 @@ def postprocess(vectors: np.ndarray, *, dimensions: int | None, normalize: bool)
     return vectors
 
 
+def encodable(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode; else a ValueError naming the text and character
+    (a lone surrogate, e.g. from a badly decoded file, has no UTF-8 form)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} is not valid Unicode: character {exc.start} is "
+            f"{text[exc.start]!r} ({exc.reason}); a lone surrogate cannot be embedded"
+        ) from None
+    return text
+
+
 def check_texts(texts: object, what: str = "texts") -> list[str]:
     """``texts`` as a list of strings, or a ``TypeError`` naming the first bad item."""
     if isinstance(texts, str) or not isinstance(texts, Sequence):
@@ -209,14 +222,17 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
     def _embed(self, texts: list[str], prefix: str) -> list[list[float]]:
         if not texts:
             return []
-        eng = self._get_engine()
-        tokens = [
-            eng.fit(eng.tokenize(prefix + text), i, truncate=self.truncate)
-            for i, text in enumerate(texts)
-        ]
-        vectors = postprocess(
-            eng.embed(tokens), dimensions=self.dimensions, normalize=self.normalize
-        )
+        # tokenize and embed under the engine's lock: close() on another thread waits
+        # for this call instead of freeing the vocabulary and context under it
+        with self._get_engine().using() as eng:
+            tokens = [
+                eng.fit(
+                    eng.tokenize(prefix + encodable(text, f"text {i}")), i, truncate=self.truncate
+                )
+                for i, text in enumerate(texts)
+            ]
+            rows = eng.embed(tokens)
+        vectors = postprocess(rows, dimensions=self.dimensions, normalize=self.normalize)
         return vectors.tolist()
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

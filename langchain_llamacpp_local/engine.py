@@ -28,7 +28,13 @@ import numpy as np
 
 from . import ggml_cpu, model_handle
 from .errors import DecodeError, ModelLoadError, RequestCancelledError
-from .gguf_meta import check_hparams, open_regular_file, read_hparams, read_tensor_infos
+from .gguf_meta import (
+    GGUFHeaderError,
+    check_hparams,
+    open_regular_file,
+    read_hparams,
+    read_tensor_infos,
+)
 from .rpc import DevicePlacement
 from .weight_placement import AMX, TensorInfo, WeightPlacement, plan_weight_placement
 
@@ -260,6 +266,8 @@ def check_gguf_file(path: str) -> None:
         raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
     try:
         meta = read_hparams(p)
+    except GGUFHeaderError as exc:  # a length past the end of the file: crafted or cut
+        raise ModelLoadError(f"could not load the model: {exc}") from None
     except (ValueError, OSError, struct.error, UnicodeDecodeError):
         return  # unreadable header: llama.cpp's own loader reports it cleanly
     try:

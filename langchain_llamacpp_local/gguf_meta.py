@@ -40,8 +40,26 @@ def _read(f: BinaryIO, fmt: str) -> Any:
     return struct.unpack(fmt, data)[0]
 
 
+class GGUFHeaderError(ValueError):
+    """A GGUF header that cannot be read: truncated, or a length or count larger than the
+    file (a crafted header); the message names the file and the offset."""
+
+
+def _check_room(f: BinaryIO, n: int, what: str) -> None:
+    """Refuse a length that runs past the end of the file before reading or seeking it
+    (a crafted 2**63 would otherwise be a MemoryError or OverflowError)."""
+    pos = f.tell()
+    size = os.fstat(f.fileno()).st_size
+    if n > size - pos:
+        raise GGUFHeaderError(
+            f"truncated or corrupt GGUF header: {what} of {n} bytes at offset {pos} runs past "
+            f"the end of the {size}-byte file"
+        )
+
+
 def _read_str(f: BinaryIO) -> str:
     n = _read(f, "<Q")
+    _check_room(f, n, "a string")
     data = f.read(n)
     if len(data) != n:
         raise ValueError("truncated GGUF header")
@@ -56,15 +74,19 @@ def _read_value(f: BinaryIO, vtype: int, keep: bool) -> Any:
         return _read(f, _SCALARS[vtype])
     if vtype == _STRING:
         if not keep:
-            f.seek(_read(f, "<Q"), 1)
+            n = _read(f, "<Q")
+            _check_room(f, n, "a string")
+            f.seek(n, 1)
             return None
         return _read_str(f)
     if vtype == _ARRAY:
         itype = _read(f, "<I")
         n = _read(f, "<Q")
         if itype in _SCALARS and (not keep or n > _MAX_KEPT_ARRAY):
+            _check_room(f, n * struct.calcsize(_SCALARS[itype]), f"an array of {n} values")
             f.seek(n * struct.calcsize(_SCALARS[itype]), 1)
             return None
+        _check_room(f, n, f"an array of {n} values")  # every value takes a byte at least
         if itype == _STRING and not keep:
             _skip_strings(f, n)
             return None
@@ -123,28 +145,41 @@ def read_gguf_metadata(
     Raises ``ValueError`` for a file that is not GGUF.
     """
     wanted = set(keys) if keys is not None else None
-    out: dict[str, Any] = {}
     with open_regular_file(path) as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"not a GGUF file: {path}")
-        version = _read(f, "<I")
-        if version < 2:
-            raise ValueError(f"unsupported GGUF version {version}: {path}")
-        _read(f, "<Q")  # tensor count
-        n_kv = _read(f, "<Q")
-        for _ in range(n_kv):
-            key = _read_str(f)
-            vtype = _read(f, "<I")
-            match = (
-                wanted is None
-                or key in wanted
-                or any(w.startswith("*.") and key.endswith(w[1:]) for w in wanted)
-            )
-            value = _read_value(f, vtype, keep=match and (arrays or vtype != _ARRAY))
-            if match and value is not None:
-                out[key] = value
-                if wanted is not None and _satisfied(wanted, out):
-                    break
+        try:
+            return _read_metadata(f, path, wanted, arrays)
+        except GGUFHeaderError as exc:
+            raise GGUFHeaderError(f"{path}: {exc}") from None
+        except (OverflowError, MemoryError, struct.error) as exc:
+            raise GGUFHeaderError(
+                f"{path}: corrupt GGUF header ({type(exc).__name__}: {exc})"
+            ) from None
+
+
+def _read_metadata(
+    f: BinaryIO, path: str | Path, wanted: set[str] | None, arrays: bool
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if f.read(4) != b"GGUF":
+        raise ValueError(f"not a GGUF file: {path}")
+    version = _read(f, "<I")
+    if version < 2:
+        raise ValueError(f"unsupported GGUF version {version}: {path}")
+    _read(f, "<Q")  # tensor count
+    n_kv = _read(f, "<Q")
+    for _ in range(n_kv):
+        key = _read_str(f)
+        vtype = _read(f, "<I")
+        match = (
+            wanted is None
+            or key in wanted
+            or any(w.startswith("*.") and key.endswith(w[1:]) for w in wanted)
+        )
+        value = _read_value(f, vtype, keep=match and (arrays or vtype != _ARRAY))
+        if match and value is not None:
+            out[key] = value
+            if wanted is not None and _satisfied(wanted, out):
+                break
     return out
 
 

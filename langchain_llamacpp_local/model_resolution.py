@@ -24,9 +24,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 from .errors import ModelLoadError
 
@@ -47,7 +52,8 @@ class ModelNotFoundError(ModelLoadError):
         self.spec = spec
         self.tried = list(tried)
         lines = "\n".join(f"  - {t}" for t in tried)
-        super().__init__(f"model {spec!r} not found; tried:\n{lines}")
+        shown = repr(spec) if len(spec) <= 200 else f"{spec[:60]!r}... ({len(spec)} characters)"
+        super().__init__(f"model {shown} not found; tried:\n{lines}")
 
 
 @dataclass(frozen=True)
@@ -323,6 +329,18 @@ def _in_models_dir(
     return None
 
 
+def _fs_lookup(
+    look: Callable[[], ResolvedModel | None], where: str, spec: str, tried: list[str]
+) -> ResolvedModel | None:
+    """A file-system lookup whose ``OSError`` (a name too long for the file system, a
+    folder without permission) becomes a line of the not-found report."""
+    try:
+        return look()
+    except OSError as exc:
+        tried.append(f"{where}: cannot look it up ({exc.strerror or exc})")
+        return None
+
+
 def _from_path(spec: str, mmproj: str | None, tried: list[str]) -> ResolvedModel | None:
     p = Path(spec).expanduser()
     if p.is_file() or (p.exists() and not p.is_dir()):
@@ -361,24 +379,6 @@ def _hf_cached_files(hf: Any, repo_id: str, cache_dir: str | None) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
-def _hf_files(
-    hf: Any, repo_id: str, cache_dir: str | None, offline: bool, tried: list[str]
-) -> tuple[list[str], bool]:
-    """The repo's file list (online when allowed) and whether it came from the cache."""
-    if not offline:
-        try:
-            return list(hf.list_repo_files(repo_id)), False
-        except Exception as exc:  # no network, gated, missing: fall back to the cache
-            tried.append(
-                f"Hugging Face {repo_id}: could not list the repo ({type(exc).__name__}: {exc})"
-            )
-    files = _hf_cached_files(hf, repo_id, cache_dir)
-    if not files:
-        where = cache_dir or hf.constants.HF_HUB_CACHE
-        tried.append(f"Hugging Face cache {where}: no snapshot of {repo_id}")
-    return files, True
-
-
 _hf_memo: dict[tuple[Any, ...], ResolvedModel] = {}
 
 
@@ -406,6 +406,51 @@ def _resolve_hf_cached(
     return found
 
 
+#: Seconds the reachability check of the hub waits for a connection.
+HUB_PROBE_TIMEOUT_S = 3.0
+#: Seconds an unreachable (or reachable) hub is remembered before it is checked again.
+HUB_PROBE_TTL_S = 60.0
+_hub_lock = threading.Lock()
+_hub_probe: dict[str, tuple[float, str | None]] = {}
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_unreachable(endpoint: str) -> str | None:
+    """Why the hub at ``endpoint`` cannot be reached (None if a TCP connection opens).
+
+    Checked once per :data:`HUB_PROBE_TTL_S` with a :data:`HUB_PROBE_TIMEOUT_S`
+    connection, so an offline machine fails in seconds instead of sitting through
+    ``huggingface_hub``'s retries on every call. With a proxy configured the check is
+    left to ``huggingface_hub``.
+    """
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    now = time.monotonic()
+    with _hub_lock:
+        hit = _hub_probe.get(endpoint)
+        if hit is not None and now < hit[0]:
+            return hit[1]
+    url = urlparse(endpoint)
+    host = url.hostname or endpoint
+    port = url.port or (80 if url.scheme == "http" else 443)
+    result: list[str | None] = []
+
+    def probe() -> None:  # on a thread: name resolution has no timeout of its own
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+            result.append(None)
+        except OSError as exc:
+            result.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=probe, name="llamacpp-hub-probe", daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_TIMEOUT_S)
+    error = result[0] if result else f"no connection within {HUB_PROBE_TIMEOUT_S:g} s"
+    with _hub_lock:
+        _hub_probe[endpoint] = (time.monotonic() + HUB_PROBE_TTL_S, error)
+    return error
+
+
 def _resolve_hf(
     spec: str,
     hs: HfSpec,
@@ -414,18 +459,58 @@ def _resolve_hf(
     offline: bool | None,
     tried: list[str],
 ) -> ResolvedModel | None:
+    """The local cache first (no network for a cached model), then the hub if it is
+    allowed and reachable."""
     hf = _hf()
     if offline is None:
         offline = bool(hf.constants.HF_HUB_OFFLINE)
-    files, cached = _hf_files(hf, hs.repo_id, cache_dir, offline, tried)
-    if not files:
+    cached_files = _hf_cached_files(hf, hs.repo_id, cache_dir)
+    if cached_files:
+        found = _pick_and_fetch(hf, spec, hs, mmproj, cache_dir, cached_files, True, tried)
+        if found is not None:
+            return found
+    else:
+        where = cache_dir or hf.constants.HF_HUB_CACHE
+        tried.append(f"Hugging Face cache {where}: no snapshot of {hs.repo_id}")
+    if offline:
+        tried.append("Hugging Face hub: not asked (offline: HF_HUB_OFFLINE is set)")
         return None
+    endpoint = str(hf.constants.ENDPOINT)
+    error = hub_unreachable(endpoint)
+    if error is not None:
+        tried.append(
+            f"Hugging Face hub {endpoint}: unreachable ({error}); set HF_HUB_OFFLINE=1 to use "
+            "only the cache"
+        )
+        return None
+    try:
+        files = list(hf.list_repo_files(hs.repo_id))
+    except Exception as exc:  # gated, missing, network trouble
+        tried.append(
+            f"Hugging Face {hs.repo_id}: could not list the repo ({type(exc).__name__}: {exc})"
+        )
+        return None
+    return _pick_and_fetch(hf, spec, hs, mmproj, cache_dir, files, False, tried)
+
+
+def _pick_and_fetch(
+    hf: Any,
+    spec: str,
+    hs: HfSpec,
+    mmproj: str | None,
+    cache_dir: str | None,
+    files: list[str],
+    local_only: bool,
+    tried: list[str],
+) -> ResolvedModel | None:
+    where = "cache of " if local_only else ""
     ggufs = [f for f in files if f.lower().endswith(".gguf")]
     if hs.filename:
         primary = hs.filename if hs.filename in files else None
         if primary is None:
             tried.append(
-                f"Hugging Face {hs.repo_id}: no file {hs.filename} (GGUF files: {', '.join(ggufs) or 'none'})"
+                f"Hugging Face {where}{hs.repo_id}: no file {hs.filename} "
+                f"(GGUF files: {', '.join(ggufs) or 'none'})"
             )
             return None
     else:
@@ -433,11 +518,11 @@ def _resolve_hf(
         if primary is None:
             what = f"tagged {hs.tag!r}" if hs.tag else "at all"
             tried.append(
-                f"Hugging Face {hs.repo_id}: no GGUF model file {what} (GGUF files: {', '.join(ggufs) or 'none'})"
+                f"Hugging Face {where}{hs.repo_id}: no GGUF model file {what} "
+                f"(GGUF files: {', '.join(ggufs) or 'none'})"
             )
             return None
     parts = split_parts(files, primary)
-    local_only = offline or cached
 
     def fetch(name: str) -> str:
         return str(
@@ -450,7 +535,8 @@ def _resolve_hf(
         proj = fetch(proj_name) if proj_name else None
     except Exception as exc:
         tried.append(
-            f"Hugging Face {hs.repo_id}: could not fetch {primary} ({type(exc).__name__}: {exc})"
+            f"Hugging Face {where}{hs.repo_id}: could not fetch {primary} "
+            f"({type(exc).__name__}: {exc})"
         )
         return None
     return ResolvedModel(paths[0], proj, "huggingface", spec)
@@ -477,13 +563,15 @@ def resolve_model(
     tried: list[str] = []
     explicit_proj = mmproj not in (None, MMPROJ_AUTO, MMPROJ_NONE)
     mode = None if explicit_proj else mmproj
-    found = _from_path(spec, mode, tried)
+    found = _fs_lookup(lambda: _from_path(spec, mode, tried), "path", spec, tried)
     if found is None:
         mdir = models_dir_from(models_dir)
         if mdir is None:
             tried.append(f"models_dir: not set (pass models_dir= or set {MODELS_DIR_ENV})")
         else:
-            found = _in_models_dir(spec, mdir, mode, tried)
+            found = _fs_lookup(
+                lambda: _in_models_dir(spec, mdir, mode, tried), f"models_dir {mdir}", spec, tried
+            )
     if found is None:
         hs = parse_hf_spec(spec)
         if hs is None:

@@ -64,7 +64,7 @@ def load_image(
     return _decode(data, max_pixels)
 
 
-def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes:
+def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes | bytearray:
     if isinstance(block, (bytes, bytearray, memoryview)):
         return bytes(block)
     if isinstance(block, Path):
@@ -109,7 +109,7 @@ def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes:
 
 def _from_string(
     s: str, local: bool, remote: bool, timeout: float, *, plain_base64: bool = True
-) -> bytes:
+) -> bytes | bytearray:
     s = s.strip()
     if s[:5].lower() == "data:":
         head, sep, payload = s.partition(",")
@@ -131,26 +131,85 @@ def _from_string(
         raise ImageInputError(f"unsupported image URL scheme in {s[:40]!r}")
     # Raw base64 (JPEG's starts with "/9j/", so a leading "/" proves nothing); a real
     # path almost always holds a character outside the base64 alphabet ("." or "\").
-    if plain_base64 and len(s) >= 64 and _B64_RE.fullmatch(s):
+    if plain_base64 and len(s) >= 64 and _looks_base64(s):
         return _b64(s)
     return _read_file(s, local)
 
 
-_B64_RE = re.compile(r"[A-Za-z0-9+/_\-\s]+={0,2}\s*")
+#: Characters of base64 decoded per step: each step is one short C call, so a thread
+#: decoding a 70 MB image lets other threads (an event loop) in every millisecond or so.
+_B64_STEP = 1 << 18
 
 
-def _b64(payload: str) -> bytes:
-    compact = "".join(payload.split())  # line-wrapped base64 (MIME style) is common
-    if "-" in compact or "_" in compact:
-        compact = compact.replace("-", "+").replace("_", "/")  # URL-safe alphabet
-    compact += "=" * (-len(compact) % 4)
+def _b64(payload: str) -> bytearray:
+    """Decode base64 (line-wrapped or URL-safe too) in steps of :data:`_B64_STEP`
+    characters into one growing buffer: one ``b64decode`` (or one ``join``) of a
+    whole large image holds the GIL for a third of a second, stalling every other
+    thread, an asyncio loop included."""
+    out = bytearray()  # grown in place (a zeroed full-size buffer costs a long memset)
+    carry = ""
     try:
-        data = base64.b64decode(compact, validate=True)
+        for start in range(0, len(payload), _B64_STEP):
+            # line-wrapped base64 (MIME style) is common; URL-safe letters are mapped
+            piece = carry + "".join(payload[start : start + _B64_STEP].split())
+            piece = piece.replace("-", "+").replace("_", "/")
+            cut = len(piece) - len(piece) % 4
+            if cut > 4 and "=" in piece[: cut - 4]:
+                raise ValueError("padding before the end of the data")
+            out += base64.b64decode(piece[:cut], validate=True)
+            carry = piece[cut:]
+        if carry:
+            out += base64.b64decode(carry + "=" * (-len(carry) % 4), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ImageInputError(f"image data is not valid base64: {exc}") from None
-    if not data:
+    if not out:
         raise ImageInputError("image data is empty")
-    return data
+    return out
+
+
+class _BufferReader(io.RawIOBase):
+    """A seekable file over a buffer without copying it (``io.BytesIO`` copies a
+    bytearray: tens of milliseconds holding the GIL for a large image)."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self._view[self._pos : self._pos + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _looks_base64(s: str) -> bool:
+    """Whether ``s`` is base64 text (whitespace allowed, at most two ``=`` at the end),
+    checked in steps: the regex engine holds the GIL."""
+    core = s.rstrip()
+    body = core.rstrip("=")
+    if len(core) - len(body) > 2:
+        return False
+    return all(
+        _B64_BODY_RE.fullmatch(body, i, min(i + _B64_STEP, len(body)))
+        for i in range(0, len(body), _B64_STEP)
+    )
+
+
+_B64_BODY_RE = re.compile(r"[A-Za-z0-9+/_\-\s]*")
 
 
 def _read_file(path: str, local: bool) -> bytes:
@@ -188,11 +247,11 @@ def _download(url: str, timeout: float) -> bytes:
     return data
 
 
-def _decode(data: bytes, max_pixels: int) -> DecodedImage:
+def _decode(data: bytes | bytearray, max_pixels: int) -> DecodedImage:
     try:
         # Image.open reads only the header; pillow itself raises DecompressionBombError
         # past 2 * Image.MAX_IMAGE_PIXELS, and _finish checks max_pixels before load().
-        img = Image.open(io.BytesIO(data))
+        img = Image.open(io.BufferedReader(_BufferReader(data)))
     except Image.DecompressionBombError as exc:
         raise ImageInputError(f"image refused as a decompression bomb: {exc}") from None
     except Exception as exc:  # pillow raises many types on hostile input

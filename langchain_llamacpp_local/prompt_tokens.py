@@ -193,8 +193,9 @@ def check_fits(eng: Engine, text: str, max_tokens: int | None) -> None:
 _PUA = 0xF0000  # supplementary private use area: never a special token, survives trim/lower
 
 
-def content_has_control_text(info: VocabInfo, messages: Sequence[Any]) -> list[str]:
-    """Control-token texts found in any string inside ``messages`` (content, parts, results)."""
+def content_has_control_text(info: VocabInfo, messages: Any) -> list[str]:
+    """Control-token texts found in any string inside ``messages`` (or any other data
+    given to the template: tools, template kwargs), dictionary keys included."""
     found: set[str] = set()
     for text in _strings(messages):
         found.update(info.find_control(text))
@@ -206,6 +207,8 @@ def _strings(value: Any) -> Any:
         yield value
     elif isinstance(value, dict):
         for k, v in value.items():
+            if isinstance(k, str):
+                yield k
             if k not in ("role", "type"):
                 yield from _strings(v)
     elif isinstance(value, (list, tuple)):
@@ -226,7 +229,10 @@ def protect_content(messages: Any, texts: Sequence[str]) -> tuple[Any, dict[str,
         if isinstance(value, str):
             return pattern.sub(lambda m: reverse[m.group(0)], value)
         if isinstance(value, dict):
-            return {k: (v if k in ("role", "type") else sub(v)) for k, v in value.items()}
+            return {
+                (sub(k) if isinstance(k, str) else k): (v if k in ("role", "type") else sub(v))
+                for k, v in value.items()
+            }
         if isinstance(value, list):
             return [sub(v) for v in value]
         if isinstance(value, tuple):

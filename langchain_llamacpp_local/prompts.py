@@ -30,6 +30,7 @@ from .sampling import (
     tool_call_grammar,
 )
 from .template_analysis import TemplateAnalysis, analyze_template
+from .template_sandbox import request_budget
 from .templates import ChatTemplate, adapt_messages, select_template
 from .tool_parsers import StreamDelta, StreamParser, detect_format
 
@@ -209,7 +210,16 @@ def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
-    """Render, tokenize and choose grammar and parser for ``job``."""
+    """Render, tokenize and choose grammar and parser for ``job``.
+
+    Every template operation of the request (compiling an override, probing, each
+    render) shares one time budget, which also stops at the caller's cancel or timeout.
+    """
+    with request_budget(fmt.template.limits, cancelled=job.cancelled):
+        return _prepare(fmt, job, eng)
+
+
+def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     tools = job.tools or []
     choice = normalize_tool_choice(job.tool_choice, tools) if tools else None
     use_tools = bool(tools) and choice != "none"
@@ -238,14 +248,20 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
     check_fits(eng, text, job.max_tokens)  # before anything that scales with the prompt
     info = vocab_info(eng)
-    injected = content_has_control_text(info, messages)
+    # Everything the template sees goes through one check: message content, tool names,
+    # descriptions and schemas, argument keys and values, template kwargs.
+    inputs = {"messages": messages, "tools": render_tools, "kwargs": kwargs}
+    injected = content_has_control_text(info, inputs)
     mapping: dict[str, str] = {}
     rendered = text
-    if injected:  # content that spells control tokens: render again with placeholders
-        logger.debug("message content contains control-token text %s", injected[:5])
-        protected, mapping = protect_content(messages, injected)
+    if injected:  # text that spells control tokens: render again with placeholders
+        logger.debug("prompt inputs contain control-token text %s", injected[:5])
+        protected, mapping = protect_content(inputs, injected)
         rendered = template.render(
-            protected, tools=render_tools, add_generation_prompt=True, **kwargs
+            protected["messages"],
+            tools=protected["tools"],
+            add_generation_prompt=True,
+            **protected["kwargs"],
         )
         text = restore(rendered, mapping)
 

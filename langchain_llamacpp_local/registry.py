@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .engine import LoadConfig
+from .validation import keep_alive_seconds
 from .worker import CacheOptions, ModelWorker
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class _Entry:
     __slots__ = ("key", "worker", "loaded", "error", "active", "last_used", "keep_alive", "doomed")
 
     def __init__(self, key: Key, keep_alive: float) -> None:
+        keep_alive = keep_alive_seconds(keep_alive)
         self.key = key
         self.worker: ModelWorker | None = None
         self.loaded = threading.Event()
@@ -114,7 +116,7 @@ class Lease:
         # here on, however the caller unwinds, dropping the lease gives the count back.
         self._once = [True]
         self._entry = entry
-        self._keep_alive = keep_alive
+        self._keep_alive = keep_alive_seconds(keep_alive)
 
     @property
     def worker(self) -> ModelWorker:
@@ -192,22 +194,36 @@ def _free(entries: list[_Entry]) -> None:
             e.worker.stop()
 
 
+#: The reaper wakes at least this often (a far deadline is never passed to a clock wait).
+_MAX_WAIT_S = 3600.0
+
+
 def _reaper_main() -> None:
+    """Free idle models when their keep-alive runs out. Nothing may end this loop: an
+    error in one round is logged and the next round runs."""
     while True:
-        with _cond:
-            deadline = _next_deadline()
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            event = _events.get(timeout=timeout)
-        except queue.Empty:
-            event = None
-        with _cond:
-            if event is not None:
-                _apply(event)
-            _apply_pending()
-            expired = _take_expired(time.monotonic())
-            _cond.notify_all()
-        _free(expired)
+            _reap_once()
+        except Exception:  # noqa: BLE001 - the reaper outlives any bad value
+            logger.exception("the model registry's reaper hit an error; it keeps running")
+            time.sleep(0.1)
+
+
+def _reap_once() -> None:
+    with _cond:
+        deadline = _next_deadline()
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    try:
+        event = _events.get(timeout=_MAX_WAIT_S if timeout is None else min(timeout, _MAX_WAIT_S))
+    except queue.Empty:
+        event = None
+    with _cond:
+        if event is not None:
+            _apply(event)
+        _apply_pending()
+        expired = _take_expired(time.monotonic())
+        _cond.notify_all()
+    _free(expired)
 
 
 def _ensure_reaper() -> None:
@@ -420,7 +436,8 @@ def loaded_models() -> list[LoadedModel]:
     """The models loaded now, most recently used first."""
     now = time.monotonic()
     with _cond:
-        _apply_pending()
+        if _apply_pending():  # a release taken here must still reach the reaper
+            _events.put(_WAKE)
         rows = [
             LoadedModel(
                 e.key[0].model_path,

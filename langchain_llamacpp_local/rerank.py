@@ -23,7 +23,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, StrictBool
 from typing_extensions import Self
 
 from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
-from .embeddings import check_texts
+from .embeddings import check_texts, encodable
 from .errors import ContextOverflowError
 
 _PLACEHOLDER = re.compile(r"(\{query\}|\{document\})")
@@ -162,9 +162,15 @@ class LlamaCppRerank(BaseDocumentCompressor):
                 d = d[:room]
             tokens = head + d + tail
         if len(tokens) > eng.n_ctx:
+            hint = (
+                "truncate=True cuts only the document and the query alone leaves no room: "
+                "shorten the query or raise n_ctx"
+                if self.truncate
+                else "pass truncate=True to cut the document, or raise n_ctx"
+            )
             raise ContextOverflowError(
                 f"document {index} with its query is {len(tokens)} tokens; the limit is "
-                f"n_ctx={eng.n_ctx} (pass truncate=True to cut the document, or raise n_ctx)"
+                f"n_ctx={eng.n_ctx} ({hint})"
             )
         return tokens
 
@@ -175,9 +181,15 @@ class LlamaCppRerank(BaseDocumentCompressor):
         docs = check_texts(documents, "documents")
         if not docs:
             return []
-        eng = self._get_engine()
-        pairs = [self._pair_tokens(eng, query, d, i) for i, d in enumerate(docs)]
-        return [float(row[0]) for row in eng.embed(pairs)]
+        # one lock across tokenizing and scoring: close() waits for this call
+        with self._get_engine().using() as eng:
+            encodable(query, "the query")
+            pairs = [
+                self._pair_tokens(eng, query, encodable(d, f"document {i}"), i)
+                for i, d in enumerate(docs)
+            ]
+            rows = eng.embed(pairs)
+        return [float(row[0]) for row in rows]
 
     def compress_documents(
         self,

@@ -188,8 +188,11 @@ def parse_endpoint(endpoint: str) -> str:
             f"RPC endpoint {endpoint!r}: llama.cpp's RPC client does not take IPv6 "
             "addresses; use an IPv4 address or a host name"
         )
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"RPC endpoint {endpoint!r}: port must be a number in 1..65535")
+    # isascii: '²'.isdigit() is true, yet int() refuses it
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ValueError(
+            f"RPC endpoint {endpoint!r}: port must be a number in 1..65535, not {port!r}"
+        )
     return f"{host}:{int(port)}"
 
 

@@ -9,30 +9,45 @@ this module:
   ``dict.update``, ``namespace`` attributes) — the caller passes deep copies of
   its data, so a template can only mutate its own objects;
 * bounds every way a template can burn time or memory: a wall-clock deadline
-  checked on every loop iteration, call and operator, an output size cap, caps on
-  ``range()``, string/list repetition, ``**``, concatenation, format widths and
+  checked on every token parsed, loop iteration, call and operator (and inside
+  long filters such as ``wordwrap``), an output size cap, caps on ``range()``,
+  string/list repetition, integer size, concatenation, format widths and
   ``lipsum``. Each limit raises :class:`TemplateLimitError` naming the limit, so
   the worker never hangs on a template.
+
+Sizes are *predicted from the operands before* the operation runs (``'%*s' %
+(n, x)``, ``'{:>{}}'.format(x, n)``, ``join``, ``replace``, ``str(list)``,
+integer ``*``): checking a result after building it is too late when building it
+is what exhausts memory or holds the GIL. The deadline is per request: one
+:func:`request_budget` covers every render, probe and compilation of a request.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import operator
 import re
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from functools import wraps
+from functools import update_wrapper, wraps
+from types import BuiltinMethodType, MethodType
 from typing import Any
 
 from jinja2 import nodes
 from jinja2.ext import Extension
+from jinja2.lexer import Token, TokenStream
 from jinja2.parser import Parser
 from jinja2.runtime import Context, Undefined
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
 from jinja2.utils import generate_lorem_ipsum
+from jinja2.utils import pass_environment as _pass_environment
+from markupsafe import Markup
 
 __all__ = [
     "RenderLimits",
@@ -40,6 +55,7 @@ __all__ = [
     "TemplateRaised",
     "guarded_render",
     "make_env",
+    "request_budget",
 ]
 
 
@@ -56,7 +72,11 @@ class RenderLimits:
     max_repeat: int = 1_000_000
     """Length of a ``str * n`` / ``list * n`` result."""
     max_pow_bits: int = 4096
-    """Bits of an integer ``**`` result."""
+    """Bits of an integer ``*`` or ``**`` result."""
+    max_int_bits: int = 65536
+    """Bits of any integer operand of an arithmetic operator (caller data included)."""
+    max_source_chars: int = 512 * 1024
+    """Length of a template's source (compiling is linear in it and cannot be interrupted)."""
     max_lipsum: int = 100
     """Paragraphs (and words per paragraph) of ``lipsum()``."""
 
@@ -78,27 +98,61 @@ _state = threading.local()
 
 
 class _Budget:
-    __slots__ = ("deadline", "limits")
+    __slots__ = ("cancelled", "deadline", "limits", "next_poll")
 
-    def __init__(self, limits: RenderLimits) -> None:
+    def __init__(self, limits: RenderLimits, cancelled: Callable[[], bool] | None = None) -> None:
         self.limits = limits
         self.deadline = time.monotonic() + limits.timeout_s
+        self.cancelled = cancelled
+        self.next_poll = 0.0
 
 
 def _budget() -> _Budget:
     budget = getattr(_state, "budget", None)
     if budget is None:  # rendering outside guarded_render (e.g. a direct Template.render)
-        budget = _state.budget = _Budget(DEFAULT_LIMITS)
+        return _Budget(DEFAULT_LIMITS)
     return budget
 
 
 def _tick() -> _Budget:
     budget = _budget()
-    if time.monotonic() > budget.deadline:
+    now = time.monotonic()
+    if now > budget.deadline:
         raise TemplateLimitError(
             f"template rendering exceeded its time limit of {budget.limits.timeout_s:g} s"
         )
+    if budget.cancelled is not None and now >= budget.next_poll:
+        budget.next_poll = now + 0.02
+        if budget.cancelled():
+            raise TemplateLimitError("the request was cancelled or timed out during templating")
     return budget
+
+
+@contextmanager
+def request_budget(
+    limits: RenderLimits = DEFAULT_LIMITS, cancelled: Callable[[], bool] | None = None
+) -> Iterator[_Budget]:
+    """One time budget for everything a request does with templates (compiling, probing,
+    rendering): renders inside it share its deadline instead of getting one each.
+
+    ``cancelled`` is polled (every 20 ms at most) so a caller's cancel or timeout stops
+    the template too. Nested uses keep the outer budget.
+    """
+    outer = getattr(_state, "budget", None)
+    if outer is not None:
+        yield outer
+        return
+    budget = _state.budget = _Budget(limits, cancelled)
+    try:
+        yield budget
+    finally:
+        _state.budget = None
+
+
+def budget_remaining() -> float | None:
+    """Seconds left in the current :func:`request_budget` (None outside one)."""
+    budget = getattr(_state, "budget", None)
+    return None if budget is None else budget.deadline - time.monotonic()
 
 
 def _check_size(value: Any, what: str) -> Any:
@@ -106,6 +160,57 @@ def _check_size(value: Any, what: str) -> Any:
         cap = _budget().limits.max_output_chars
         if len(value) > cap:
             raise TemplateLimitError(f"{what} of {len(value)} items exceeds the cap of {cap}")
+    return value
+
+
+def _over(size: int, what: str) -> None:
+    cap = _budget().limits.max_output_chars
+    if size > cap:
+        raise TemplateLimitError(f"{what} of {size} characters exceeds the cap of {cap}")
+
+
+def _str_len(value: Any, cap: int) -> int:
+    """An upper bound on ``len(str(value))``, computed without building it; stops counting
+    past ``cap`` (containers nest and share items, so ``str(list)`` can be far larger than
+    the memory the list takes)."""
+    total = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            total += len(item) * 6 + 2 if depth else len(item)  # repr may escape
+        elif isinstance(item, bool) or item is None:
+            total += 5
+        elif isinstance(item, int):
+            total += item.bit_length() // 3 + 2
+        elif isinstance(item, float):
+            total += 24
+        elif isinstance(item, (list, tuple, set, frozenset, dict)) and depth < 64:
+            total += 2 + 2 * len(item)
+            if isinstance(item, dict):
+                total += 2 * len(item)
+                for k, v in item.items():
+                    if total > cap:
+                        break
+                    stack.append((k, depth + 1))
+                    stack.append((v, depth + 1))
+            else:
+                for v in item:
+                    if total > cap:
+                        break
+                    stack.append((v, depth + 1))
+        else:
+            total += 256  # objects, Undefined, namespaces: short reprs
+        if total > cap:
+            return total
+    return total
+
+
+def _check_str(value: Any, what: str) -> Any:
+    """Raise if ``str(value)`` would exceed the cap; strings pass at no cost."""
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        cap = _budget().limits.max_output_chars
+        _over(_str_len(value, cap), what)
     return value
 
 
@@ -117,6 +222,78 @@ def _check_format_string(fmt: Any) -> None:
         raise TemplateLimitError(
             "a format string with a field width of a million or more exceeds the template limits"
         )
+
+
+_PRINTF = re.compile(r"%(?:\(([^)]*)\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?([a-zA-Z%])")
+
+
+def _check_printf(fmt: str, args: Any) -> None:
+    """Predict the size of ``fmt % args`` (``*`` widths taken from ``args``) before it runs."""
+    _check_format_string(fmt)
+    budget = _budget()
+    cap, wcap = budget.limits.max_output_chars, budget.limits.max_repeat
+    positional = list(args) if isinstance(args, tuple) else [args]
+    total = len(fmt)
+    i = 0
+    for m in _PRINTF.finditer(fmt):
+        key, width, prec, conv = m.groups()
+        if conv == "%":
+            continue
+        sizes = []
+        for part in (width, prec):
+            if part == "*":
+                n = positional[i] if i < len(positional) else 0
+                i += 1
+                if isinstance(n, int) and abs(n) > wcap:
+                    raise TemplateLimitError(
+                        f"a '%' format width or precision of {n} exceeds the cap of {wcap}"
+                    )
+                sizes.append(abs(n) if isinstance(n, int) else 0)
+            elif part:
+                sizes.append(int(part))
+        if key is not None and isinstance(args, Mapping):
+            value = args.get(key)
+        else:
+            value = positional[i] if i < len(positional) else None
+            i += 1
+        total += max(sizes, default=0) + _str_len(value, cap)
+        if total > cap:
+            break
+    _over(total, "a '%' formatted string")
+
+
+_SPEC_NUMBERS = re.compile(r"\d+")
+
+
+class _FormatBudget:
+    """``str.format`` with each field's resolved spec (nested ``{}`` widths included)
+    and the running size checked before the field is formatted."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.total = 0
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        budget = _tick()
+        wcap = budget.limits.max_repeat
+        for number in _SPEC_NUMBERS.findall(format_spec):
+            if len(number) > 7 or int(number) > wcap:
+                raise TemplateLimitError(
+                    f"a format field width or precision of {number} exceeds the cap of {wcap}"
+                )
+        self.total += _str_len(value, budget.limits.max_output_chars) + (
+            int(max(_SPEC_NUMBERS.findall(format_spec), key=len, default="0") or 0)
+        )
+        _over(self.total, "a formatted string")
+        return super().format_field(value, format_spec)  # type: ignore[misc]
+
+
+class _LimitedFormatter(_FormatBudget, SandboxedFormatter):
+    pass
+
+
+class _LimitedEscapeFormatter(_FormatBudget, SandboxedEscapeFormatter):
+    pass
 
 
 # --------------------------------------------------------------------------- guarded operations
@@ -134,7 +311,9 @@ def _guard_iter(iterable: Any) -> Iterator[Any]:
 
 def _concat(*parts: Any) -> str:
     """Jinja's ``~`` with the size cap."""
-    _tick()
+    budget = _tick()
+    cap = budget.limits.max_output_chars
+    _over(sum(_str_len(p, cap) for p in parts if p is not None), "a concatenated string")
     # as llama.cpp's runtime: none concatenates as the empty string (Jinja would write "None")
     out = "".join("" if p is None else str(p) for p in parts)
     return _check_size(out, "a concatenated string")
@@ -155,7 +334,24 @@ def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str
     return str(generate_lorem_ipsum(n=n, html=html, min=min, max=max))
 
 
+def _int_bits(*values: Any) -> None:
+    cap = _budget().limits.max_int_bits
+    for v in values:
+        if isinstance(v, int) and v.bit_length() > cap:
+            raise TemplateLimitError(
+                f"an integer of {v.bit_length()} bits exceeds the cap of {cap} bits"
+            )
+
+
 def _repeat(left: Any, right: Any) -> Any:
+    _int_bits(left, right)
+    if isinstance(left, int) and isinstance(right, int):
+        cap = _budget().limits.max_pow_bits
+        if left.bit_length() + right.bit_length() > cap:
+            raise TemplateLimitError(
+                f"an integer product of about {left.bit_length() + right.bit_length()} bits "
+                f"exceeds the cap of {cap} bits"
+            )
     for seq, count in ((left, right), (right, left)):
         if isinstance(seq, (str, list, tuple)) and isinstance(count, int):
             cap = _budget().limits.max_repeat
@@ -167,6 +363,7 @@ def _repeat(left: Any, right: Any) -> Any:
 
 
 def _power(left: Any, right: Any) -> Any:
+    _int_bits(left, right)
     if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
         cap = _budget().limits.max_pow_bits
         if abs(left).bit_length() * right > cap:
@@ -182,6 +379,7 @@ def _add(left: Any, right: Any) -> Any:
         right = ""
     elif isinstance(right, str) and (left is None or isinstance(left, Undefined)):
         left = ""
+    _int_bits(left, right)
     if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
         _check_size(left, "an operand")
         cap = _budget().limits.max_output_chars
@@ -194,8 +392,83 @@ def _add(left: Any, right: Any) -> Any:
 
 def _modulo(left: Any, right: Any) -> Any:
     if isinstance(left, str):
-        _check_format_string(left)
+        _check_printf(left, right)
+    else:
+        _int_bits(left, right)
     return _check_size(left % right, "a formatted string")
+
+
+def _arith(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def guarded(left: Any, right: Any) -> Any:
+        _int_bits(left, right)
+        return op(left, right)
+
+    return guarded
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ expression }}``: a container's text size is checked before ``str()``."""
+    return _check_str(value, "an output value")
+
+
+def _replace_size(s: Any, old: Any, new: Any, count: Any = -1) -> None:
+    if isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
+        if len(new) <= len(old):
+            return
+        n = s.count(old) if old else len(s) + 1
+        if isinstance(count, int) and count >= 0:
+            n = min(n, count)
+        _over(len(s) + n * (len(new) - len(old)), "a replace() result")
+
+
+def _join_size(sep: Any, items: Any) -> None:
+    if isinstance(items, (list, tuple)):
+        cap = _budget().limits.max_output_chars
+        total = len(str(sep)) * max(len(items) - 1, 0)
+        for item in items:
+            total += _str_len(item, cap)
+            if total > cap:
+                break
+        _over(total, "a join() result")
+
+
+class _TickingWrapper(textwrap.TextWrapper):
+    """``textwrap`` that checks the deadline for each line it breaks out of a long word
+    (a width of 1 over a long word is quadratic)."""
+
+    def _handle_long_word(self, *args: Any) -> None:
+        _tick()
+        super()._handle_long_word(*args)  # type: ignore[misc]
+
+
+def _wordwrap(
+    environment: Any,
+    s: str,
+    width: int = 79,
+    break_long_words: bool = True,
+    wrapstring: str | None = None,
+    break_on_hyphens: bool = True,
+) -> str:
+    """Jinja's ``wordwrap`` with the deadline checked inside and its size predicted."""
+    if wrapstring is None:
+        wrapstring = environment.newline_sequence
+    s = str(s)
+    _over(len(s) * (1 + len(wrapstring)), "a wordwrap result")
+    wrapper = _TickingWrapper(
+        width=width,
+        expand_tabs=False,
+        replace_whitespace=False,
+        break_long_words=break_long_words,
+        break_on_hyphens=break_on_hyphens,
+    )
+    lines = []
+    for line in s.splitlines():
+        _tick()
+        lines.append(wrapstring.join(wrapper.wrap(line)))
+    return wrapstring.join(lines)
+
+
+_wordwrap = _pass_environment(_wordwrap)
 
 
 # --------------------------------------------------------------------------- compile-time rewrite
@@ -226,6 +499,16 @@ def _concat_call(node: nodes.Concat) -> nodes.Call:
 
 
 # --------------------------------------------------------------------------- environment
+
+
+class _ParseBudget(Extension):
+    """Check the deadline on every token the parser reads, so compiling counts against the
+    request's time budget and a huge template stops at it."""
+
+    def filter_stream(self, stream: TokenStream) -> Iterator[Token]:
+        for token in stream:
+            _tick()
+            yield token
 
 
 class _GenerationTagExtension(Extension):
@@ -261,6 +544,7 @@ def _tojson(
     """Like transformers' filter: Jinja's own HTML-escapes ``<``/``&``, corrupting tool JSON."""
     if isinstance(indent, int) and indent > 64:
         raise TemplateLimitError(f"tojson(indent={indent}) exceeds the cap of 64")
+    _check_str(x, "a tojson result")
     out = json.dumps(
         x,
         ensure_ascii=ensure_ascii,
@@ -282,6 +566,32 @@ def _strftime_now(fmt: str) -> str:
 
 
 _WIDTH_FILTERS = frozenset({"do_center", "do_indent"})  # allocate their width argument
+# filters that turn their input into text (a container's str() can dwarf its memory)
+_STRING_FILTERS = frozenset(
+    {
+        "soft_str",
+        "do_pprint",
+        "do_xmlattr",
+        "_wordwrap",
+        "do_upper",
+        "do_lower",
+        "do_capitalize",
+        "do_title",
+        "do_trim",
+        "do_center",
+        "do_indent",
+        "do_truncate",
+        "do_striptags",
+        "do_replace",
+        "do_wordcount",
+        "do_urlize",
+        "do_forceescape",
+        "escape",
+        "do_mark_safe",
+        "do_urlencode",
+        "do_format",
+    }
+)
 
 
 def _guard_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -301,7 +611,16 @@ def _guard_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
                         f"filter {name!r} argument {arg} exceeds the cap of {cap}"
                     )
         elif name == "do_format" and len(args) > value_at:
-            _check_format_string(args[value_at])
+            if isinstance(args[value_at], str):
+                _check_printf(args[value_at], kwargs or tuple(args[value_at + 1 :]))
+        elif name == "do_join" and len(args) > value_at:
+            items = args[value_at]
+            sep = args[value_at + 1] if len(args) > value_at + 1 else kwargs.get("d", "")
+            _join_size(sep, list(items) if isinstance(items, (set, frozenset)) else items)
+        elif name == "do_replace" and len(args) > value_at + 2:
+            _replace_size(*args[value_at:])
+        if name in _STRING_FILTERS and len(args) > value_at:
+            _check_str(args[value_at], f"the text of filter {name!r}'s input")
         return _check_size(fn(*args, **kwargs), f"the result of filter {name!r}")
 
     return wrapper
@@ -310,13 +629,14 @@ def _guard_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
 class LimitedSandbox(SandboxedEnvironment):
     """Jinja's sandbox, mutations of template data allowed, every operation budgeted."""
 
-    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    intercepted_binops = frozenset({"*", "**", "+", "%", "-", "/", "//"})
 
     def __init__(self) -> None:
         super().__init__(
             trim_blocks=True,
             lstrip_blocks=True,
-            extensions=["jinja2.ext.loopcontrols", _GenerationTagExtension],
+            extensions=["jinja2.ext.loopcontrols", _GenerationTagExtension, _ParseBudget],
+            finalize=_finalize,
         )
         self.binop_table = {
             **self.binop_table,
@@ -324,7 +644,11 @@ class LimitedSandbox(SandboxedEnvironment):
             "**": _power,
             "+": _add,
             "%": _modulo,
+            "-": _arith(operator.sub),
+            "/": _arith(operator.truediv),
+            "//": _arith(operator.floordiv),
         }
+        self.filters["wordwrap"] = _wordwrap
         self.filters = {name: _guard_filter(f) for name, f in self.filters.items()}
         self.filters["tojson"] = _tojson
         self.globals.update(
@@ -347,26 +671,74 @@ class LimitedSandbox(SandboxedEnvironment):
                     raise TemplateLimitError(
                         f"{name}({arg}) exceeds the cap of {budget.limits.max_repeat}"
                     )
+        elif name in ("join", "replace"):
+            owner = getattr(__obj, "__self__", None)
+            if isinstance(owner, str):
+                if name == "join" and args:
+                    _join_size(owner, args[0])
+                elif name == "replace" and len(args) >= 2:
+                    _replace_size(owner, *args[:3])
         result = super().call(__context, __obj, *args, **kwargs)
         return _check_size(result, f"the result of {name or 'a call'}")
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """Jinja's safe ``str.format``, with each field's width and size checked first."""
+        if not isinstance(value, (MethodType, BuiltinMethodType)) or value.__name__ not in (
+            "format",
+            "format_map",
+        ):
+            return None
+        f_self: Any = value.__self__
+        if not isinstance(f_self, str):
+            return None
+        str_type: type[str] = type(f_self)
+        is_format_map = value.__name__ == "format_map"
+
+        def wrapper(*args: Any, **kwargs: Any) -> str:
+            formatter: SandboxedFormatter
+            if isinstance(f_self, Markup):
+                formatter = _LimitedEscapeFormatter(self, escape=f_self.escape)
+            else:
+                formatter = _LimitedFormatter(self)
+            if is_format_map:
+                if kwargs:
+                    raise TypeError("format_map() takes no keyword arguments")
+                if len(args) != 1:
+                    raise TypeError(f"format_map() takes exactly one argument ({len(args)} given)")
+                kwargs = args[0]
+                args = ()
+            return str_type(formatter.vformat(f_self, args, kwargs))
+
+        return update_wrapper(wrapper, value)
 
 
 def make_env() -> LimitedSandbox:
     return LimitedSandbox()
 
 
-def compile_template(env: LimitedSandbox, source: str) -> tuple[Any, nodes.Template]:
-    """Parse, instrument and compile ``source``; returns the template and the original AST."""
-    ast = env.parse(source)
-    instrumented = _instrument(env.parse(source))
-    return env.from_string(instrumented), ast
+def compile_template(
+    env: LimitedSandbox, source: str, limits: RenderLimits = DEFAULT_LIMITS
+) -> tuple[Any, nodes.Template]:
+    """Parse, instrument and compile ``source``; returns the template and the original AST.
+
+    Bounded like a render: the source length is capped and the parser checks the
+    deadline (of the current :func:`request_budget`, or its own) on every token.
+    """
+    if len(source) > limits.max_source_chars:
+        raise TemplateLimitError(
+            f"a template source of {len(source)} characters exceeds the cap of "
+            f"{limits.max_source_chars}"
+        )
+    with request_budget(limits):
+        ast = env.parse(source)
+        instrumented = _instrument(copy.deepcopy(ast))
+        return env.from_string(instrumented), ast
 
 
 def guarded_render(template: Any, variables: dict[str, Any], limits: RenderLimits) -> str:
-    """Render within ``limits`` (deadline checked between output chunks too)."""
-    previous = getattr(_state, "budget", None)
-    budget = _state.budget = _Budget(limits)
-    try:
+    """Render within ``limits`` (deadline checked between output chunks too); inside a
+    :func:`request_budget` the request's deadline applies."""
+    with request_budget(limits) as budget:
         parts: list[str] = []
         size = 0
         for chunk in template.generate(**variables):
@@ -377,9 +749,7 @@ def guarded_render(template: Any, variables: dict[str, Any], limits: RenderLimit
                 )
             if time.monotonic() > budget.deadline:
                 raise TemplateLimitError(
-                    f"template rendering exceeded its time limit of {limits.timeout_s:g} s"
+                    f"template rendering exceeded its time limit of {budget.limits.timeout_s:g} s"
                 )
             parts.append(chunk)
         return "".join(parts)
-    finally:
-        _state.budget = previous

@@ -20,10 +20,11 @@ import hashlib
 import json
 import logging
 import string
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from typing import Any
 
 from jinja2 import TemplateError, meta
@@ -43,9 +44,11 @@ from .template_sandbox import (
     RenderLimits,
     TemplateLimitError,
     TemplateRaised,
+    budget_remaining,
     compile_template,
     guarded_render,
     make_env,
+    request_budget,
 )
 
 __all__ = [
@@ -347,6 +350,33 @@ def flatten_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]
 # --------------------------------------------------------------------------- compiled templates
 
 _ENV = make_env()
+
+# Compiled templates and probe results, per template source: a template is compiled and
+# probed once per process, not per model load or per request.
+_CACHE_SIZE = 64
+_cache_lock = threading.Lock()
+_compiled: OrderedDict[str, tuple[Any, Any, frozenset[str]]] = OrderedDict()
+_probes: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+
+
+def _cached(cache: OrderedDict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+    with _cache_lock:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+    value = make()
+    with _cache_lock:
+        cache[key] = value
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
+    return value
+
+
+def _compile(source: str, limits: RenderLimits) -> tuple[Any, Any, frozenset[str]]:
+    template, ast = compile_template(_ENV, source, limits)
+    return template, ast, frozenset(meta.find_undeclared_variables(ast))
+
+
 _PROBE = "\x00system-probe-7f3a\x00"
 
 # The probe conversation that finds a template's conventions (llama.cpp's caps probe).
@@ -430,8 +460,13 @@ class ChatTemplate:
         self.eos_token = eos_token
         self.limits = limits
         try:
-            self._template, self._ast = compile_template(_ENV, source)
-            self._variables = meta.find_undeclared_variables(self._ast)
+            self._template, self._ast, self._variables = _cached(
+                _compiled, source, lambda: _compile(source, limits)
+            )
+        except TemplateLimitError as exc:
+            raise ChatTemplateError(
+                f"chat template {origin!r} failed to compile: {exc}", limit=True
+            ) from None
         except TemplateError as exc:
             raise ChatTemplateError(f"chat template {origin!r} failed to compile: {exc}") from exc
         except RecursionError:
@@ -443,8 +478,34 @@ class ChatTemplate:
                 f"chat template {origin!r} failed to compile: {type(exc).__name__}: {exc}"
             ) from None
 
+        self._probed: dict[str, Any] = _cached(
+            _probes, (source, bos_token, eos_token, limits), dict
+        )
+
     def __repr__(self) -> str:
         return f"ChatTemplate(origin={self.origin!r})"
+
+    def _probe(self, name: str, compute: Callable[[], Any]) -> Any:
+        """A probe's result, computed once per template source (shared by every instance).
+
+        A probe that hits a limit with (nearly) a whole budget to itself is remembered
+        as failing, so a runaway template costs one budget, not one per request.
+        """
+        if name in self._probed:
+            value = self._probed[name]
+            if isinstance(value, ChatTemplateError):
+                raise ChatTemplateError(str(value), limit=True)
+            return value
+        remaining = budget_remaining()
+        try:
+            value = compute()
+        except ChatTemplateError as exc:
+            fresh = remaining is None or remaining >= 0.9 * self.limits.timeout_s
+            if exc.limit and fresh and "cancelled" not in str(exc):
+                self._probed[name] = exc
+            raise
+        self._probed[name] = value
+        return value
 
     @property
     def supports_tools(self) -> bool:
@@ -462,7 +523,7 @@ class ChatTemplate:
         """False when the template wants ``arguments`` as JSON text (e.g. DeepSeek V3)."""
         return not self.conventions.args_as_string
 
-    @cached_property
+    @property
     def conventions(self) -> TemplateConventions:
         """Probe the template: render a tool-call conversation in each convention and keep
         the first that shows the call's name, arguments and result best.
@@ -472,6 +533,9 @@ class ChatTemplate:
         """
         if not self.supports_tool_calls:
             return TemplateConventions()
+        return self._probe("conventions", self._find_conventions)
+
+    def _find_conventions(self) -> TemplateConventions:
         best: tuple[tuple[bool, ...], TemplateConventions] | None = None
         for short_ids in (False, True):
             for null_content in (False, True):
@@ -522,13 +586,16 @@ class ChatTemplate:
         )
         return (True, _PROBE_NAME in text, args_clean, _PROBE_RESULT in text)
 
-    @cached_property
+    @property
     def supports_system_role(self) -> bool:
         """Probe: a template that raises on, or drops, a system message has no system role.
 
         If the template fails even without a system message the probe is inconclusive
         and the messages are passed through untouched.
         """
+        return bool(self._probe("supports_system_role", self._probe_system_role))
+
+    def _probe_system_role(self) -> bool:
         user = {"role": "user", "content": "Hi"}
         try:
             text = self._render([{"role": "system", "content": _PROBE}, user], None, True, {})
@@ -544,9 +611,12 @@ class ChatTemplate:
             return False
         return _PROBE in text
 
-    @cached_property
+    @property
     def requires_alternation(self) -> bool:
         """Probe: the template rejects two user turns in a row but accepts one."""
+        return bool(self._probe("requires_alternation", self._probe_alternation))
+
+    def _probe_alternation(self) -> bool:
         try:
             self._render([{"role": "user", "content": "a"}], None, True, {})
         except ChatTemplateError as exc:
@@ -581,8 +651,19 @@ class ChatTemplate:
         into the next user message; a template that checks role alternation and
         rejects the conversation gets adjacent turns merged (then tool turns
         flattened to text) before its own error is reported. Every failure is a
-        :class:`ChatTemplateError`.
+        :class:`ChatTemplateError`. Probes and renders share one time budget (the
+        request's, inside :func:`~.template_sandbox.request_budget`).
         """
+        with request_budget(self.limits):
+            return self._render_adapted(messages, tools, add_generation_prompt, kwargs)
+
+    def _render_adapted(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any],
+    ) -> str:
         if any(m.get("role") == "system" for m in messages) and not self.supports_system_role:
             messages = _merge_system(messages)
         has_tools = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)

@@ -20,6 +20,7 @@ __all__ = [
     "check_speculative",
     "check_timeout",
     "closest_name",
+    "keep_alive_seconds",
     "normalize_stop",
     "unknown_names_error",
 ]
@@ -30,6 +31,27 @@ MAX_THREADS = 512
 MAX_SEQ = 256
 #: Positions are int32 in llama.cpp (``llama_pos``).
 _INT32_MAX = 2**31 - 1
+
+
+#: ``keep_alive`` past this (ten years, or ``inf``) means "forever", as a negative value
+#: does: a timestamp that far away overflows the clock functions that wait for it.
+MAX_KEEP_ALIVE = 10 * 365 * 24 * 3600.0
+
+
+def keep_alive_seconds(value: float) -> float:
+    """``keep_alive`` seconds bounded: negative, ``inf`` or past :data:`MAX_KEEP_ALIVE`
+    mean "stay loaded" (-1.0); ``nan`` is refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float: as good as forever
+        return -1.0
+    if math.isnan(seconds):
+        raise ValueError("keep_alive must be a number of seconds, not nan")
+    if seconds < 0 or seconds > MAX_KEEP_ALIVE:
+        return -1.0
+    return seconds
 
 
 def closest_name(name: str, valid: Iterable[str]) -> str | None:

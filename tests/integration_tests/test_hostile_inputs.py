@@ -398,3 +398,129 @@ def test_image_decoding_does_not_block_the_event_loop(tmp_path: Path, tiny_llama
 
     worst, took = asyncio.run(main())
     assert worst < 0.25 and worst < took / 2, (worst, took)
+
+
+def test_close_during_embed_rerank_and_chat_never_kills_the_process(
+    tmp_path: Path, tiny_llama: str
+) -> None:
+    """close() on one thread while others embed, rerank and chat: every call ends with a
+    result or a clear RequestCancelledError, and nothing is freed under a running call
+    (a crash or abort kills the child, which fails the test)."""
+    proc = _run_isolated(
+        f"""
+        import random, threading, time
+        from pathlib import Path
+        from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
+        from langchain_llamacpp_local.errors import RequestCancelledError
+        from tests.gguf_models import write_tiny_bert
+
+        d = Path({str(tmp_path)!r})
+        emb = LlamaCppEmbeddings(model_path=str(write_tiny_bert(d / "e.gguf")), truncate=True)
+        rr = LlamaCppRerank(
+            model_path=str(write_tiny_bert(d / "r.gguf", rerank=True)), truncate=True
+        )
+        chat = ChatLlamaCpp(model_path={tiny_llama!r}, max_tokens=4, temperature=0)
+        texts = ["hello world " * random.randint(1, 3000) for _ in range(24)]
+        stop = time.monotonic() + 4.0
+        ok, cancelled, other = [0], [0], []
+
+        def hammer(call):
+            while time.monotonic() < stop:
+                try:
+                    call()
+                    ok[0] += 1
+                except RequestCancelledError:
+                    cancelled[0] += 1
+                except Exception as exc:
+                    other.append(repr(exc))
+
+        calls = [
+            lambda: emb.embed_documents(texts),
+            lambda: emb.embed_query("q " * 50),
+            lambda: rr.rerank("query", texts),
+            lambda: chat.invoke("hi"),
+        ]
+        threads = [threading.Thread(target=hammer, args=(c,)) for c in calls * 2]
+        for t in threads:
+            t.start()
+        while time.monotonic() < stop:
+            for model in (emb, rr, chat):
+                model.close()
+            time.sleep(random.random() * 0.003)
+        for t in threads:
+            t.join()
+        print("OK", ok[0], "CANCELLED", cancelled[0], "OTHER", other[:3])
+        """,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OTHER []" in proc.stdout, proc.stdout
+    assert int(proc.stdout.split()[1]) > 0, proc.stdout
+
+
+@pytest.mark.parametrize("length", [2**62, 2**64 - 1, 10**9])
+def test_a_crafted_key_length_is_a_load_error_naming_the_file(tmp_path: Path, length: int) -> None:
+    path = write_tiny_llama(tmp_path / "huge-key.gguf")
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<Q", data, 24, length)  # the first key's length
+    path.write_bytes(bytes(data))
+    proc = _run_isolated(
+        f"""
+        from langchain_llamacpp_local import ChatLlamaCpp
+        from langchain_llamacpp_local.errors import ModelLoadError
+        try:
+            ChatLlamaCpp(model_path={str(path)!r}, max_tokens=2).invoke("hi")
+        except ModelLoadError as exc:
+            print("MODEL_LOAD_ERROR", exc)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "MODEL_LOAD_ERROR" in out and str(path) in out and f"{length} bytes" in out, out
+
+
+def test_unclear_inputs_get_errors_naming_the_problem(tmp_path: Path) -> None:
+    from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
+    from langchain_llamacpp_local.errors import ContextOverflowError
+    from langchain_llamacpp_local.model_resolution import ModelNotFoundError
+    from tests.gguf_models import write_tiny_bert
+
+    # a model name too long for the file system: a not-found report, not an OSError
+    with pytest.raises(ModelNotFoundError, match=r"\(5000 characters\) not found") as info:
+        ChatLlamaCpp(model="a" * 5000).invoke("hi")
+    assert "File name too long" in str(info.value) and len(str(info.value)) < 1000
+    # a port that str.isdigit() accepts but int() does not
+    with pytest.raises(ValueError, match=r"port must be a number in 1\.\.65535, not '²'"):
+        ChatLlamaCpp(model_path=str(tmp_path / "m.gguf"), rpc_servers=["h:²"])
+    # a lone surrogate: the text and the character are named
+    emb = LlamaCppEmbeddings(model_path=str(write_tiny_bert(tmp_path / "e.gguf")))
+    with pytest.raises(ValueError, match=r"text 1 is not valid Unicode: character 2 is '\\ud800'"):
+        emb.embed_documents(["fine", "ab\ud800c"])
+    assert len(emb.embed_documents(["still serving"])) == 1
+    # truncate=True with a query too long by itself: no advice to pass truncate=True
+    rr = LlamaCppRerank(
+        model_path=str(write_tiny_bert(tmp_path / "r.gguf", rerank=True)),
+        n_ctx=32,
+        truncate=True,
+        flash_attn=False,
+    )
+    with pytest.raises(ContextOverflowError, match="shorten the query") as info:
+        rr.rerank("q " * 100, ["doc"])
+    assert "pass truncate=True" not in str(info.value)
+    with pytest.raises(ValueError, match="document 0 is not valid Unicode"):
+        rr.rerank("q", ["\udfff"])
+
+
+def test_a_slow_template_stops_at_the_callers_timeout(tiny_llama: str) -> None:
+    """The template's time is the request's: it ends at the caller's timeout, so a
+    bystander on the same model is served within its own."""
+    slow = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    llm = ChatLlamaCpp(model_path=tiny_llama, max_tokens=2, temperature=0, n_slots=1)
+    llm.load()
+    start = time.monotonic()
+    with pytest.raises((TimeoutError, ValueError)):
+        llm.invoke("hi", chat_template=slow, timeout=0.5)
+    assert time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert llm.invoke("hi", timeout=3).content is not None
+    assert time.monotonic() - start < 2.0

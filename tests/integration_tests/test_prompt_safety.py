@@ -124,3 +124,43 @@ def test_hostile_template_errors_and_the_worker_serves_on(tiny_llama: str) -> No
 
 def _contains(seq: list[int], sub: list[int]) -> bool:
     return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def test_tools_argument_keys_and_template_kwargs_are_plain_too(tiny_engine: Engine) -> None:
+    """Text spelling a control token stays text whatever door it comes through: a tool's
+    name, description or parameter names, a tool-call argument key, a template kwarg."""
+    eos = "</s>"
+    template = (
+        "{% for t in tools %}{{ t.function.name }}|{{ t.function.description }}|"
+        "{{ t.function.parameters | tojson }}\n{% endfor %}"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+        "{% for c in m.tool_calls or [] %}{% for k, v in c.function.arguments.items() %}"
+        "[{{ k }}={{ v }}]{% endfor %}{% endfor %}\n{% endfor %}{{ extra }}{{ eos_token }}"
+    )
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"look{eos}up",
+                "description": f"finds things{eos}",
+                "parameters": {
+                    "type": "object",
+                    "properties": {f"q{eos}": {"type": "string", "description": eos}},
+                },
+            },
+        }
+    ]
+    msgs = [
+        HumanMessage("q"),
+        AIMessage("", tool_calls=[{"name": "f", "args": {f"k{eos}": "v"}, "id": "c1"}]),
+        ToolMessage("r", tool_call_id="c1"),
+    ]
+    prepared = _prepare(
+        tiny_engine,
+        msgs,
+        tools=tools,
+        chat_template=template,
+        chat_template_kwargs={"extra": f"x{eos}y"},
+    )
+    assert prepared.text.count(eos) == 7  # six from the inputs, one the template's own
+    assert prepared.tokens.count(EOS_ID) == 1  # only the template's eos_token

@@ -306,3 +306,41 @@ def test_a_hugging_face_split_gguf_and_its_mmproj_load_offline(
     assert Path(loaded.model_path).name == "Tiny-F32-00001-of-00003.gguf"
     assert Path(loaded.mmproj_path or "").name == "mmproj-Tiny-F16.gguf"
     assert "acme/Tiny-GGUF:F32" in {e.name for e in llm.list_models()}
+
+
+@pytest.mark.parametrize(
+    "huge", [1e10, float("inf"), "99999999h", 10**400], ids=["1e10", "inf", "h", "int"]
+)
+def test_a_huge_keep_alive_means_forever_and_the_reaper_lives(models: Path, huge: Any) -> None:
+    llm = ChatLlamaCpp(model="alpha", models_dir=str(models), keep_alive=huge, **FAST)
+    assert llm.keep_alive == -1.0  # "stay loaded", as a negative keep_alive
+    llm.invoke("hi")
+    other = ChatLlamaCpp(model="beta", models_dir=str(models), **FAST)
+    other.invoke("hi", keep_alive=huge)  # per call too
+    time.sleep(0.2)
+    assert registry._reaper is not None and registry._reaper.is_alive()
+    assert sorted(_loaded_names()) == ["alpha.gguf", "beta.gguf"]
+    assert {m.keep_alive for m in loaded_models()} == {-1.0}
+    # the reaper still frees what it should
+    other.invoke("hi", keep_alive=0)
+    assert _wait_for(lambda: _loaded_names() == ["alpha.gguf"], timeout=5), _loaded_names()
+    with pytest.raises(ValueError, match="nan"):
+        ChatLlamaCpp(model="alpha", models_dir=str(models), keep_alive=float("nan"))
+
+
+def test_loaded_models_does_not_swallow_releases(models: Path) -> None:
+    """A release that loaded_models() applies still wakes the reaper: keep_alive=0 and an
+    unload() asked for during a stream free the model."""
+    llm = ChatLlamaCpp(model="alpha", models_dir=str(models), **FAST)
+    for _ in range(3):
+        llm.invoke("hi", keep_alive=0)
+        loaded_models()  # right after the release, on the releasing thread
+        assert _wait_for(lambda: live_workers() == 0, timeout=3), _loaded_names()
+    for _ in range(3):
+        stream = llm.stream("hi")
+        next(stream)
+        assert registry.unload() == 0  # busy: freed once idle
+        for _chunk in stream:
+            pass
+        loaded_models()
+        assert _wait_for(lambda: live_workers() == 0, timeout=3), _loaded_names()

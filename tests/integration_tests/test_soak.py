@@ -35,12 +35,17 @@ os.environ["LLAMACPP_LOCAL_CHECK_KV"] = "1"  # read when a worker starts: before
 from PIL import Image  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
-from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
+from langchain_llamacpp_local import (  # noqa: E402
+    ChatLlamaCpp,
+    LlamaCppEmbeddings,
+    LlamaCppRerank,
+    registry,
+)
 from langchain_llamacpp_local.errors import (  # noqa: E402
     RequestCancelledError,
 )
 from langchain_llamacpp_local.templates import ChatTemplate  # noqa: E402
-from tests.gguf_models import write_tiny_mmproj  # noqa: E402
+from tests.gguf_models import write_tiny_bert, write_tiny_mmproj  # noqa: E402
 
 SEED = int(os.environ.get("LLAMACPP_SOAK_SEED", "20261123"))
 BUDGET_S = float(os.environ.get("LLAMACPP_SOAK_SECONDS", "25"))
@@ -81,6 +86,16 @@ HOSTILE_TEMPLATES = [
     "{{ 'a' * 200000000 }}",
     "{{ 10 ** 1000000 }}",
     "{{ lipsum(n=20000) }}",
+    # sizes predicted before allocating, integer size, time inside long filters
+    "{{ '%*s' % (4000000000, 'x') }}",
+    "{{ '{:>{}}'.format('x', 4000000000) }}",
+    "{{ (['x' * 1000000] * 1000000) | join }}",
+    "{{ ('x' * 1000000).replace('x', 'y' * 10000) }}",
+    "{{ ['x' * 1000000] * 1000000 }}",
+    "{% set ns = namespace(x=2 ** 2000) %}{% for i in range(12) %}"
+    "{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x // 3 }}",
+    "{{ ('x' * 1000000) | wordwrap(1) | length }}",
+    "{{ x }}" * 80_000,  # past the source size cap: refused before compiling
 ]
 #: Templates today's sandbox already refuses or renders quickly.
 SAFE_BAD_TEMPLATES = [
@@ -145,6 +160,8 @@ class Soak:
         self.tally: Counter[str] = Counter()
         self.failures: list[str] = []
         self.templates_limited = _template_limits_present()
+        self.emb: LlamaCppEmbeddings
+        self.rerank: LlamaCppRerank
 
     # ------------------------------------------------------------------ helpers
 
@@ -205,6 +222,44 @@ class Soak:
             assert not t.is_alive(), "a call hung after close()"
         for exc in errors:
             self.record("close_while_running/call", exc)
+
+    def op_embed_close(self) -> None:
+        """Embeddings and rerank calls while another thread closes the instance."""
+        self.tally["faults"] += 1
+        model = self.rng.choice([self.emb, self.rerank])
+        texts = [self.rng.choice(PROMPTS) * self.rng.randint(1, 20) for _ in range(8)]
+        errors: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                if model is self.emb:
+                    self.emb.embed_documents(texts)
+                else:
+                    self.rerank.rerank("which one?", texts)
+                errors.append(None)
+            except BaseException as exc:  # noqa: BLE001 - classified below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(self.rng.uniform(0, 0.05))
+        model.close()
+        for t in threads:
+            t.join(HANG_S)
+            assert not t.is_alive(), "an embedding call hung after close()"
+        for exc in errors:
+            self.record("embed_close/call", exc)
+
+    def op_unload_or_huge_keep_alive(self) -> None:
+        """``unload()`` a chat model while others use it, or a keep_alive past any clock."""
+        self.tally["faults"] += 1
+        llm = self.rng.choice(self.tiny)
+        if self.rng.random() < 0.5:
+            llm.unload()
+        else:
+            huge = self.rng.choice([1e10, float("inf"), "99999999h"])
+            llm.invoke(self.prompt(), max_tokens=2, keep_alive=huge)
 
     def op_hostile_schema(self) -> None:
         self.tally["hostile"] += 1
@@ -354,6 +409,8 @@ class Soak:
             self.op_bad_template,
             self.op_oversized_prompt,
             self.op_tools,
+            self.op_embed_close,
+            self.op_unload_or_huge_keep_alive,
         ]
         async_ops: list[Callable[[], Awaitable[None]]] = [
             self.aop_ainvoke,
@@ -434,11 +491,19 @@ def test_seeded_soak(tmp_path: Path, tiny_llama: str, gemma: str) -> None:
     tiny = [mk_tiny(), mk_tiny()]
     gem = ChatLlamaCpp(model_path=gemma, n_ctx=1280, n_slots=2, temperature=0.7, max_tokens=8)
     soak = Soak(rng, tiny, gem, mk_tiny)
+    soak.emb = LlamaCppEmbeddings(model_path=str(write_tiny_bert(tmp_path / "emb.gguf")))
+    soak.rerank = LlamaCppRerank(
+        model_path=str(write_tiny_bert(tmp_path / "rr.gguf", rerank=True)), truncate=True
+    )
     t0 = time.monotonic()
     asyncio.run(soak.run())
     elapsed = time.monotonic() - t0
 
-    # afterwards: workers alive, KV in sync with the entries, every model answers
+    # afterwards: the registry's reaper lives, embeddings and rerank still answer
+    assert registry._reaper is not None and registry._reaper.is_alive()
+    assert len(soak.emb.embed_documents(["still there?"])) == 1
+    assert len(soak.rerank.rerank("q", ["still there?"])) == 1
+    # workers alive, KV in sync with the entries, every model answers
     for llm in (*tiny, gem):
         assert llm.load()._worker is not None and llm._worker.alive  # type: ignore[union-attr]
         assert _kv_in_sync(llm) == []

@@ -264,3 +264,38 @@ def test_constructor_checks_model_selection(tmp_path: Path) -> None:
     # construction resolves nothing over the network and loads nothing
     llm = ChatLlamaCpp(model="acme/not-cached:Q4_K_M")
     assert llm.profile is not None
+
+
+def test_without_hf_hub_offline_a_cached_model_needs_no_network_and_a_miss_is_fast(
+    hub: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF_HUB_OFFLINE unset on a machine that cannot reach the hub: a cached repo resolves
+    at once, an uncached one fails in seconds naming the unreachable hub, then at once."""
+    import socket
+    import time
+
+    from langchain_llamacpp_local import model_resolution
+
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with socket.socket() as s:  # a local port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    for var in model_resolution._PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    model_resolution._hf_memo.clear()
+    _cache, snap = hub
+    start = time.monotonic()
+    assert Path(resolve_model("acme/Tiny-GGUF").model_path) == snap / "Tiny-Q4_K_M.gguf"
+    assert time.monotonic() - start < 1.0
+    for _ in range(2):
+        start = time.monotonic()
+        with pytest.raises(ModelNotFoundError, match=rf"127\.0\.0\.1:{port}: unreachable"):
+            resolve_model("sub/m")
+        assert time.monotonic() - start < model_resolution.HUB_PROBE_TIMEOUT_S + 1.0
+    start = time.monotonic()
+    with pytest.raises(ModelNotFoundError, match="unreachable"):
+        resolve_model("other/repo")
+    assert time.monotonic() - start < 0.5  # remembered: not probed again

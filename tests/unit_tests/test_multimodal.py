@@ -309,3 +309,41 @@ def test_garbage_and_unknown_inputs_are_refused() -> None:
     with pytest.raises(ImageInputError, match="neither"):
         load_image({"type": "image"})
     assert issubclass(ImageInputError, ValueError)
+
+
+def test_decoding_a_large_base64_image_never_stalls_other_threads_long() -> None:
+    """A 72 MB base64 payload decoded on a worker thread: the main thread (an event loop,
+    say) never waits more than 50 ms for the GIL."""
+    import base64
+    import os
+    import threading
+    import time
+
+    payload = base64.b64encode(os.urandom(54_000_000)).decode()
+    wrapped = "\n".join(payload[i : i + 76] for i in range(0, 8_000_000, 76)) + payload[8_000_000:]
+    for block in ({"type": "image", "base64": payload}, wrapped):
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def decode(
+            block: object = block,
+            done: threading.Event = done,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            try:
+                load_image(block)
+            except Exception as exc:  # random bytes are no image: the error is expected
+                errors.append(exc)
+            finally:
+                done.set()
+
+        worst, last = 0.0, time.perf_counter()
+        thread = threading.Thread(target=decode)
+        thread.start()
+        while not done.is_set():
+            time.sleep(0.002)
+            now = time.perf_counter()
+            worst, last = max(worst, now - last), now
+        thread.join()
+        assert errors and "image" in str(errors[0]).lower()
+        assert worst < 0.05, f"the main thread waited {worst * 1000:.0f} ms"

@@ -169,3 +169,160 @@ def test_tools_nested_past_the_recursion_limit_are_a_template_error() -> None:
     with pytest.raises(ChatTemplateError, match="nest too deeply"):
         tpl.render(MSGS, tools=tools)
     assert tpl.render(MSGS, tools=[]) == "hi0"
+
+
+# ----------------------------------------------------------------- limits before allocation
+
+_ISOLATED = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from langchain_llamacpp_local.templates import ChatTemplate, ChatTemplateError
+for source in sys.argv[1:]:
+    try:
+        ChatTemplate(source, origin="override").render([{"role": "user", "content": "hi"}])
+        print("RENDERED", flush=True)
+    except ChatTemplateError as exc:
+        print("ERROR", exc, flush=True)
+"""
+
+
+def _render_isolated(*sources: str, timeout: float = 20.0) -> list[str]:
+    """Render in a child process with a 3 GiB address-space limit and a time limit: an
+    allocation or a GIL-holding big-int operation the sandbox lets through kills or stalls
+    the child, which fails the test instead of the test run."""
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _ISOLATED, *sources],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"rendering {sources!r} ran past {timeout} s (the sandbox let it run)")
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, (
+        f"the child died ({proc.returncode}) at {sources[len(lines)]!r}: {proc.stderr[-2000:]}"
+    )
+    return lines
+
+
+BOMBS = [
+    "{{ '%*s' % (4000000000, 'x') }}",
+    "{{ '%.*f' % (4000000000, 1.5) }}",
+    "{{ '{:>{}}'.format('x', 4000000000) }}",
+    "{{ '{:>{w}}'.format('x', w=4000000000) }}",
+    "{{ '%*s' | format(4000000000, 'x') }}",
+    "{{ (['x' * 1000000] * 1000000) | join }}",
+    "{{ ''.join(['x' * 1000000] * 1000000) }}",
+    "{{ ('x' * 1000000).replace('x', 'y' * 10000) }}",
+    "{{ ('x' * 1000000) | replace('x', 'y' * 10000) }}",
+    "{{ ['x' * 1000000] * 1000000 }}",
+    "{{ (['x' * 1000000] * 1000000) | string }}",
+    "{{ 'a' ~ (['x' * 1000000] * 1000000) }}",
+    "{{ '%s' % [['x' * 1000000] * 1000000] }}",
+    "{{ (['x' * 1000000] * 1000000) | tojson }}",
+    "{{ (['x' * 1000000] * 1000000) | pprint }}",
+]
+
+
+def test_size_is_predicted_before_the_allocation() -> None:
+    for source, line in zip(BOMBS, _render_isolated(*BOMBS), strict=True):
+        assert line.startswith("ERROR") and "exceeds the cap" in line, (source, line)
+
+
+def test_big_integer_products_are_capped() -> None:
+    source = (
+        "{% set ns = namespace(x=2 ** 2000) %}{% for i in range(12) %}"
+        "{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x // 3 }}"
+    )
+    (out,) = _render_isolated(source, timeout=10.0)
+    assert out.startswith("ERROR") and "exceeds the cap of 4096 bits" in out, out
+    # caller data cannot smuggle a huge integer past the cap either
+    tpl = ChatTemplate("{{ n // 7 }}", origin="override")
+    with pytest.raises(ChatTemplateError, match="integer of .* bits exceeds the cap"):
+        tpl.render(MSGS, n=1 << 100_000)
+    assert ChatTemplate("{{ (2 ** 64) * 3 // 2 - 1 }}").render(MSGS) == str(3 * 2**63 - 1)
+
+
+# ----------------------------------------------------------------- one budget per request
+
+
+def test_probes_and_render_share_one_budget() -> None:
+    source = "{% for i in range(30000) %}{% endfor %}{{ messages[-1].content }}{{ tool_calls }}"
+    tpl = ChatTemplate(source, origin="override")
+    start = time.monotonic()
+    tpl.render(MSGS)
+    once = time.monotonic() - start
+    messages = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "r"},
+    ]
+    # each render fits in the limit, the probes plus the render do not
+    budget = max(3 * once, 0.05)
+    slow = ChatTemplate(source + " ", origin="override", limits=RenderLimits(timeout_s=budget))
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="time limit"):
+        slow.render(messages)
+    assert time.monotonic() - start < budget + 1.0
+    # the failed probe is remembered: the next request fails at once
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="time limit"):
+        slow.render(messages)
+    assert time.monotonic() - start < budget
+
+
+def test_wordwrap_checks_the_deadline_inside() -> None:
+    tpl = ChatTemplate(
+        "{{ ('x' * 300000) | wordwrap(1) | length }}",
+        origin="override",
+        limits=RenderLimits(timeout_s=0.3),
+    )
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="time limit"):
+        tpl.render(MSGS)
+    assert time.monotonic() - start < 1.5
+    assert ChatTemplate("{{ 'aa bb cc' | wordwrap(2) }}").render(MSGS) == "aa\nbb\ncc"
+
+
+def test_compiling_is_bounded() -> None:
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="template source of .* exceeds the cap"):
+        ChatTemplate("{{ x }}" * 200_000, origin="override")
+    with pytest.raises(ChatTemplateError, match="time limit"):
+        ChatTemplate("{{ y }}" * 60_000, origin="override", limits=RenderLimits(timeout_s=0.05))
+    assert time.monotonic() - start < 3.0
+
+
+def test_compiled_templates_are_cached_per_source() -> None:
+    source = "{{ messages[0].content }} cached " + "{{ 1 }}" * 3000
+    first = ChatTemplate(source, origin="a")
+    start = time.monotonic()
+    second = ChatTemplate(source, origin="b")
+    assert time.monotonic() - start < 0.05
+    assert second._template is first._template
+    assert second.render(MSGS).startswith("hi cached 1")
+
+
+def test_a_cancelled_request_stops_the_template() -> None:
+    from langchain_llamacpp_local.template_sandbox import request_budget
+
+    tpl = ChatTemplate(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        origin="override",
+    )
+    stop_at = time.monotonic() + 0.2
+    start = time.monotonic()
+    with request_budget(tpl.limits, cancelled=lambda: time.monotonic() > stop_at):
+        with pytest.raises(ChatTemplateError, match="cancelled"):
+            tpl.render(MSGS)
+    assert time.monotonic() - start < 1.0
