@@ -24,6 +24,7 @@ from .prompt_tokens import (
 )
 from .sampling import (
     JSON_OBJECT_GRAMMAR,
+    MARKUP_CALL_FORMATS,
     WRAPPED_JSON_FORMATS,
     SamplingParams,
     json_schema_to_grammar,
@@ -141,10 +142,11 @@ class PreparedPrompt:
 
 #: Formats whose tool calls start with a marker our grammar also writes: with
 #: ``tool_choice="auto"`` the grammar switches on at that marker (llama.cpp's lazy grammar).
-_LAZY_TRIGGERS = {
-    "hermes": "<tool_call>",
-    "mistral": "[TOOL_CALLS]",
-    **{fmt: spec[0] for fmt, spec in WRAPPED_JSON_FORMATS.items()},
+_LAZY_TRIGGERS: dict[str, tuple[str, ...]] = {
+    "hermes": ("<tool_call>",),
+    "mistral": ("[TOOL_CALLS]",),
+    **{fmt: (spec[0],) for fmt, spec in WRAPPED_JSON_FORMATS.items()},
+    **MARKUP_CALL_FORMATS,
 }
 
 #: Formats whose output carries channel/turn markup even in plain chat: they are always
@@ -288,7 +290,7 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         grammar, parse_format = tool_call_grammar(
             tools, parse_format, parallel=job.parallel_tool_calls is True
         )
-        lazy = (_LAZY_TRIGGERS[parse_format],)
+        lazy = _LAZY_TRIGGERS[parse_format]
     elif job.response_format is not None and not use_tools:
         schema = _response_schema(job.response_format)
         grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
