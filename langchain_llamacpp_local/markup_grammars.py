@@ -33,6 +33,7 @@ from .sampling import (
     check_grammar,
 )
 from .tool_parsers.base import _schema_types
+from .tool_parsers.families import SPECS
 
 __all__ = ["markup_tool_call_grammar"]
 
@@ -248,9 +249,15 @@ def markup_tool_call_grammar(
     *,
     parallel: bool = True,
     name: str | None = None,
+    prefill: str = "",
 ) -> str:
     """GBNF (root ``root``) forcing a call of one of ``tools`` (only ``name`` if given;
-    several if ``parallel``) in ``fmt``'s own markup (a key of :data:`MARKUP_CALL_FORMATS`)."""
+    several if ``parallel``) in ``fmt``'s own markup (a key of :data:`MARKUP_CALL_FORMATS`).
+
+    ``prefill`` is the end of the prompt: when the template's generation prompt leaves
+    the family's think block open (MiniMax M2 always opens ``<think>``), the grammar
+    closes it first, as a call inside the reasoning would be read as reasoning.
+    """
     syn = _SYNTAXES[fmt]
     fns = [_tool_function(t) for t in tools]
     if name is not None:
@@ -307,13 +314,22 @@ def markup_tool_call_grammar(
         calls.append(syn.call(_lit(fn["name"]), args or '""'))
 
     rules = _convert_values(values, defs)
-    lines = [f"root ::= {syn.block('call', parallel)}"]
+    lines = [f"root ::= {_close_think(fmt, prefill)}{syn.block('call', parallel)}"]
     lines.append("call ::= " + " | ".join(f"({c})" for c in calls))
     if any("raw-0" in c for c in calls):
         lines.extend(_until_rules(syn.closer))
     grammar = "\n".join(lines) + ("\n" + rules if rules else "")
     check_grammar(grammar)
     return grammar
+
+
+def _close_think(fmt: str, prefill: str) -> str:
+    """The GBNF that first closes a think block the prompt left open, else nothing."""
+    spec = SPECS.get(fmt)
+    markers = spec.think if spec is not None else None
+    if not markers or not markers[0] or not prefill.rstrip().endswith(markers[0].rstrip()):
+        return ""
+    return f'{_lit(markers[1])} "\\n"? "\\n"? '
 
 
 def _convert_values(values: dict[str, Any], defs: dict[str, Any]) -> str:

@@ -284,6 +284,7 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
             # model under a repeatable grammar would otherwise loop until max_tokens)
             parallel=job.parallel_tool_calls is True and name is None,
             name=name,
+            prefill=text[-_PREFILL_CHARS:],
         )
     elif use_tools and choice is None and parse_format in _LAZY_TRIGGERS:
         # "auto": free text, but once the model starts a call it must be a valid one

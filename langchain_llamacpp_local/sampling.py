@@ -1027,17 +1027,23 @@ def tool_call_grammar(
     *,
     parallel: bool = True,
     name: str | None = None,
+    prefill: str = "",
 ) -> tuple[str, str]:
     """GBNF forcing a valid call (or several, if ``parallel``) of one of ``tools``
     (OpenAI tool dicts), restricted to ``name`` if given, in wire format ``fmt``.
 
     Returns ``(grammar, fmt_used)``; formats other than :data:`TOOL_CALL_FORMATS`
-    fall back to ``"generic"``, which the caller must then parse.
+    fall back to ``"generic"``, which the caller must then parse. ``prefill`` (the end
+    of the prompt) lets a :data:`MARKUP_CALL_FORMATS` grammar close a think block the
+    prompt left open.
     """
     if fmt in MARKUP_CALL_FORMATS:
         from .markup_grammars import markup_tool_call_grammar  # it builds on this module
 
-        return markup_tool_call_grammar(tools, fmt, parallel=parallel, name=name), fmt
+        grammar = markup_tool_call_grammar(
+            tools, fmt, parallel=parallel, name=name, prefill=prefill
+        )
+        return grammar, fmt
     fmt_used = fmt if fmt in TOOL_CALL_FORMATS else "generic"
     fns = [_tool_function(t) for t in tools]
     if name is not None:

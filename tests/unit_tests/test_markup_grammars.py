@@ -165,3 +165,19 @@ def test_lazy_grammar_starts_at_the_marker(tmp_path: Path, fmt: str) -> None:
     assert [c["name"] for c in out.tool_calls] == ["get_weather"], (text, out)
     assert not out.invalid_tool_calls
     _validate(out.tool_calls[0]["args"], SCHEMAS["get_weather"])
+
+
+def test_forced_call_closes_a_think_block_the_prompt_opened(tiny: TinyModel) -> None:  # noqa: F811
+    """MiniMax M2's generation prompt opens ``<think>``: a call written inside it would be
+    read as reasoning, so the forced grammar closes the block first."""
+    prefill = "]~b]ai\n<think>\n"
+    grammar, _ = tool_call_grammar(
+        ALL_TOOLS, "minimax_m2", parallel=False, name="get_weather", prefill=prefill
+    )
+    text, ended = tiny.generate(SamplingParams(temperature=0, grammar=grammar), 1000)
+    assert ended and text.startswith("</think>"), text
+    out = parse(text, "minimax_m2", tools=ALL_TOOLS, prefill=prefill)
+    assert [c["name"] for c in out.tool_calls] == ["get_weather"], (text, out)
+    assert not out.invalid_tool_calls and not out.content.strip()
+    closed, _ = tool_call_grammar(ALL_TOOLS, "minimax_m2", prefill="]~b]ai\n<think>\n</think>\n")
+    assert closed.startswith('root ::= "<minimax:tool_call>'), closed[:80]
