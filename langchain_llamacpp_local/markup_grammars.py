@@ -166,6 +166,41 @@ _SYNTAXES: dict[str, _Syntax] = {
         block=lambda call, par: _repeat(call, par),
         call=lambda name, args: f'"[TOOL_CALLS]" {name} "[ARGS]" {args}',
     ),
+    "deepseek_v3_1": _Syntax(
+        block=lambda call, par: (
+            f'"<｜tool▁calls▁begin｜>" {_repeat(call, par)} "<｜tool▁calls▁end｜>"'
+        ),
+        call=lambda name, args: (
+            f'"<｜tool▁call▁begin｜>" {name} "<｜tool▁sep｜>" {args} "<｜tool▁call▁end｜>"'
+        ),
+    ),
+    "solar_open": _Syntax(
+        block=lambda call, par: _repeat(call, par),
+        call=lambda name, args: (
+            f'"<|tool_call:begin|>" [a-zA-Z0-9]{{1,12}} "<|tool_call:name|>" {name} '
+            f'"<|tool_call:args|>" {args} "<|tool_call:end|>"'
+        ),
+    ),
+    "hy3": _Syntax(
+        block=lambda call, par: (
+            f'"<tool_calls:opensource>\\n" {_repeat(call, par)} "</tool_calls:opensource>"'
+        ),
+        call=lambda name, args: (
+            f'"<tool_call:opensource>" {name} "<tool_sep:opensource>\\n" {args} '
+            '"</tool_call:opensource>\\n"'
+        ),
+        arg=lambda k, v, raw: (
+            f'"<arg_key:opensource>" {_lit(k)} "</arg_key:opensource>\\n" '
+            f'"<arg_value:opensource>" {v} "</arg_value:opensource>\\n"'
+        ),
+        closer="</arg_value:opensource>",
+    ),
+    "minicpm5": _Syntax(
+        block=lambda call, par: _repeat(call, par, "\n"),
+        call=lambda name, args: f'"<function name=\\"" {name} "\\">" {args} "</function>"',
+        arg=lambda k, v, raw: f'"<param name=\\"" {_lit(k)} "\\">" {v} "</param>"',
+        closer="</param>",
+    ),
 }
 
 assert _SYNTAXES.keys() == MARKUP_CALL_FORMATS.keys()

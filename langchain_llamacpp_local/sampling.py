@@ -983,6 +983,10 @@ MARKUP_CALL_FORMATS: dict[str, tuple[str, ...]] = {
     "kimi_k2": ("<|tool_calls_section_begin|>",),
     "gemma4": ("<|tool_call>",),
     "ministral_3": ("[TOOL_CALLS]",),
+    "deepseek_v3_1": ("<｜tool▁calls▁begin｜>",),
+    "solar_open": ("<|tool_call:begin|>",),
+    "hy3": ("<tool_calls:opensource>",),
+    "minicpm5": ('<function name="',),
 }
 
 #: Wire formats :func:`tool_call_grammar` can force (and the parser understands).

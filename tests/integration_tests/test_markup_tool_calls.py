@@ -30,6 +30,10 @@ FAMILIES = {
     "kimi_k2": "Kimi-K2-Instruct.jinja",
     "gemma4": "google-gemma-4-31B-it.jinja",
     "ministral_3": "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+    "deepseek_v3_1": "deepseek-ai-DeepSeek-V3.1.jinja",
+    "solar_open": "upstage-Solar-Open-100B.jinja",
+    "hy3": "tencent-Hy3.jinja",
+    "minicpm5": "openbmb-MiniCPM5-1B.jinja",
 }
 
 
