@@ -1,5 +1,6 @@
-"""GBNF grammars for tool calls in a model's own markup (Qwen3-Coder, GLM, MiniMax M2,
-Kimi K2, Seed-OSS, DeepSeek DSML, Gemma 4, Ministral 3).
+"""GBNF grammars for tool calls in a model's own markup (Qwen3-Coder, Seed-OSS, GLM 4.5+,
+MiniMax M2, DeepSeek V3.1 and DSML, Kimi K2, Gemma 4, Ministral 3, Solar Open, Hunyuan Hy3,
+MiniCPM5).
 
 These families write a call as tags around each argument, or a name marker before a JSON
 object, not as one JSON document. A forced call (``tool_choice="required"`` or a name)
