@@ -207,6 +207,10 @@ _SYNTAXES: dict[str, _Syntax] = {
 assert _SYNTAXES.keys() == MARKUP_CALL_FORMATS.keys()
 
 
+class NotTagShaped(ValueError):
+    """A tool whose arguments cannot be written one tag each (no ``properties``)."""
+
+
 def _raw_string(schema: dict[str, Any], syn: _Syntax) -> str:
     """A string-only value as the raw text the template writes."""
     values = schema.get("enum")
@@ -324,7 +328,7 @@ def markup_tool_call_grammar(
         if not isinstance(props, dict) or any(
             k in params for k in ("anyOf", "oneOf", "allOf", "$ref")
         ):
-            raise ValueError(
+            raise NotTagShaped(
                 f"tool {fn['name']!r}: its parameters are not an object with 'properties', "
                 f"which {fmt} writes one tag per argument"
             )

@@ -288,10 +288,13 @@ def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         )
     elif use_tools and choice is None and parse_format in _LAZY_TRIGGERS:
         # "auto": free text, but once the model starts a call it must be a valid one
-        grammar, parse_format = tool_call_grammar(
+        grammar, used = tool_call_grammar(
             tools, parse_format, parallel=job.parallel_tool_calls is True
         )
-        lazy = _LAZY_TRIGGERS[parse_format]
+        if used == parse_format:
+            lazy = _LAZY_TRIGGERS[parse_format]
+        else:  # no grammar in the model's own syntax for these tools: calls stay free
+            grammar = None
     elif job.response_format is not None and not use_tools:
         schema = _response_schema(job.response_format)
         grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)

@@ -1041,14 +1041,17 @@ def tool_call_grammar(
     of the prompt) lets a :data:`MARKUP_CALL_FORMATS` grammar close a think block the
     prompt left open.
     """
-    if fmt in MARKUP_CALL_FORMATS:
-        from .markup_grammars import markup_tool_call_grammar  # it builds on this module
-
-        grammar = markup_tool_call_grammar(
-            tools, fmt, parallel=parallel, name=name, prefill=prefill
-        )
-        return grammar, fmt
     fmt_used = fmt if fmt in TOOL_CALL_FORMATS else "generic"
+    if fmt in MARKUP_CALL_FORMATS:
+        from .markup_grammars import NotTagShaped, markup_tool_call_grammar  # built on this
+
+        try:
+            grammar = markup_tool_call_grammar(
+                tools, fmt, parallel=parallel, name=name, prefill=prefill
+            )
+            return grammar, fmt
+        except NotTagShaped:  # e.g. free-form ``additionalProperties`` arguments
+            fmt_used = "generic"
     fns = [_tool_function(t) for t in tools]
     if name is not None:
         fns = [f for f in fns if f["name"] == name]

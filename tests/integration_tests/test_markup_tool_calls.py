@@ -78,3 +78,24 @@ def test_forced_call_and_structured_output(tiny_path: str, fmt: str) -> None:
 
     reading = llm.with_structured_output(Reading, method="function_calling").invoke("Read it.")
     assert isinstance(reading, Reading)  # validated: types and the enum held
+
+
+def test_auto_with_free_form_arguments_leaves_the_model_free(tiny_path: str) -> None:
+    """Arguments with no ``properties`` cannot be written one tag each: with
+    ``tool_choice="auto"`` the model then gets no lazy grammar (and a forced call the
+    generic JSON object), and the request is served."""
+    free = {
+        "type": "function",
+        "function": {
+            "name": "free",
+            "description": "Any integers by name.",
+            "parameters": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    }
+    source = (TEMPLATES / FAMILIES["qwen3_coder"]).read_text()
+    llm = ChatLlamaCpp(
+        model_path=tiny_path, temperature=0, max_tokens=8, n_ctx=4096, chat_template=source
+    )
+    assert llm.bind_tools([free]).invoke("hi").response_metadata["finish_reason"]
+    forced = llm.bind_tools([free], tool_choice="free").invoke("hi", max_tokens=300)
+    assert [c["name"] for c in forced.tool_calls] == ["free"], forced

@@ -181,3 +181,19 @@ def test_forced_call_closes_a_think_block_the_prompt_opened(tiny: TinyModel) -> 
     assert not out.invalid_tool_calls and not out.content.strip()
     closed, _ = tool_call_grammar(ALL_TOOLS, "minimax_m2", prefill="]~b]ai\n<think>\n</think>\n")
     assert closed.startswith('root ::= "<minimax:tool_call>'), closed[:80]
+
+
+def test_arguments_without_properties_fall_back_to_the_generic_object() -> None:
+    """Free-form arguments (``additionalProperties`` only) cannot be written one tag each:
+    such a call is forced in the generic JSON object, which the caller then parses."""
+    free = {
+        "type": "function",
+        "function": {
+            "name": "free",
+            "parameters": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    }
+    grammar, used = tool_call_grammar([free], "qwen3_coder", parallel=False)
+    assert used == "generic" and "tool_call" in grammar
+    # the JSON-argument families write it as they always do
+    assert tool_call_grammar([free], "kimi_k2", parallel=False)[1] == "kimi_k2"
