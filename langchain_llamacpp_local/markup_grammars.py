@@ -36,7 +36,7 @@ from .sampling import (
 from .tool_parsers.base import _schema_types
 from .tool_parsers.families import SPECS
 
-__all__ = ["markup_tool_call_grammar"]
+__all__ = ["NotTagShaped", "markup_tool_call_grammar"]
 
 _DSML = "｜DSML｜"
 
