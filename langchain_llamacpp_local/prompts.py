@@ -24,6 +24,7 @@ from .prompt_tokens import (
 )
 from .sampling import (
     JSON_OBJECT_GRAMMAR,
+    MARKUP_CALL_FORMATS,
     WRAPPED_JSON_FORMATS,
     SamplingParams,
     json_schema_to_grammar,
@@ -142,10 +143,11 @@ class PreparedPrompt:
 
 #: Formats whose tool calls start with a marker our grammar also writes: with
 #: ``tool_choice="auto"`` the grammar switches on at that marker (llama.cpp's lazy grammar).
-_LAZY_TRIGGERS = {
-    "hermes": "<tool_call>",
-    "mistral": "[TOOL_CALLS]",
-    **{fmt: spec[0] for fmt, spec in WRAPPED_JSON_FORMATS.items()},
+_LAZY_TRIGGERS: dict[str, tuple[str, ...]] = {
+    "hermes": ("<tool_call>",),
+    "mistral": ("[TOOL_CALLS]",),
+    **{fmt: (spec[0],) for fmt, spec in WRAPPED_JSON_FORMATS.items()},
+    **MARKUP_CALL_FORMATS,
 }
 
 #: Formats whose output carries channel/turn markup even in plain chat: they are always
@@ -298,13 +300,17 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
             # model under a repeatable grammar would otherwise loop until max_tokens)
             parallel=job.parallel_tool_calls is True and name is None,
             name=name,
+            prefill=text[-_PREFILL_CHARS:],
         )
     elif use_tools and choice is None and parse_format in _LAZY_TRIGGERS:
         # "auto": free text, but once the model starts a call it must be a valid one
-        grammar, parse_format = tool_call_grammar(
+        grammar, used = tool_call_grammar(
             tools, parse_format, parallel=job.parallel_tool_calls is True
         )
-        lazy = (_LAZY_TRIGGERS[parse_format],)
+        if used == parse_format:
+            lazy = _LAZY_TRIGGERS[parse_format]
+        else:  # no grammar in the model's own syntax for these tools: calls stay free
+            grammar = None
     elif job.response_format is not None and not use_tools:
         schema = _response_schema(job.response_format)
         grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)

@@ -30,6 +30,7 @@ from llama_cpp import llama_grammar as G
 
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
+    "MARKUP_CALL_FORMATS",
     "TOOL_CALL_FORMATS",
     "GrammarTooLargeError",
     "InvalidSamplingParams",
@@ -513,6 +514,9 @@ JSON_OBJECT_GRAMMAR: str = G.JSON_GBNF
 # JSON strings may not hold raw control characters; the bundled converter's rule
 # allows them (newer llama.cpp excludes them, as here).
 _CHAR_RULE = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+# A number's exponent has at most two digits: the bundled rule allows up to 16, and
+# 1e999 is JSON no parser reads back as a finite number.
+_NUMBER_RULE = '("-"? integral-part) ("." decimal-part)? ([eE] [-+]? [0-9] [0-9]?)? space'
 _ANNOTATIONS = frozenset(
     {
         "title",
@@ -691,8 +695,9 @@ def check_grammar(grammar: str) -> None:
 
 class _Converter(G.SchemaConverter):
     """llama-cpp-python's converter with fixes that keep its output valid JSON:
-    backslashes in literals are escaped (a const like ``"a\\\\b"``), and strings and
-    a pattern's ``.`` exclude raw quotes, backslashes and control characters.
+    backslashes in literals are escaped (a const like ``"a\\\\b"``), strings and
+    a pattern's ``.`` exclude raw quotes, backslashes and control characters, and a
+    number's exponent keeps it finite.
 
     Repetitions (``maxLength``, ``maxItems``, regex ``{m,n}``) are written flat with
     ``{m,n}`` quantifiers (see :func:`_flat_repetition`), and a count too large to
@@ -729,6 +734,8 @@ class _Converter(G.SchemaConverter):
     def _add_primitive(self, name: str, rule: Any) -> str:
         if name == "char" and rule is G.PRIMITIVE_RULES["char"]:
             rule = G.BuiltinRule(_CHAR_RULE, [])
+        if name == "number" and rule is G.PRIMITIVE_RULES["number"]:
+            rule = G.BuiltinRule(_NUMBER_RULE, ["integral-part", "decimal-part"])
         return super()._add_primitive(name, rule)
 
 
@@ -964,8 +971,33 @@ WRAPPED_JSON_FORMATS: dict[str, tuple[str, str, str]] = {
     "cohere2moe": ("<|START_ACTION|>", "<|END_ACTION|>", "list"),
 }
 
+#: Formats whose calls are the model's own markup around each argument (or a name marker
+#: before a JSON object), with the markers that switch their lazy grammar on; the
+#: grammars are built by :mod:`.markup_grammars`.
+MARKUP_CALL_FORMATS: dict[str, tuple[str, ...]] = {
+    "qwen3_coder": ("<tool_call>",),
+    "seed_oss": ("<seed:tool_call>",),
+    "glm45": ("<tool_call>",),
+    "minimax_m2": ("<minimax:tool_call>",),
+    "deepseek_v3_2": ("<｜DSML｜function_calls>", "<｜DSML｜tool_calls>"),
+    "kimi_k2": ("<|tool_calls_section_begin|>",),
+    "gemma4": ("<|tool_call>",),
+    "ministral_3": ("[TOOL_CALLS]",),
+    "deepseek_v3_1": ("<｜tool▁calls▁begin｜>",),
+    "solar_open": ("<|tool_call:begin|>",),
+    "hy3": ("<tool_calls:opensource>",),
+    "minicpm5": ('<function name="',),
+}
+
 #: Wire formats :func:`tool_call_grammar` can force (and the parser understands).
-TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral", "generic", *WRAPPED_JSON_FORMATS)
+TOOL_CALL_FORMATS = (
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "generic",
+    *WRAPPED_JSON_FORMATS,
+    *MARKUP_CALL_FORMATS,
+)
 
 
 def _tool_function(tool: Any) -> dict[str, Any]:
@@ -999,14 +1031,27 @@ def tool_call_grammar(
     *,
     parallel: bool = True,
     name: str | None = None,
+    prefill: str = "",
 ) -> tuple[str, str]:
     """GBNF forcing a valid call (or several, if ``parallel``) of one of ``tools``
     (OpenAI tool dicts), restricted to ``name`` if given, in wire format ``fmt``.
 
     Returns ``(grammar, fmt_used)``; formats other than :data:`TOOL_CALL_FORMATS`
-    fall back to ``"generic"``, which the caller must then parse.
+    fall back to ``"generic"``, which the caller must then parse. ``prefill`` (the end
+    of the prompt) lets a :data:`MARKUP_CALL_FORMATS` grammar close a think block the
+    prompt left open.
     """
     fmt_used = fmt if fmt in TOOL_CALL_FORMATS else "generic"
+    if fmt in MARKUP_CALL_FORMATS:
+        from .markup_grammars import NotTagShaped, markup_tool_call_grammar  # built on this
+
+        try:
+            grammar = markup_tool_call_grammar(
+                tools, fmt, parallel=parallel, name=name, prefill=prefill
+            )
+            return grammar, fmt
+        except NotTagShaped:  # e.g. free-form ``additionalProperties`` arguments
+            fmt_used = "generic"
     fns = [_tool_function(t) for t in tools]
     if name is not None:
         fns = [f for f in fns if f["name"] == name]

@@ -336,7 +336,7 @@ class TinyModel:
     ) -> tuple[str, bool]:
         """Sample up to ``max_tokens``; returns (text, ended at EOG)."""
         cp = C.llama_context_default_params()
-        cp.n_ctx = 512
+        cp.n_ctx = max(512, max_tokens + 64)
         cp.n_batch = 512
         cp.n_threads = cp.n_threads_batch = 2
         ctx = C.llama_init_from_model(self.model, cp)
