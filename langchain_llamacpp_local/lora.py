@@ -219,17 +219,56 @@ class KeyedToken(int):
         return f"KeyedToken({int(self)}, {self.lora!r})"
 
 
-def key_tokens(tokens: list[Hashable], lora: LoraKey) -> list[Hashable]:
-    """``tokens`` with the first entry keyed by ``lora`` (unchanged for the base model)."""
-    if not lora or not tokens:
+def key_tokens(tokens: list[Hashable], lora: LoraKey, start: int = 0) -> list[Hashable]:
+    """``tokens`` with entry ``start`` keyed by ``lora`` (unchanged for the base model).
+
+    ``start`` > 0 is an activated LoRA's invocation start: the entries before it are
+    computed without the adapter, so they stay shareable with the base model.
+    """
+    if not lora or start >= len(tokens):
         return tokens
-    first = tokens[0]
+    first = tokens[start]
     keyed: Hashable = (
         KeyedToken(first, lora)
         if isinstance(first, int)
         else ("lora", lora, first)  # an image first: still a distinct entry
     )
-    return [keyed, *tokens[1:]]
+    return [*tokens[:start], keyed, *tokens[start + 1 :]]
+
+
+def alora_start(tokens: Sequence[Hashable], invocation: Sequence[int]) -> int | None:
+    """Where the last occurrence of an activated LoRA's invocation sequence starts in
+    ``tokens`` (None: absent, the adapter stays off), as llama.cpp's server finds it."""
+    n = len(invocation)
+    if n == 0:
+        return 0
+    inv = list(invocation)
+    for i in range(len(tokens) - n, -1, -1):
+        if [tokens[j] for j in range(i, i + n)] == inv:
+            return i
+    return None
+
+
+def activate(
+    lora: LoraKey, alora: Mapping[str, Sequence[int]], tokens: Sequence[Hashable]
+) -> tuple[LoraKey, int]:
+    """The adapter set a prompt runs with and where it takes effect.
+
+    Plain LoRA: the whole prompt (``start`` 0). An activated LoRA (one with invocation
+    tokens) runs alone and only from the last occurrence of its invocation sequence
+    on; without one in the prompt it is off (llama.cpp's server does the same).
+    """
+    named = [n for n, _ in lora if n in alora]
+    if not named:
+        return lora, 0
+    if len(lora) != 1:
+        raise ValueError(
+            f"the activated LoRA {named[0]!r} cannot run with other adapters in one request"
+        )
+    start = alora_start(tokens, alora[named[0]])
+    if start is None:
+        return (), 0
+    return lora, start
 
 
 def plan_adapter_groups(
@@ -256,6 +295,8 @@ def plan_adapter_groups(
 __all__ = [
     "AdapterSpec",
     "KeyedToken",
+    "activate",
+    "alora_start",
     "LoraKey",
     "check_adapter_file",
     "key_tokens",

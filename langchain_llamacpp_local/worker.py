@@ -35,7 +35,7 @@ from .errors import (
 from .jobs import ChatJob, cancel_error
 from .kv_cache import Slot
 from .logprobs import logprob_entry
-from .lora import key_tokens, plan_adapter_groups
+from .lora import activate, key_tokens, plan_adapter_groups
 from .sampling import Sampler, StopMatcher, Utf8Decoder
 from .slot_policy import PARTIAL_ONLY, CacheOptions, SlotPolicy
 from .speculative import DraftController, NgramProposer, Proposer
@@ -422,7 +422,9 @@ class _WorkerState:
         prepared = prompts.prepare(self.format, w.job, eng)
         if w.job.lora:  # LoRA hook: the adapter set is part of the prefix's identity
             eng.check_lora(w.job.lora)
-            prepared.tokens = key_tokens(prepared.tokens, w.job.lora)
+            # an activated LoRA: off before its invocation, off without one
+            w.job.lora, prepared.lora_start = activate(w.job.lora, eng.alora, prepared.tokens)
+            prepared.tokens = key_tokens(prepared.tokens, w.job.lora, prepared.lora_start)
         n_prompt = len(prepared.tokens)
         if n_prompt == 0:
             raise ValueError("the rendered prompt is empty")
@@ -724,18 +726,19 @@ class _WorkerState:
             return
         start = slot.n_past
         n_prompt = len(act.tokens)
+        lora_start = act.prepared.lora_start  # LoRA hook: a piece never spans it
         end = piece_end(
             start,
             n_prompt,
             min(eng.n_batch, eng.n_ubatch),
             policy.align,
-            stops=[*act.targets, *media],
+            stops=[*act.targets, *media, *([lora_start] if lora_start > start else [])],
             marks=act.marks,
         )
         chunk = act.tokens[start:end]
         job = act.job
         try:
-            eng.set_lora(_lora_of(act))  # LoRA hook
+            eng.set_lora(_lora_of(act) if start >= lora_start else ())  # LoRA hook
             eng.decode_batch(
                 chunk,
                 range(start, end),
@@ -764,7 +767,7 @@ class _WorkerState:
         slot = act.slot
         start = slot.n_past
         try:
-            eng.set_lora(_lora_of(act))  # LoRA hook
+            eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
             eng.eval_media(media, start, slot.seq_id)
         except DecodeError:
             policy.sync(slot)

@@ -8,17 +8,20 @@ a cached prefix; bad adapter files are refused with errors naming them.
 
 from __future__ import annotations
 
+import ctypes
 import threading
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import numpy as np
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp, engine
 from langchain_llamacpp_local.errors import ModelLoadError
 from tests.compare import GREEDY, assert_identical, assert_same_greedy, ids
-from tests.gguf_models import write_tiny_llama, write_tiny_lora
+from tests.gguf_models import byte_token, write_tiny_llama, write_tiny_lora
 
 RAW = "{{ messages[-1].content }}"
 ALL = "{% for m in messages %}{{ m.content }}\n{% endfor %}"
@@ -219,3 +222,51 @@ def test_speculation_with_an_adapter_on_the_target(files: dict[str, str]) -> Non
     assert_same_greedy(got, ref)
     assert got.response_metadata["speculative"]["drafted"] >= 0
     assert got.response_metadata["lora"] == {"a": 1.0}
+
+
+def test_activated_lora_takes_effect_from_its_invocation(
+    files: dict[str, str], tmp_path: Path
+) -> None:
+    """An aLoRA equals llama.cpp run by hand: the prompt before the invocation sequence
+    decoded without the adapter, the rest and the answer with it."""
+    invocation = [byte_token(ord("@")), byte_token(ord("@"))]
+    path = str(write_tiny_lora(tmp_path / "alora.gguf", seed=3, invocation_tokens=invocation))
+    llm = _llm(files, lora_adapters={"act": path, "a": files["a"]}, max_tokens=10)
+    prompt = "the text before it " * 8 + "@@ and after"  # reuse: whole grid cells
+    base = llm.invoke(prompt, lora={})
+    got = llm.invoke(prompt, lora={"act": 1.0})
+    assert got.response_metadata["lora"] == {"act": 1.0}
+    # the part before the invocation was reused from the base model's request
+    assert got.usage_metadata["input_token_details"]["cache_read"] > 0
+    assert_identical(llm.invoke(prompt, cache_prompt=False, lora={"act": 1.0}), got)
+
+    ref = llama_cpp.Llama(files["model"], n_ctx=256, verbose=False)
+    adapter = llama_cpp.llama_adapter_lora_init(ref._model.model, path.encode())
+    try:
+        toks = ref.tokenize(prompt.encode(), add_bos=True, special=True)
+        start = next(i for i in range(len(toks)) if toks[i : i + 2] == invocation)
+        ref.eval(toks[:start])
+        arr = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
+        assert (
+            llama_cpp.llama_set_adapters_lora(ref._ctx.ctx, arr, 1, (ctypes.c_float * 1)(1.0)) == 0
+        )
+        ref.eval(toks[start:])
+        want: list[int] = []
+        while len(want) < 10:
+            row = llama_cpp.llama_get_logits_ith(ref._ctx.ctx, -1)
+            tok = int(np.argmax(np.ctypeslib.as_array(row, shape=(ref.n_vocab(),))))
+            if tok == ref.token_eos():
+                break
+            want.append(tok)
+            ref.eval([tok])
+    finally:
+        llama_cpp.llama_adapter_lora_free(adapter)
+        ref.close()
+    assert ids(got) == want
+    assert ids(got) != ids(base)
+    # without the invocation sequence the adapter stays off: the base model's answer
+    off = llm.invoke("no invocation here", cache_prompt=False, lora={"act": 1.0})
+    assert off.response_metadata["lora"] == {}
+    assert_identical(off, llm.invoke("no invocation here", cache_prompt=False, lora={}))
+    with pytest.raises(ValueError, match="cannot run with other adapters"):
+        llm.invoke(prompt, lora={"act": 1.0, "a": 1.0})
