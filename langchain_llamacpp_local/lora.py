@@ -31,6 +31,10 @@ LoraKey = tuple[tuple[str, float], ...]
 
 T = TypeVar("T")
 
+#: ggml types of LoRA tensors llama.cpp's matmuls take (convert_lora_to_gguf.py writes
+#: F32/F16/BF16/Q8_0); others (F64, integer types) crash its kernels
+ADAPTER_TENSOR_TYPES = {0: "F32", 1: "F16", 8: "Q8_0", 30: "BF16"}
+
 
 @dataclass(frozen=True)
 class AdapterSpec:
@@ -156,7 +160,12 @@ def check_adapter_file(
             f"the model is {arch!r}"
         )
     pairs: dict[str, dict[str, tuple[int, ...]]] = {}
-    for name, _type, shape in tensors:
+    for name, ggml_type, shape in tensors:
+        if ggml_type not in ADAPTER_TENSOR_TYPES and not name.endswith("_norm.weight"):
+            raise ModelLoadError(
+                f"LoRA adapter {path}: tensor {name!r} has ggml type {ggml_type}; llama.cpp "
+                f"takes {', '.join(ADAPTER_TENSOR_TYPES.values())} adapter tensors"
+            )
         for suffix in (".lora_a", ".lora_b"):
             if name.endswith(suffix):
                 pairs.setdefault(name[: -len(suffix)], {})[suffix[-1]] = shape

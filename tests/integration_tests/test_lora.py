@@ -44,8 +44,27 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "narrow": str(write_tiny_lora(d / "narrow.gguf", n_embd=32)),
         "corrupt": str(corrupt),
         "junk": str(junk),
+        "f64": str(_f64_lora(d / "f64.gguf")),
         "dir": str(d),
     }
+
+
+def _f64_lora(path: Path) -> Path:
+    """A well-formed adapter whose tensors are F64: llama.cpp loads it, then its matmul
+    kernels crash the process on the first decode."""
+    import gguf
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 4.0)
+    w.add_tensor("blk.0.attn_q.weight.lora_a", np.full((4, 64), 0.01))
+    w.add_tensor("blk.0.attn_q.weight.lora_b", np.full((64, 4), 0.01))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def _llm(files: dict[str, str], **kw: Any) -> ChatLlamaCpp:
@@ -179,6 +198,7 @@ def test_switching_adapters_between_turns_never_reuses_the_cache(files: dict[str
         ("narrow", "another base model"),
         ("corrupt", "corrupt"),
         ("junk", "corrupt"),
+        ("f64", "ggml type 28"),
     ],
 )
 def test_bad_adapter_files_are_refused_and_the_model_keeps_serving(

@@ -131,3 +131,12 @@ def test_check_adapter_file() -> None:
 
     with pytest.raises(ModelLoadError, match="corrupt or unreadable LoRA adapter x.gguf"):
         check_adapter_file("x.gguf", "llama", {}, broken, lambda _p: [])
+
+
+def test_check_adapter_file_refuses_tensor_types_llama_cpp_crashes_on() -> None:
+    meta = {"general.type": "adapter", "adapter.type": "lora", "general.architecture": "llama"}
+    f64 = [("blk.0.attn_q.weight.lora_a", 28, (64, 4)), ("blk.0.attn_q.weight.lora_b", 0, (4, 64))]
+    with pytest.raises(
+        ModelLoadError, match="x.gguf: tensor 'blk.0.attn_q.weight.lora_a' has ggml type 28"
+    ):
+        _check(meta, f64)
