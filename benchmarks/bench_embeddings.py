@@ -37,6 +37,8 @@ from typing import Any
 warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine_info  # noqa: E402
 
 from langchain_llamacpp_local import LlamaCppEmbeddings  # noqa: E402
 from langchain_llamacpp_local.embedding_engine import (  # noqa: E402
@@ -214,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, s in secs.items():
         if name != "ours":
             res[f"ours_vs_{name}"] = round(s / secs["ours"], 2)
+    res["machine"] = machine_info(path)
     print(json.dumps(res, indent=2))
 
 

@@ -22,8 +22,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from langchain_core.runnables import ConfigurableField  # noqa: E402
+from machine import machine_info  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp, registry  # noqa: E402
 
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "before": before,
         "after": after,
     }
+    figures["machine"] = machine_info()
     print(json.dumps(figures, indent=2))
     return figures
 

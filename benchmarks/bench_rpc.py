@@ -26,6 +26,8 @@ from typing import Any
 warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine_info  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp, rpc  # noqa: E402
 
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "decode_ratio_rpc_over_local": remote["decode_tokens_per_s"] / local["decode_tokens_per_s"],
         "prompt_ratio_rpc_over_local": remote["prompt_tokens_per_s"] / local["prompt_tokens_per_s"],
     }
+    result["machine"] = machine_info(args.model)
     print(json.dumps(result, indent=2))
     return result
 

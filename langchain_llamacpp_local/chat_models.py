@@ -123,6 +123,7 @@ _LOAD_FIELDS = (
     "image_max_tokens",
     "n_slots",
     "prompt_cache_bytes",
+    "prompt_cache_dir_bytes",
     "checkpoint_max_count",
     "checkpoint_max_bytes",
     "checkpoint_min_step",
@@ -230,6 +231,14 @@ class ChatLlamaCpp(BaseChatModel):
     sharing the longest prefix with it, and concurrent requests run together in one batch."""
     prompt_cache_bytes: int = 1024 * 1024 * 1024
     """Host-RAM budget for conversations evicted from the slots (0 disables it)."""
+    prompt_cache_dir: str | None = None
+    """Directory of a prompt cache on disk that outlives the process: a new process's
+    first call restores the longest saved prefix (system prompt, tools, history) instead
+    of reading it again. None: the ``LLAMACPP_PROMPT_CACHE_DIR`` environment variable,
+    else off. Files are keyed by the model file, the load settings and the llama.cpp
+    build (docs/cache.md)."""
+    prompt_cache_dir_bytes: int = 4 * 1024**3
+    """Byte budget of ``prompt_cache_dir`` (least recently used files go first)."""
     checkpoint_max_count: int = 16
     """Most state checkpoints kept per conversation (recurrent/hybrid/SWA models)."""
     checkpoint_max_bytes: int = 256 * 1024 * 1024
@@ -531,7 +540,20 @@ class ChatLlamaCpp(BaseChatModel):
             checkpoint_min_step=self.checkpoint_min_step,
             prompt_cache_bytes=self.prompt_cache_bytes,
             exact_batching=self.exact_batching,
+            prompt_cache_dir=self._prompt_cache_dir(),
+            prompt_cache_dir_bytes=self.prompt_cache_dir_bytes,
         )
+
+    def _prompt_cache_dir(self) -> str | None:
+        from .disk_cache import ENV_DIR
+
+        raw = self.prompt_cache_dir or os.environ.get(ENV_DIR) or None
+        if raw is None:
+            return None
+        path = Path(raw).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"prompt_cache_dir={str(raw)!r} exists and is not a directory")
+        return str(path.absolute())
 
     def _resolve(self, spec: str | None) -> ResolvedModel:
         """The files for ``spec`` (a per-call ``model=``) or, if None, this instance's model."""

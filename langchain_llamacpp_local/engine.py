@@ -271,6 +271,15 @@ def check_load_config(config: LoadConfig) -> None:
     check_load_settings({**settings, "n_slots": config.n_seq_max})
 
 
+def build_info() -> str:
+    """The llama.cpp build: llama-cpp-python's version and what ggml was compiled with
+    (a saved sequence state is only read back by the build that wrote it)."""
+    import llama_cpp
+
+    _init_backend()
+    return f"llama-cpp-python {llama_cpp.__version__}; {C.llama_print_system_info().decode()}"
+
+
 def _kv_type(name: str | None, field: str) -> int | None:
     if name is None:
         return None

