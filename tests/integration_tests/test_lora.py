@@ -290,3 +290,15 @@ def test_activated_lora_takes_effect_from_its_invocation(
     assert_identical(off, llm.invoke("no invocation here", cache_prompt=False, lora={}))
     with pytest.raises(ValueError, match="cannot run with other adapters"):
         llm.invoke(prompt, lora={"act": 1.0, "a": 1.0})
+
+
+def test_draft_model_with_an_adapter_on_the_target(files: dict[str, str], tmp_path: Path) -> None:
+    """The draft model runs without the adapter; the target verifies with it."""
+    draft = str(write_tiny_llama(tmp_path / "draft.gguf", seed=0))
+    llm = _llm(files, exact_batching=False, max_tokens=16, draft_model_path=draft)
+    ref = llm.invoke(PROMPT, cache_prompt=False, lora={"a": 1.0}, speculative=None)
+    got = llm.invoke(PROMPT, cache_prompt=False, lora={"a": 1.0}, speculative="draft")
+    assert_same_greedy(got, ref)
+    spec = got.response_metadata["speculative"]
+    assert spec["type"] == "draft" and spec["drafted"] > 0
+    assert got.response_metadata["lora"] == {"a": 1.0}
