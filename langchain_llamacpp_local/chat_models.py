@@ -45,7 +45,14 @@ from typing_extensions import Self
 from . import registry
 from .errors import RequestCancelledError
 from .gguf_meta import read_gguf_metadata
-from .model_resolution import ModelEntry, ResolvedModel, resolve_model, resolve_path
+from .lora import parse_adapters, request_key, resolve_adapter_path
+from .model_resolution import (
+    ModelEntry,
+    ResolvedModel,
+    models_dir_from,
+    resolve_model,
+    resolve_path,
+)
 from .model_resolution import list_models as _list_models
 from .sampling import SamplingParams
 from .templates import convert_messages
@@ -92,6 +99,7 @@ _CALL_KWARGS = {
     "cache_prompt",
     "speculative",
     "speculative_max_draft",
+    "lora",
     "timeout",
     "model",
     "keep_alive",
@@ -264,6 +272,17 @@ class ChatLlamaCpp(BaseChatModel):
     """A small GGUF with this model's vocabulary that proposes draft tokens
     (``speculative="draft"``); loaded beside the model, checked at load."""
 
+    # ------------------------------------------------------------------ LoRA adapters
+    lora_adapters: dict[str, str | dict[str, Any]] | None = None
+    """LoRA adapters over this model (docs/lora.md): name -> a GGUF path or a name in
+    ``models_dir``, or name -> ``{"path": ..., "scale": s}``. Loaded once per base model
+    and shared by every instance on it. A bare path is loaded but off by default; a
+    ``scale`` applies it to every request that does not pass ``lora``."""
+    lora: dict[str, float] | None = None
+    """The adapters (name -> scale) a request runs with, replacing the defaults of
+    ``lora_adapters`` (unnamed adapters are off; ``{}``: the base model). Overridable
+    per call (``invoke(..., lora={"sql": 1.0})``) and through ``configurable_fields``."""
+
     # ------------------------------------------------------------------ model selection
     model: str | None = None
     """The model: a GGUF path, a name in ``models_dir`` (``qwen3``, ``qwen3:Q4_K_M``) or a
@@ -346,6 +365,7 @@ class ChatLlamaCpp(BaseChatModel):
             self.speculative, self.speculative_max_draft, draft_model=self.draft_model_path
         )
         self._check_placement()
+        request_key(parse_adapters(self.lora_adapters), self.lora)  # names and scales
         self._sampling()  # validates the sampling fields
         return self
 
@@ -503,6 +523,10 @@ class ChatLlamaCpp(BaseChatModel):
                 os.path.abspath(Path(self.draft_model_path).expanduser())
                 if self.draft_model_path
                 else None
+            ),
+            lora_adapters=tuple(
+                (a.name, resolve_adapter_path(a.path, models_dir_from(self.models_dir)), a.scale)
+                for a in parse_adapters(self.lora_adapters)
             ),
         )
 
@@ -678,6 +702,10 @@ class ChatLlamaCpp(BaseChatModel):
             speculative = "draft"
         max_draft = kwargs.get("speculative_max_draft", self.speculative_max_draft)
         check_speculative(speculative, max_draft, draft_model=self.draft_model_path)
+        specs = parse_adapters(self.lora_adapters)
+        requested = kwargs.get("lora", self.lora)
+        # before anything runs: unknown names and bad scales are the caller's error
+        lora = request_key(specs, requested) if specs or requested else None
         return ChatJob(
             messages=self._decode_images(convert_messages(messages)),
             sampling=self._sampling(kwargs),
@@ -695,6 +723,7 @@ class ChatLlamaCpp(BaseChatModel):
             cache_prompt=bool(kwargs.get("cache_prompt", True)),
             speculative=speculative,
             speculative_max_draft=max_draft,
+            lora=lora,
             deadline=None if timeout is None else time.monotonic() + timeout,
         )
 
@@ -785,6 +814,8 @@ class ChatLlamaCpp(BaseChatModel):
             meta["logprobs"] = {"content": done.logprobs}
         if done.speculative is not None:
             meta["speculative"] = done.speculative
+        if done.lora is not None:
+            meta["lora"] = done.lora
         msg = AIMessageChunk(
             content="",
             usage_metadata=done.usage,

@@ -131,6 +131,9 @@ class LoadConfig:
     # bit-exact mode: flash attention off by default and the exactness probes at load
     # (the worker also decodes on a fixed grid and in exact groups; see chunking)
     deterministic: bool = False
+    # LoRA adapters (lora.py): (name, absolute path, default scale), loaded once per
+    # model and shared by its contexts; a context applies them per request
+    lora_adapters: tuple[tuple[str, str, float], ...] = ()
 
     def model_key(self) -> tuple[tuple[str, object], ...]:
         """What decides the loaded weights: configs with equal keys share one ``llama_model``.
@@ -166,6 +169,7 @@ CONTEXT_FIELDS = frozenset(
         "image_max_tokens",
         "draft_model_path",
         "deterministic",
+        "lora_adapters",
     }
 )
 
@@ -365,6 +369,7 @@ def load_model(
 
     def free(model: object) -> None:
         _weight_buffers.pop(_address(model), None)
+        _free_adapters(model)  # adapters hold the model's tensors: before the model
         C.llama_model_free(model)
         placements.pop(model).release()  # after the model: it holds the RPC devices
 
@@ -431,6 +436,69 @@ def _buft_overrides(plan: WeightPlacement) -> ctypes.Array[ggml_cpu.BuftOverride
         array[i].pattern = pattern.encode()
         array[i].buft = bufts[buft_name]
     return array
+
+
+# LoRA adapters per loaded model, by absolute path: loaded on first use by any context
+# of the model, freed just before it (see load_model's ``free``).
+_adapters: dict[int, dict[str, object]] = {}
+_adapters_lock = threading.Lock()
+
+
+def _free_adapters(model: object) -> None:
+    with _adapters_lock:
+        loaded = _adapters.pop(_address(model), {})
+    for adapter in loaded.values():
+        C.llama_adapter_lora_free(adapter)
+
+
+def load_adapter(model: object, model_path: str, path: str) -> object:
+    """The ``llama_adapter_lora`` for ``path`` on ``model``, loaded once per model.
+
+    The file is checked first (lora.check_adapter_file: architecture, tensor names and
+    shapes against the base model), so a wrong or corrupt adapter is a
+    :class:`ModelLoadError` naming it, never an abort inside llama.cpp.
+    """
+    from .gguf_meta import read_gguf_metadata
+    from .lora import check_adapter_file
+
+    with _adapters_lock:
+        loaded = _adapters.setdefault(_address(model), {})
+        adapter = loaded.get(path)
+        if adapter is not None:
+            return adapter
+        if not Path(path).is_file():
+            raise ModelLoadError(f"LoRA adapter file not found: {path}")
+        arch = (read_gguf_metadata(model_path, ["general.architecture"]) or {}).get(
+            "general.architecture", ""
+        )
+        model_tensors = {name: shape for name, _t, shape in read_tensor_infos(model_path)}
+        check_adapter_file(
+            path,
+            str(arch),
+            model_tensors,
+            lambda p: read_gguf_metadata(
+                p, ["general.type", "general.architecture", "adapter.type"]
+            ),
+            read_tensor_infos,
+        )
+        adapter = C.llama_adapter_lora_init(model, path.encode())
+        if not adapter:
+            raise ModelLoadError(
+                f"llama.cpp could not load the LoRA adapter {path} (corrupt, or made for "
+                "another base model; enable DEBUG logging on "
+                "'langchain_llamacpp_local.llama_cpp' for its reason)"
+            )
+        loaded[path] = adapter
+        return adapter
+
+
+def alora_invocation_tokens(adapter: object) -> list[int]:
+    """An activated LoRA's invocation tokens ([] for a plain LoRA)."""
+    n = int(C.llama_adapter_get_alora_n_invocation_tokens(adapter))
+    if n <= 0:
+        return []
+    ptr = C.llama_adapter_get_alora_invocation_tokens(adapter)
+    return [int(ptr[i]) for i in range(n)] if ptr else []
 
 
 class Engine:
@@ -528,6 +596,7 @@ class Engine:
             if config.deterministic:
                 self.exact_rows, self.exact_verify_rows = self._probe_exactness(threads)
             self.mtmd = self._load_mtmd(threads) if config.mmproj_path else None
+            self._load_lora()
         except BaseException:
             self.close()
             raise
@@ -540,6 +609,44 @@ class Engine:
             self.memory_kind.value,
             self.n_swa,
         )
+
+    def _load_lora(self) -> None:
+        """Load (or share) this model's LoRA adapters; none is applied yet."""
+        self.lora: dict[str, object] = {}
+        self.lora_defaults: dict[str, float] = {}
+        self.alora: dict[str, list[int]] = {}
+        self._lora_current: tuple[tuple[str, float], ...] = ()
+        for name, path, scale in self.config.lora_adapters:
+            adapter = load_adapter(self.model, self.config.model_path, path)
+            self.lora[name] = adapter
+            self.lora_defaults[name] = scale
+            invocation = alora_invocation_tokens(adapter)
+            if invocation:
+                self.alora[name] = invocation
+
+    def check_lora(self, lora: Sequence[tuple[str, float]]) -> None:
+        """Raise ``ValueError`` if ``lora`` names an adapter this context did not load."""
+        unknown = [n for n, _ in lora if n not in self.lora]
+        if unknown:
+            raise ValueError(
+                f"unknown LoRA adapter {unknown[0]!r}: this model has "
+                f"{sorted(self.lora) or 'none'} (lora_adapters=...)"
+            )
+
+    def set_lora(self, lora: Sequence[tuple[str, float]]) -> None:
+        """Apply the adapter set ``lora`` ((name, scale) pairs) to the context for the
+        decodes that follow; a no-op when it is already applied."""
+        key = tuple(lora)
+        if key == self._lora_current:
+            return
+        self.check_lora(key)
+        n = len(key)
+        adapters = (C.llama_adapter_lora_p_ctypes * max(1, n))(*(self.lora[k] for k, _ in key))
+        scales = (ctypes.c_float * max(1, n))(*(s for _, s in key))
+        rc = C.llama_set_adapters_lora(self.ctx, adapters if n else None, n, scales if n else None)
+        if rc != 0:
+            raise DecodeError(f"llama.cpp could not apply the LoRA adapters {key} (code {rc})")
+        self._lora_current = key
 
     def _load_mtmd(self, threads: int) -> object:
         """The vision projector (llama.cpp mtmd), created next to the text model."""

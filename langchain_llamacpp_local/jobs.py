@@ -37,6 +37,9 @@ class ChatJob:
     #: "ngram" (prompt lookup) or "draft" (the worker's draft model); None: off
     speculative: str | None = None
     speculative_max_draft: int = 8
+    #: LoRA adapters applied, ((name, scale), ...) (lora.request_key); None: the model
+    #: has none configured
+    lora: tuple[tuple[str, float], ...] | None = None
     deadline: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     channel: Channel = field(default_factory=Channel)

@@ -127,6 +127,7 @@ class PreparedPrompt:
     tools: tuple[dict[str, Any], ...] = ()  # bound tools: their schemas type tagged arguments
     prefill: str = ""  # the end of the rendered prompt (what the template already opened)
     analysis: TemplateAnalysis | None = None  # for parse_format "auto"
+    lora_start: int = 0  # where the LoRA adapters take effect (an activated LoRA's invocation)
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:

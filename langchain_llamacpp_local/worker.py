@@ -35,6 +35,7 @@ from .errors import (
 from .jobs import ChatJob, cancel_error
 from .kv_cache import Slot
 from .logprobs import logprob_entry
+from .lora import activate, key_tokens, plan_adapter_groups
 from .sampling import Sampler, StopMatcher, Utf8Decoder
 from .slot_policy import PARTIAL_ONLY, CacheOptions, SlotPolicy
 from .speculative import DraftController, NgramProposer, Proposer
@@ -54,6 +55,7 @@ class Done:
     logprobs: list[dict[str, Any]] | None = None
     parsed: Any = None  # the parser's final ParsedOutput, when tools or reasoning were parsed
     speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
+    lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
 
 
 @dataclass
@@ -286,6 +288,7 @@ class _WorkerState:
         self.active: list[_Active] = []
         self.prepare_count = 0  # prompts prepared (tests: a waiting request is prepared once)
         self.proposers: dict[str, Proposer] = {}
+        self.lora_turn = 0  # steps so far: rotates which adapter group decodes first
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -418,6 +421,11 @@ class _WorkerState:
         assert eng is not None and self.format is not None
         self.prepare_count += 1
         prepared = prompts.prepare(self.format, w.job, eng)
+        if w.job.lora:  # LoRA hook: the adapter set is part of the prefix's identity
+            eng.check_lora(w.job.lora)
+            # an activated LoRA: off before its invocation, off without one
+            w.job.lora, prepared.lora_start = activate(w.job.lora, eng.alora, prepared.tokens)
+            prepared.tokens = key_tokens(prepared.tokens, w.job.lora, prepared.lora_start)
         n_prompt = len(prepared.tokens)
         if n_prompt == 0:
             raise ValueError("the rendered prompt is empty")
@@ -540,10 +548,13 @@ class _WorkerState:
             limit = max(1, len(gen))
         else:  # no more rows per call than the kernels keep bit-identical (probed at load)
             limit = eng.exact_rows
-        for group in balanced_groups(gen, limit):
-            members = [a for a in group if a in self.active]
-            if members:
-                self._decode_generation(members)
+        self.lora_turn += 1
+        # LoRA hook: adapters are set per context, so each adapter set decodes apart
+        for part in plan_adapter_groups(gen, _lora_of, self.lora_turn):
+            for group in balanced_groups(part, limit):
+                members = [a for a in group if a in self.active]
+                if members:
+                    self._decode_generation(members)
         for act, draft in drafts:
             if act in self.active:
                 self._decode_verify(act, draft)
@@ -557,6 +568,7 @@ class _WorkerState:
         assert eng is not None and policy is not None
         toks = [a.pending for a in gen]
         try:
+            eng.set_lora(_lora_of(gen[0]))  # LoRA hook: one adapter set per group
             eng.decode_batch(
                 toks,  # type: ignore[arg-type]
                 [a.slot.n_past for a in gen],
@@ -628,6 +640,7 @@ class _WorkerState:
             else None
         )
         try:
+            eng.set_lora(_lora_of(act))  # LoRA hook
             eng.decode_batch(
                 batch,
                 range(n_past, n_past + len(batch)),
@@ -685,6 +698,7 @@ class _WorkerState:
                 return
         elif eng.state_set(saved, seq, PARTIAL_ONLY) and eng.seq_rm(seq, n_past, -1):
             try:  # back to before the step: decode the kept rows again
+                eng.set_lora(_lora_of(act))  # LoRA hook
                 eng.decode_batch(
                     batch[:used], range(n_past, n_past + used), [seq] * used, [False] * used
                 )
@@ -713,20 +727,23 @@ class _WorkerState:
             return
         start = slot.n_past
         n_prompt = len(act.tokens)
+        lora_start = act.prepared.lora_start  # an aLoRA piece never spans its activation
+        stops = [*act.targets, *media, *([lora_start] if lora_start > start else [])]
         if self.config.deterministic:
             end = piece_end(
                 start,
                 n_prompt,
                 min(eng.n_batch, eng.n_ubatch),
                 policy.align,
-                stops=[*act.targets, *media],
+                stops=stops,
                 marks=act.marks,
             )
         else:
-            end = fast_piece_end(start, n_prompt, eng.n_batch, stops=[*act.targets, *media])
+            end = fast_piece_end(start, n_prompt, eng.n_batch, stops=stops)
         chunk = act.tokens[start:end]
         job = act.job
         try:
+            eng.set_lora(_lora_of(act) if start >= lora_start else ())  # LoRA hook
             eng.decode_batch(
                 chunk,
                 range(start, end),
@@ -755,6 +772,7 @@ class _WorkerState:
         slot = act.slot
         start = slot.n_past
         try:
+            eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
             eng.eval_media(media, start, slot.seq_id)
         except DecodeError:
             policy.sync(slot)
@@ -880,7 +898,16 @@ class _WorkerState:
         put(
             (
                 "done",
-                Done(reason, usage, timings, self.info.model_name, act.logprobs, parsed, spec),
+                Done(
+                    reason,
+                    usage,
+                    timings,
+                    self.info.model_name,
+                    act.logprobs,
+                    parsed,
+                    spec,
+                    None if act.job.lora is None else dict(act.job.lora),
+                ),
             )
         )
 
@@ -906,6 +933,11 @@ class _WorkerState:
             act.sampler.close()
         except Exception:
             logger.exception("closing a sampler failed")
+
+
+def _lora_of(act: _Active) -> tuple[tuple[str, float], ...]:
+    """The adapter set ``act`` decodes with (``()``: the base model)."""
+    return act.job.lora or ()
 
 
 def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:

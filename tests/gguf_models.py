@@ -56,6 +56,7 @@ __all__ = [
     "write_tiny_bert",
     "write_tiny_hybrid",
     "write_tiny_llama",
+    "write_tiny_lora",
     "write_tiny_mamba",
     "write_tiny_mmproj",
 ]
@@ -206,6 +207,60 @@ def write_tiny_llama(
     _finish(w)
     if split_max_tensors:
         return path.with_name(f"{path.stem}-00001-of-{len(w.tensors):05d}.gguf")
+    return path
+
+
+def write_tiny_lora(
+    path: Path,
+    *,
+    seed: int = 0,
+    rank: int = 4,
+    alpha: float = 4.0,
+    arch: str = "llama",
+    n_embd: int = N_EMBD,
+    targets: tuple[str, ...] = ("attn_q", "attn_v", "ffn_up", "ffn_down"),
+    strength: float = 1.0,
+    invocation_tokens: list[int] | None = None,
+) -> Path:
+    """Write a LoRA adapter for :func:`write_tiny_llama`'s projections (llama.cpp's
+    ``convert_lora_to_gguf.py`` layout: ``general.type=adapter``, ``adapter.type=lora``,
+    ``adapter.lora.alpha``, ``<tensor>.lora_a`` [rank, in] / ``.lora_b`` [out, rank]).
+
+    ``arch``/``n_embd`` other than the tiny llama's make an adapter for another base;
+    ``invocation_tokens`` makes it an activated LoRA (``adapter.alora.invocation_tokens``).
+    ``strength`` scales B: at 1 the adapter changes greedy output."""
+    path = Path(path)
+    w = gguf.GGUFWriter(path, arch)
+    t = _Weights(w, seed + 1000)
+    w.add_name("tiny-lora")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    if invocation_tokens:
+        w.add_key_value(
+            "adapter.alora.invocation_tokens",
+            [int(x) for x in invocation_tokens],
+            gguf.GGUFValueType.ARRAY,
+            sub_type=gguf.GGUFValueType.UINT32,
+        )
+    n_head, n_head_kv, n_ff = 4, 2, 128
+    head_dim = n_embd // n_head
+    shapes = {  # ggml (in, out) of each projection
+        "attn_q": (n_embd, n_head * head_dim),
+        "attn_k": (n_embd, n_head_kv * head_dim),
+        "attn_v": (n_embd, n_head_kv * head_dim),
+        "attn_output": (n_head * head_dim, n_embd),
+        "ffn_gate": (n_embd, n_ff),
+        "ffn_up": (n_embd, n_ff),
+        "ffn_down": (n_ff, n_embd),
+    }
+    for i in range(N_LAYER):
+        for name in targets:
+            n_in, n_out = shapes[name]
+            base = f"blk.{i}.{name}.weight"
+            t.normal(base + ".lora_a", rank, n_in)
+            t.normal(base + ".lora_b", n_out, rank, scale=strength / np.sqrt(rank))
+    _finish(w)
     return path
 
 
