@@ -73,6 +73,8 @@ def _llm(files: dict[str, str], **kw: Any) -> ChatLlamaCpp:
         "n_ctx": 256,
         "chat_template": RAW,
         "lora_adapters": {"a": files["a"], "b": files["b"]},
+        # answers are compared bit for bit across cache paths and concurrency
+        "deterministic": True,
         **GREEDY,
     }
     return ChatLlamaCpp(model_path=files["model"], **{**base, **kw})
@@ -80,7 +82,12 @@ def _llm(files: dict[str, str], **kw: Any) -> ChatLlamaCpp:
 
 def test_scale_zero_and_defaults_equal_the_base_model(files: dict[str, str]) -> None:
     base = ChatLlamaCpp(
-        model_path=files["model"], max_tokens=12, n_ctx=256, chat_template=RAW, **GREEDY
+        model_path=files["model"],
+        max_tokens=12,
+        n_ctx=256,
+        chat_template=RAW,
+        deterministic=True,
+        **GREEDY,
     ).invoke(PROMPT, cache_prompt=False)
     llm = _llm(files)
     default = llm.invoke(PROMPT, cache_prompt=False)  # bare paths: loaded, off
@@ -235,7 +242,7 @@ def test_unknown_adapter_name_fails_before_anything_runs(files: dict[str, str]) 
 
 
 def test_speculation_with_an_adapter_on_the_target(files: dict[str, str]) -> None:
-    llm = _llm(files, exact_batching=False, max_tokens=24)
+    llm = _llm(files, deterministic=False, max_tokens=24)
     prompt = "abcabcabcabcabc"
     ref = llm.invoke(prompt, cache_prompt=False, lora={"a": 1.0})
     got = llm.invoke(prompt, cache_prompt=False, lora={"a": 1.0}, speculative="ngram")
@@ -295,7 +302,7 @@ def test_activated_lora_takes_effect_from_its_invocation(
 def test_draft_model_with_an_adapter_on_the_target(files: dict[str, str], tmp_path: Path) -> None:
     """The draft model runs without the adapter; the target verifies with it."""
     draft = str(write_tiny_llama(tmp_path / "draft.gguf", seed=0))
-    llm = _llm(files, exact_batching=False, max_tokens=16, draft_model_path=draft)
+    llm = _llm(files, deterministic=False, max_tokens=16, draft_model_path=draft)
     ref = llm.invoke(PROMPT, cache_prompt=False, lora={"a": 1.0}, speculative=None)
     got = llm.invoke(PROMPT, cache_prompt=False, lora={"a": 1.0}, speculative="draft")
     assert_same_greedy(got, ref)
