@@ -70,6 +70,7 @@ _DS = {
     "call_end": "<｜tool▁call▁end｜>",
     "sep": "<｜tool▁sep｜>",
 }
+_DS_CALLS = "<｜tool▁calls｜>"
 #: Markers that open a tool-call region or are removed from content, per format
 #: (held back while half-written so they never leak into streamed content).
 START_MARKERS: dict[str, tuple[str, ...]] = {
@@ -80,7 +81,7 @@ START_MARKERS: dict[str, tuple[str, ...]] = {
     "pythonic": ("<|tool_call_start|>",),
     "granite": ("<|tool_call|>", "<response>", "</response>"),
     "functionary_v3_2": (">>>",),
-    "deepseek_r1": (_DS["calls_begin"], _DS["call_begin"], _DS["calls_end"]),
+    "deepseek_r1": (_DS["calls_begin"], _DS["call_begin"], _DS["calls_end"], "<｜tool▁calls｜>"),
     "command_r7b": (
         "<|START_ACTION|>",
         "<|START_RESPONSE|>",
@@ -342,6 +343,8 @@ def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], i
             return content, calls, offset
         if name == "all":
             content.append(body)
+        elif name == "python" and not body.lstrip().startswith("{"):
+            calls.append(_Call("python", {"code": body}, body))  # raw code, as llama.cpp reads it
         else:
             obj, err = _loads(body.strip() or "{}")
             if err or not isinstance(obj, dict):
@@ -427,6 +430,7 @@ class _Reasoning:
     rest: str  # what follows the think block
     done: bool  # the block is closed (or there is none)
     held: bool = False  # a half-written opening marker (streaming)
+    stopped: bool = False  # ended by a call written inside it, not by its end marker
 
 
 def _think_markers(fmt: str) -> tuple[str, str] | None:
@@ -486,7 +490,7 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
         return _Reasoning(None, raw if settled_body.strip() or not opened else "", rest, done)
     if lead and opened:
         body = lead + body
-    return _Reasoning(body if body.strip() else None, raw, rest, done)
+    return _Reasoning(body if body.strip() else None, raw, rest, done, stopped=done and not end_len)
 
 
 #: Call bodies whose values are quoted strings that may spell the closing marker:
@@ -695,6 +699,11 @@ SPECS["ministral_3"] = Spec(
 )
 
 
+_EMPTY_FENCE = re.compile(r"```(?:xml|json|JSON)?[ \t]*\n\s*```[ \t]*\n?")
+#: a fence at the end of the text so far that may still open a call (its language half-written)
+_OPEN_FENCE = re.compile(r"```(?:[A-Za-z]{0,3}|xml|json|JSON)[ \t]*(?:\n\s*(?:`{0,2}|<[^\n>]*))?$")
+
+
 def _legacy_body(
     rest: str, fmt: str, opts: Options, final: bool
 ) -> tuple[str, list[_Call], bool] | None:
@@ -702,6 +711,12 @@ def _legacy_body(
     if fmt == "hermes":
         pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
         content = "".join(pieces)
+        if calls:  # a call wrapped in a ```xml / ```json fence leaves no empty fence behind
+            content = _EMPTY_FENCE.sub("", content)
+        if not final:  # a fence that may open a call is held back until it is known
+            m = _OPEN_FENCE.search(content)
+            if m is not None:
+                content = content[: m.start()]
         if not calls:
             s = content.strip()
             if not final and (s.startswith("{") or s.startswith("```")):
@@ -719,7 +734,9 @@ def _legacy_body(
         pieces, calls, settled_at = _functionary_body(text, final)
         return "".join(pieces), calls, settled_at >= len(text)
     if fmt == "deepseek_r1":
-        c = rest.replace(_DS["calls_end"], "")
+        # "<｜tool▁calls｜>" opens the calls and the first call at once (an R1 variant)
+        c = rest.replace(_DS_CALLS, _DS["calls_begin"] + _DS["call_begin"])
+        c = c.replace(_DS["calls_end"], "")
         pieces, calls, settled_at = _scan_regions(
             c, _DS["calls_begin"], None, _deepseek_body, final
         )
@@ -805,14 +822,55 @@ def _scan(
     prefix = r.raw if opts.reasoning is None else ""
     if not r.done:
         return _Scan(r.text, prefix, [], final)
-    if fmt in SPECS:
+    reasoning = r.text
+    end = (_think_markers(fmt) or ("", ""))[1]
+    if r.stopped and opts.reasoning is not None and end:
+        # calls written inside the think block: what follows them up to its end marker
+        # is still reasoning (Kimi K2 thinking); until that marker or the end of the
+        # generation it is not known to be content
+        k = r.rest.rfind(end)
+        if k >= 0:
+            pre, calls_pre, ok_pre = _scan_spec(r.rest[:k], fmt, opts, True)
+            content, calls, settled = _scan_spec(r.rest[k + len(end) :], fmt, opts, final)
+            reasoning = (reasoning or "") + pre if pre.strip() else reasoning
+            calls = calls_pre + calls
+        else:
+            content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
+            if not final:
+                content, settled = "", False
+    elif fmt in SPECS:
         content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
     else:
         body = _legacy_body(r.rest, fmt, opts, final)
         if body is None:
             return _Scan(r.text, prefix, [], False)
         content, calls, settled = body
-    return _Scan(r.text, prefix + content, calls, settled and all(c.complete for c in calls))
+    if fmt == "glm45" and opts.reasoning is not None and "<think>" in content:
+        content, more, open_block = _later_thoughts(content, final)
+        reasoning = "\n".join(t for t in (reasoning, *more) if t) or reasoning
+        settled = settled and not open_block
+    return _Scan(reasoning, prefix + content, calls, settled and all(c.complete for c in calls))
+
+
+def _later_thoughts(content: str, final: bool) -> tuple[str, list[str], bool]:
+    """``<think>`` blocks in the middle of the content (GLM thinks again between calls):
+    (content without them, their texts, whether one is still open)."""
+    out: list[str] = []
+    thoughts: list[str] = []
+    pos = 0
+    while True:
+        i = content.find("<think>", pos)
+        if i < 0:
+            out.append(content[pos:])
+            return "".join(out), thoughts, False
+        out.append(content[pos:i])
+        j = content.find("</think>", i + len("<think>"))
+        if j < 0:
+            if final:
+                thoughts.append(content[i + len("<think>") :])
+            return "".join(out), thoughts, not final
+        thoughts.append(content[i + len("<think>") : j])
+        pos = j + len("</think>")
 
 
 # --------------------------------------------------------------------------- Muse Glimmer
@@ -1052,7 +1110,7 @@ def _markers(fmt: str) -> tuple[str, ...]:
     else:
         out += list(THINK)
     if fmt == "hermes":
-        out += [r[0] for r in _HERMES_REGIONS]
+        out += [r[0] for r in _HERMES_REGIONS] + ["```"]  # a fence may wrap a call
     return tuple(dict.fromkeys(m for m in out if m))
 
 

@@ -203,3 +203,110 @@ def test_malformed_quotes_still_end_at_the_marker() -> None:
     out = parse(text, "hermes")
     assert out.content == "after" and len(out.invalid_tool_calls) == 1
     check_stream(text, "hermes", {}, random.Random(1))
+
+
+# --------------------------------------------------------------------------- single families
+
+F_TOOL = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+CALL_JSON = '{"name": "f", "arguments": {"a": 1}}'
+
+# (format, options, output, content, reasoning, [(name, args)])
+FAMILY_FIXES = [
+    # reasoning that does not end: a call inside Kimi K2's think block, more thinking after it
+    (
+        "kimi_k2",
+        {"reasoning": True},
+        "<think>Let me call<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+        '<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|><|tool_calls_section_end|>'
+        "I'm still thinking</think>Done.",
+        "Done.",
+        "Let me callI'm still thinking",
+        [("f", {"a": 1})],
+    ),
+    # GLM thinks again in the middle of its answer
+    (
+        "glm45",
+        {"reasoning": True},
+        "<think>first</think>Hello <think>second</think>world",
+        "Hello world",
+        "first\nsecond",
+        [],
+    ),
+    # Hermes: a call inside a ```xml or ```json fence
+    (
+        "hermes",
+        {},
+        f"```xml\n<tool_call>\n{CALL_JSON}\n</tool_call>\n```",
+        "",
+        None,
+        [("f", {"a": 1})],
+    ),
+    (
+        "hermes",
+        {},
+        f"Sure.\n```json\n<tool_call>\n{CALL_JSON}\n</tool_call>\n```\nDone.",
+        "Sure.\nDone.",
+        None,
+        [("f", {"a": 1})],
+    ),
+    # DeepSeek R1: the <｜tool▁calls｜> opener variant
+    (
+        "deepseek_r1",
+        {},
+        '<｜tool▁calls｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```'
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        "",
+        None,
+        [("f", {"a": 1})],
+    ),
+    # Functionary v3.2: raw Python after python\n is a python call
+    (
+        "functionary_v3_2",
+        {"prefill": ">>>"},
+        "python\nprint('hey')\nprint(1 + 1)",
+        "",
+        None,
+        [("python", {"code": "print('hey')\nprint(1 + 1)"})],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "opts", "text", "content", "reasoning", "calls"),
+    FAMILY_FIXES,
+    ids=[f"{f[0]}-{n}" for n, f in enumerate(FAMILY_FIXES)],
+)
+def test_single_family_outputs(
+    fmt: str, opts: dict, text: str, content: str, reasoning: str | None, calls: list
+) -> None:
+    out = parse(text, fmt, **opts)
+    assert out.content == content and out.reasoning == reasoning
+    assert [(c["name"], c["args"]) for c in out.tool_calls] == calls
+    assert out.invalid_tool_calls == []
+    for seed in range(20):
+        check_stream(text, fmt, opts, random.Random(seed))
+
+
+# llama.cpp's recorded cases for these points (test-chat.cpp lines): Ling 3.0 calls
+# written before the think block closes (4666, 4683, 4716, 4748); Muse Glimmer's
+# "inform then act" (6380), markup quoted to the user (6391) and inside reasoning (6414)
+CITED = {
+    "inclusionai-ling-3.0-flash.jinja@4666",
+    "inclusionai-ling-3.0-flash.jinja@4683",
+    "inclusionai-ling-3.0-flash.jinja@4716",
+    "inclusionai-ling-3.0-flash.jinja@4748",
+    "muse-glimmer.jinja@6372",
+    "muse-glimmer.jinja@6380",
+    "muse-glimmer.jinja@6391",
+    "muse-glimmer.jinja@6414",
+}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if case_id(c) in CITED], ids=case_id)
+def test_cited_llama_cpp_cases(case: dict) -> None:
+    from .llama_cpp_cases import run_case
+
+    assert {case_id(c) for c in CASES} >= CITED
+    for seed in range(10):
+        assert run_case(case, seed) is None
+        check_stream(case["input"], _fmt(case), _settings(case), random.Random(seed))
