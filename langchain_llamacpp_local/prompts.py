@@ -32,7 +32,7 @@ from .sampling import (
 )
 from .template_analysis import TemplateAnalysis, analyze_template
 from .template_sandbox import request_budget
-from .templates import ChatTemplate, adapt_messages, select_template
+from .templates import ChatTemplate, adapt_messages, inject_tool_prompt, select_template
 from .tool_parsers import StreamDelta, StreamParser, detect_format
 
 if TYPE_CHECKING:
@@ -166,6 +166,8 @@ _MARKUP_FORMATS = frozenset(
         "apriel",
     }
 )
+#: Formats that are not a family's own call syntax (no template-taught markup to parse).
+_NO_OWN_SYNTAX = frozenset({"hermes", "generic", "content", "auto"})
 #: How much of the rendered prompt's end the parser sees (generation prompts are short).
 _PREFILL_CHARS = 256
 
@@ -238,10 +240,23 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     else:
         tool_format, analysis = fmt.tool_format, fmt.analysis
 
-    messages, render_tools = adapt_messages(template, job.messages, tools if use_tools else None)
+    # a template that writes calls in its family's syntax but cannot describe tools (the
+    # DeepSeek R1 distills, V3.1): llama.cpp parses that syntax; the tools are listed in
+    # the system prompt without the Hermes call instruction, so the model writes its own
+    own_syntax = (
+        use_tools
+        and not template.supports_tools
+        and template.supports_tool_calls
+        and tool_format not in _NO_OWN_SYNTAX
+    )
+    messages, render_tools = adapt_messages(
+        template, job.messages, tools if use_tools and not own_syntax else None
+    )
+    if own_syntax:
+        messages = inject_tool_prompt(messages, tools, instruction=False)
     parse_format: str | None = None
     if use_tools:
-        parse_format = tool_format if template.supports_tools else "hermes"
+        parse_format = tool_format if template.supports_tools or own_syntax else "hermes"
 
     kwargs = dict(job.chat_template_kwargs)
     if job.reasoning is not None:

@@ -248,10 +248,12 @@ Used (through :func:`inject_tool_prompt`) when the model's template cannot rende
 """
 
 
-def tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
-    """:data:`TOOL_SYSTEM_PROMPT` filled with ``tools`` (OpenAI tool dicts)."""
+def tool_prompt(tools: Sequence[Mapping[str, Any]], instruction: bool = True) -> str:
+    """:data:`TOOL_SYSTEM_PROMPT` filled with ``tools`` (OpenAI tool dicts); without
+    ``instruction``, only the tools (the model calls them in its own syntax)."""
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return TOOL_SYSTEM_PROMPT.replace("{tools}", lines)
+    text = TOOL_SYSTEM_PROMPT.replace("{tools}", lines)
+    return text if instruction else text[: text.index("</tools>") + len("</tools>")]
 
 
 def _prepend_text(content: Any, text: str, sep: str = "\n\n") -> Any:
@@ -264,13 +266,13 @@ def _prepend_text(content: Any, text: str, sep: str = "\n\n") -> Any:
 
 
 def inject_tool_prompt(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], instruction: bool = True
 ) -> list[dict[str, Any]]:
     """Describe ``tools`` in the system prompt, for templates without tool support.
 
     Prepended to a leading system message, or added as one; inputs are not mutated.
     """
-    prompt = tool_prompt(tools)
+    prompt = tool_prompt(tools, instruction)
     out = [dict(m) for m in messages]
     if out and out[0].get("role") == "system":
         out[0]["content"] = _prepend_text(out[0].get("content"), prompt)

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from langchain_core.utils.json import parse_partial_json
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -20,6 +22,7 @@ class _Call:
     id: str | None = None
     error: str | None = None
     complete: bool = True
+    opener: str = ""  # the marker the call's text follows (part of an invalid call's raw text)
 
 
 def _json_args(value: Any) -> dict[str, Any] | None:
@@ -110,6 +113,8 @@ def _scan_regions(
                 return content, calls, i
             found = body(region, True)
             for c in found:
+                c.opener = c.opener or start
+            for c in found:
                 if c.error is None and end is not None:
                     c.error = f"unterminated tool call (no {end})"
                     c.args = None
@@ -118,7 +123,9 @@ def _scan_regions(
                 found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")]
             )
             return content, calls, len(text)
-        calls.extend(body(text[i + len(start) : j], True))
+        for c in body(text[i + len(start) : j], True):
+            c.opener = c.opener or start
+            calls.append(c)
         pos = j + len(end)
 
 
@@ -260,6 +267,39 @@ def checked(call: _Call) -> _Call:
             call.error = f"arguments are not JSON data: {exc}"[:500]
             call.args = None
     return call
+
+
+def _read_as_arguments(text: str) -> bool:
+    """Whether LangChain would read ``text``, given as a tool-call chunk's arguments, as a
+    call: its chunk merging parses partial JSON (``{"a": "b`` is ``{"a": "b"}``), its
+    streaming protocol any complete JSON value, and empty arguments are ``{}``."""
+    if not text.strip():
+        return True
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        pass
+    try:
+        return isinstance(parse_partial_json(text), dict)
+    except Exception:
+        return False
+
+
+def invalid_args(call: _Call) -> str:
+    """The raw text an invalid call reports, never readable as arguments.
+
+    A truncated ``{"name": "f", "arguments": {"a": "b`` streamed as a tool-call chunk
+    would be merged by LangChain into a valid-looking call; with the marker the model
+    wrote before it (``<tool_call>``) it stays the raw text of an invalid call.
+    """
+    raw = call.raw if isinstance(call.raw, str) else str(call.raw)
+    if not _read_as_arguments(raw):
+        return raw
+    if call.opener and not _read_as_arguments(call.opener + raw):
+        return call.opener + raw
+    # no marker before it: name what it is, so no reader takes it for arguments
+    return f"(invalid tool call) {raw}"
 
 
 Body = Callable[[str, bool], list[_Call]]

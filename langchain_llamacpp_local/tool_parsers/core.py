@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call
 
+from . import families
 from .base import (
     Options,
     _Call,
@@ -34,6 +35,7 @@ from .base import (
     _scan_regions,
     _unfence,
     checked,
+    invalid_args,
 )
 from .families import SPECS, Spec, _py_literal
 
@@ -68,6 +70,7 @@ _DS = {
     "call_end": "<｜tool▁call▁end｜>",
     "sep": "<｜tool▁sep｜>",
 }
+_DS_CALLS = "<｜tool▁calls｜>"
 #: Markers that open a tool-call region or are removed from content, per format
 #: (held back while half-written so they never leak into streamed content).
 START_MARKERS: dict[str, tuple[str, ...]] = {
@@ -78,7 +81,7 @@ START_MARKERS: dict[str, tuple[str, ...]] = {
     "pythonic": ("<|tool_call_start|>",),
     "granite": ("<|tool_call|>", "<response>", "</response>"),
     "functionary_v3_2": (">>>",),
-    "deepseek_r1": (_DS["calls_begin"], _DS["call_begin"], _DS["calls_end"]),
+    "deepseek_r1": (_DS["calls_begin"], _DS["call_begin"], _DS["calls_end"], "<｜tool▁calls｜>"),
     "command_r7b": (
         "<|START_ACTION|>",
         "<|START_RESPONSE|>",
@@ -154,7 +157,8 @@ def _hermes_body(region: str, final: bool) -> list[_Call]:
         return [_Call(json.loads(f'"{name.group(1)}"') if name else None, None, s, complete=False)]
     obj, err = _loads(_unfence(s))
     if err:
-        return [_Call(None, None, region.strip(), error=err)]
+        name = re.match(r'^\{\s*"name"\s*:\s*"([\w.\-]+)"', s)
+        return [_Call(name.group(1) if name else None, None, region.strip(), error=err)]
     if isinstance(obj, list):
         return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj]
     return [_call_from_obj(obj, region.strip())]
@@ -339,6 +343,8 @@ def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], i
             return content, calls, offset
         if name == "all":
             content.append(body)
+        elif name == "python" and not body.lstrip().startswith("{"):
+            calls.append(_Call("python", {"code": body}, body))  # raw code, as llama.cpp reads it
         else:
             obj, err = _loads(body.strip() or "{}")
             if err or not isinstance(obj, dict):
@@ -424,6 +430,7 @@ class _Reasoning:
     rest: str  # what follows the think block
     done: bool  # the block is closed (or there is none)
     held: bool = False  # a half-written opening marker (streaming)
+    stopped: bool = False  # ended by a call written inside it, not by its end marker
 
 
 def _think_markers(fmt: str) -> tuple[str, str] | None:
@@ -463,6 +470,8 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
             j, end_len = k, 0
     if j < 0:
         body, rest, done, raw = text[body_start:], "", False, raw_open + text
+    elif end_len == 0:  # ended by a call, not by its end marker: the prompt's opener stays out
+        body, rest, done, raw = text[body_start:j], text[j:], True, text[:j]
     else:
         body, rest, done, raw = (
             text[body_start:j],
@@ -475,10 +484,50 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
         if not done and not final:  # the end (or a stop marker) may be half-written
             stops = (end, *(SPECS[fmt].think_stops if fmt in SPECS else ()))
             settled_body = body[: len(body) - _held_suffix(body, stops)]
+            if raw_open and len(stops) > 1:
+                # ended by a call, the block leaves out the prompt's opener: not yet known
+                return _Reasoning(None, "", rest, done)
         return _Reasoning(None, raw if settled_body.strip() or not opened else "", rest, done)
     if lead and opened:
         body = lead + body
-    return _Reasoning(body if body.strip() else None, raw, rest, done)
+    return _Reasoning(body if body.strip() else None, raw, rest, done, stopped=done and not end_len)
+
+
+#: Call bodies whose values are quoted strings that may spell the closing marker:
+#: JSON strings (``"a </tool_call> b"``), Gemma 4's ``<|"|>…<|"|>``.
+_STRING_SYNTAX: dict[Any, str] = {}
+
+
+@functools.lru_cache(maxsize=128)
+def _end_pattern(end: str, syntax: str) -> re.Pattern[str]:
+    if syntax == "json":
+        quoted = r'"(?:[^"\\]|\\.)*(?P<close>")?'
+    else:
+        quoted = r'<\|"\|>(?:(?!<\|"\|>).)*(?P<close><\|"\|>)?'
+    return re.compile(quoted + "|(?P<end>" + re.escape(end) + ")", re.S)
+
+
+def _find_end(text: str, end: str, start: int, syntax: str | None, final: bool) -> int:
+    """The first ``end`` at or after ``start`` that is not inside a quoted value.
+
+    At the end of generation a body whose quotes never close (malformed) ends at the
+    first ``end`` as written, so the text after it is not swallowed into the call.
+    """
+    j = text.find(end, start)
+    if j < 0 or syntax is None:
+        return j
+    pos = start
+    if syntax == "json":
+        m = re.compile(r"[{\[]").search(text, start)
+        if m is None or m.start() > j:
+            return j
+        pos = m.start()
+    for m in _end_pattern(end, syntax).finditer(text, pos):
+        if m.group("end") is not None:
+            return m.start()
+        if m.group("close") is None:
+            break  # a quoted value still open: the end has not come yet
+    return j if final else -1
 
 
 def _scan_multi(
@@ -487,11 +536,18 @@ def _scan_multi(
     """Split ``text`` at the tool-call regions ``(start, end, body)`` (earliest start first).
 
     Returns the content pieces, the calls and how much of ``text`` is settled (the rest
-    is an unfinished region, held back while streaming).
+    is an unfinished region, held back while streaming). A region's end marker inside
+    one of its quoted values does not end it.
     """
     content: list[str] = []
     calls: list[_Call] = []
     pos = 0
+
+    def add(found: list[_Call], start: str) -> None:
+        for c in found:
+            c.opener = c.opener or start
+        calls.extend(found)
+
     while True:
         best: tuple[int, str, str | None, Any] | None = None
         for start, end, body in regions:
@@ -503,22 +559,26 @@ def _scan_multi(
             return content, calls, len(text)
         i, start, end, body = best
         content.append(text[pos:i])
-        j = text.find(end, i + len(start)) if end else -1
+        j = _find_end(text, end, i + len(start), _STRING_SYNTAX.get(body), final) if end else -1
         if j < 0:
             region = text[i + len(start) :]
             if not final:
-                calls.extend(body(region, False, opts))
+                add(body(region, False, opts), start)
                 return content, calls, i
             found = body(region, True, opts)
-            for c in found:
-                if c.error is None and end is not None:
+            # a call that closed itself stays a call when only its section's end is
+            # missing (as it was streamed); the one still being written is cut off
+            whole = [c.complete for c in body(region, False, opts)] if end is not None else []
+            for n, c in enumerate(found):
+                if c.error is None and end is not None and not (n < len(whole) and whole[n]):
                     c.error = f"unterminated tool call (no {end})"
                     c.args = None
-            calls.extend(
-                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")]
+            add(
+                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")],
+                start,
             )
             return content, calls, len(text)
-        calls.extend(body(text[i + len(start) : j], True, opts))
+        add(body(text[i + len(start) : j], True, opts), start)
         pos = j + len(end)
 
 
@@ -573,6 +633,28 @@ def _hermes_fn(region: str, final: bool, opts: Options) -> list[_Call]:
     return [_Call(name, args, m.group(3).strip())]
 
 
+_STRING_SYNTAX.update(
+    {
+        **dict.fromkeys(
+            (
+                _hermes_json,
+                _hermes_fn,
+                families.json_list_body,
+                families.json_lines_body,
+                families.apertus_body,
+                families.deepseek_v3_1_body,
+                families.kimi_k2_body,
+                families.command_r_body,
+                families.json_call_body,
+                families.solar_body,
+                families.functionary_v3_1_body,
+            ),
+            "json",
+        ),
+        families.gemma4_body: "gemma",
+    }
+)
+
 _HERMES_REGIONS: tuple[tuple[str, str | None, Any], ...] = (
     *((f"<{t}>", f"</{t}>", _hermes_json) for t in _HERMES_TAGS),
     ("<function", "</function>", _hermes_fn),
@@ -617,6 +699,11 @@ SPECS["ministral_3"] = Spec(
 )
 
 
+_EMPTY_FENCE = re.compile(r"```(?:xml|json|JSON)?[ \t]*\n\s*```[ \t]*\n?")
+#: a fence at the end of the text so far that may still open a call (its language half-written)
+_OPEN_FENCE = re.compile(r"```(?:[A-Za-z]{0,3}|xml|json|JSON)[ \t]*(?:\n\s*(?:`{0,2}|<[^\n>]*))?$")
+
+
 def _legacy_body(
     rest: str, fmt: str, opts: Options, final: bool
 ) -> tuple[str, list[_Call], bool] | None:
@@ -624,6 +711,12 @@ def _legacy_body(
     if fmt == "hermes":
         pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
         content = "".join(pieces)
+        if calls:  # a call wrapped in a ```xml / ```json fence leaves no empty fence behind
+            content = _EMPTY_FENCE.sub("", content)
+        if not final:  # a fence that may open a call is held back until it is known
+            m = _OPEN_FENCE.search(content)
+            if m is not None:
+                content = content[: m.start()]
         if not calls:
             s = content.strip()
             if not final and (s.startswith("{") or s.startswith("```")):
@@ -641,7 +734,9 @@ def _legacy_body(
         pieces, calls, settled_at = _functionary_body(text, final)
         return "".join(pieces), calls, settled_at >= len(text)
     if fmt == "deepseek_r1":
-        c = rest.replace(_DS["calls_end"], "")
+        # "<｜tool▁calls｜>" opens the calls and the first call at once (an R1 variant)
+        c = rest.replace(_DS_CALLS, _DS["calls_begin"] + _DS["call_begin"])
+        c = c.replace(_DS["calls_end"], "")
         pieces, calls, settled_at = _scan_regions(
             c, _DS["calls_begin"], None, _deepseek_body, final
         )
@@ -719,20 +814,116 @@ def _scan(
         return _scan_auto(text, opts, final, analysis)
     if fmt == "gpt_oss":
         return _gpt_oss(text, opts, final)
+    if fmt == "muse_glimmer":
+        return _muse(text, opts, final)
     r = _split_reasoning(text, fmt, opts, final)
     if r.held:
         return _Scan(None, "", [], False)
     prefix = r.raw if opts.reasoning is None else ""
     if not r.done:
         return _Scan(r.text, prefix, [], final)
-    if fmt in SPECS:
+    reasoning = r.text
+    end = (_think_markers(fmt) or ("", ""))[1]
+    if r.stopped and opts.reasoning is not None and end:
+        # calls written inside the think block: what follows them up to its end marker
+        # is still reasoning (Kimi K2 thinking); until that marker or the end of the
+        # generation it is not known to be content
+        k = r.rest.rfind(end)
+        if k >= 0:
+            pre, calls_pre, ok_pre = _scan_spec(r.rest[:k], fmt, opts, True)
+            content, calls, settled = _scan_spec(r.rest[k + len(end) :], fmt, opts, final)
+            reasoning = (reasoning or "") + pre if pre.strip() else reasoning
+            calls = calls_pre + calls
+        else:
+            content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
+            if not final:
+                content, settled = "", False
+    elif fmt in SPECS:
         content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
     else:
         body = _legacy_body(r.rest, fmt, opts, final)
         if body is None:
             return _Scan(r.text, prefix, [], False)
         content, calls, settled = body
-    return _Scan(r.text, prefix + content, calls, settled and all(c.complete for c in calls))
+    if fmt == "glm45" and opts.reasoning is not None and "<think>" in content:
+        content, more, open_block = _later_thoughts(content, final)
+        reasoning = "\n".join(t for t in (reasoning, *more) if t) or reasoning
+        settled = settled and not open_block
+    return _Scan(reasoning, prefix + content, calls, settled and all(c.complete for c in calls))
+
+
+def _later_thoughts(content: str, final: bool) -> tuple[str, list[str], bool]:
+    """``<think>`` blocks in the middle of the content (GLM thinks again between calls):
+    (content without them, their texts, whether one is still open)."""
+    out: list[str] = []
+    thoughts: list[str] = []
+    pos = 0
+    while True:
+        i = content.find("<think>", pos)
+        if i < 0:
+            out.append(content[pos:])
+            return "".join(out), thoughts, False
+        out.append(content[pos:i])
+        j = content.find("</think>", i + len("<think>"))
+        if j < 0:
+            if final:
+                thoughts.append(content[i + len("<think>") :])
+            return "".join(out), thoughts, not final
+        thoughts.append(content[i + len("<think>") : j])
+        pos = j + len("</think>")
+
+
+# --------------------------------------------------------------------------- Muse Glimmer
+
+_MUSE_HEADER = re.compile(r"\s*(?:<\|start\|>assistant)?\s*to=([^\s<]+)\s*<\|message\|>")
+_MUSE_END = re.compile(r"<\|eot\|>|<\|eom\|>")
+
+
+def _muse(text: str, opts: Options, final: bool) -> _Scan:
+    """Muse Glimmer messages: ``[<|start|>assistant] to=R<|message|>body<|eom|>`` / ``<|eot|>``.
+
+    ``to=self`` is reasoning, ``to=user`` content (call markup quoted in it stays
+    text), any other recipient a message whose ``<atem:function_calls>`` are calls (as
+    llama.cpp's Muse parser reads them). The generation prompt ends with
+    ``<|start|>assistant``, so the output starts at `` to=``.
+    """
+    regions = SPECS["muse_glimmer"].regions
+    content: list[str] = []
+    thought: list[str] = []
+    calls: list[_Call] = []
+    settled = True
+    pos, n = 0, len(text)
+    while pos < n:
+        m = _MUSE_HEADER.match(text, pos)
+        if m is None:
+            tail = text[pos:]
+            head = tail.lstrip()
+            partial = "<|message|>" not in tail and (
+                "<|start|>assistant to=".startswith(head[:22])
+                or head.startswith(("<|start|>", "to="))
+            )
+            if partial and not final:
+                settled = False  # a header still being written
+            elif not partial or not re.fullmatch(r"\s*(<\|start\|>\w*)?\s*(to=\S*)?\s*", tail):
+                content.append(_MUSE_END.sub("", tail))  # text without a header
+            break
+        recipient = m.group(1)
+        e = _MUSE_END.search(text, m.end())
+        body = text[m.end() : e.start() if e else n]
+        pos = e.end() if e else n
+        if recipient == "self":
+            (thought if opts.reasoning is not None else content).append(body)
+        elif recipient == "user":
+            content.append(body)
+        else:
+            done = e is not None or final
+            pieces, found, _ = _scan_multi(body, regions, opts, done)
+            calls.extend(found)
+            content.append("".join(pieces).strip())
+            if not done:
+                settled = False
+    reasoning = "".join(thought) if thought else None
+    return _Scan(reasoning, "".join(content), calls, settled)
 
 
 # --------------------------------------------------------------------------- gpt-oss (harmony)
@@ -829,10 +1020,12 @@ def _finish_calls(
         if c.error is None and c.name and c.args is not None:
             good.append(tool_call(name=c.name, args=c.args, id=cid))
         else:
-            raw = c.raw if isinstance(c.raw, str) else str(c.raw)
             bad.append(
                 invalid_tool_call(
-                    name=c.name, args=raw, id=cid, error=c.error or "malformed tool call"
+                    name=c.name,
+                    args=invalid_args(c),
+                    id=cid,
+                    error=c.error or "malformed tool call",
                 )
             )
     return good, bad
@@ -917,7 +1110,7 @@ def _markers(fmt: str) -> tuple[str, ...]:
     else:
         out += list(THINK)
     if fmt == "hermes":
-        out += [r[0] for r in _HERMES_REGIONS]
+        out += [r[0] for r in _HERMES_REGIONS] + ["```"]  # a fence may wrap a call
     return tuple(dict.fromkeys(m for m in out if m))
 
 
@@ -950,8 +1143,7 @@ class StreamParser:
         self._buf = ""
         self._sent_content = 0
         self._sent_reasoning = 0
-        self._calls_named = 0  # calls whose name delta was sent
-        self._calls_done = 0  # calls whose arguments were sent
+        self._calls_done = 0  # calls sent (each in one chunk)
         self._ids: list[str] = []
         self._result: ParsedOutput | None = None
         self._markers = (
@@ -1006,23 +1198,20 @@ class StreamParser:
             out.append(StreamDelta("content", content[self._sent_content : keep]))
             self._sent_content = keep
         for n, c in enumerate(sc.calls):
-            if final:
-                checked(c)
-            if n >= self._calls_named and c.name:
-                out.append(StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name))
-                self._calls_named = n + 1
-            if n >= self._calls_done and (c.complete or final):
-                checked(c)
-                if n >= self._calls_named:  # an invalid call without a name
-                    out.append(StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name))
-                    self._calls_named = n + 1
-                args = (
-                    json.dumps(c.args, ensure_ascii=False)
-                    if c.error is None and c.args is not None
-                    else c.raw
-                )
-                out.append(StreamDelta("tool_call", index=n, args=args))
-                self._calls_done = n + 1
+            # a call is sent whole (id, name and arguments in one chunk) once it can no
+            # longer change: LangChain reads merged chunks as calls, so a name sent ahead
+            # or a cut-off call's JSON would show as a valid-looking call
+            if n < self._calls_done or not (c.complete or final):
+                continue
+            if n > self._calls_done:  # an earlier call is still being written
+                break
+            checked(c)
+            valid = c.error is None and c.name and c.args is not None
+            args = json.dumps(c.args, ensure_ascii=False) if valid else invalid_args(c)
+            out.append(
+                StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name, args=args)
+            )
+            self._calls_done = n + 1
         return out
 
     def finish(self) -> list[StreamDelta]:

@@ -590,7 +590,12 @@ SPECS: dict[str, Spec] = {
         think=("<seed:think>", "</seed:think>"),
         regions=(("<seed:tool_call>", "</seed:tool_call>", seed_oss_body),),
     ),
-    "glm45": Spec(regions=(("<tool_call>", "</tool_call>", glm_body),), strip=("<|role_end|>",)),
+    "glm45": Spec(
+        regions=(("<tool_call>", "</tool_call>", glm_body),),
+        strip=("<|role_end|>",),
+        # a call written before the think block is closed ends the reasoning (Ling 3.0)
+        think_stops=("<tool_call>",),
+    ),
     "minimax_m2": Spec(regions=(("<minimax:tool_call>", "</minimax:tool_call>", minimax_body),)),
     "deepseek_v3_1": Spec(
         regions=(("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", deepseek_v3_1_body),),

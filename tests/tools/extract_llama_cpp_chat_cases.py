@@ -103,7 +103,19 @@ class Reader:
         self.env = env
 
     def expr(self, i: int) -> tuple[Any, int]:
-        """Evaluate one expression starting at token i; return (value, next index)."""
+        """Evaluate one expression starting at token i; return (value, next index).
+
+        ``a + b`` of strings (C++ ``std::string`` concatenation) is joined.
+        """
+        value, i = self.primary(i)
+        while isinstance(value, str) and self.toks[i][1] == "+":
+            right, i = self.primary(i + 1)
+            if not isinstance(right, str):
+                raise Unsupported("+ of a non-string")
+            value += right
+        return value, i
+
+    def primary(self, i: int) -> tuple[Any, int]:
         kind, val, _ = self.toks[i]
         if kind == "str":
             return val, i + 1
@@ -226,6 +238,20 @@ def main(root: str) -> None:
                 lst, _ = r.expr(j + 1)
                 if all(isinstance(x, str) for x in lst):
                     loop_paths = [Path(x).name for x in lst]
+        if (
+            kind == "id"
+            and val in ("std::string", "auto")
+            and toks[i - 1][1] == "const"
+            and toks[i + 1][0] == "id"
+            and toks[i + 2][1] == "="
+        ):
+            # a local string (const std::string call = "..." + "...";) used by later cases
+            try:
+                value, _ = r.expr(i + 3)
+                if isinstance(value, str):
+                    env[toks[i + 1][1]] = value
+            except (Unsupported, IndexError, KeyError):
+                pass
         if kind == "id" and val == "peg_tester" and toks[i + 1][1] == "(":
             var = toks[i - 2][1]
             arg = toks[i + 2]
