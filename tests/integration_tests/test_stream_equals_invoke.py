@@ -174,9 +174,9 @@ REWRITTEN = {
 @pytest.mark.parametrize("case", FAMILY_CASES, ids=lambda c: f"{c['_fmt']}-{case_id(c)}")
 def test_family_stream_concatenation_equals_invoke(case: dict[str, Any], tmp_path: Path) -> None:
     template = (TEMPLATES / case["template"]).read_text(encoding="utf-8")
-    trigger = _LAZY_TRIGGERS.get(case["_fmt"])
+    triggers = _LAZY_TRIGGERS.get(case["_fmt"], ())
     path, _ = write_printing_llama(
-        tmp_path / "m.gguf", case["input"], chat_template=template, cuts=(trigger or "",)
+        tmp_path / "m.gguf", case["input"], chat_template=template, cuts=triggers
     )
     reasoning = None if case["reasoning_format"] == "none" else bool(case["enable_thinking"])
     llm = ChatLlamaCpp(
