@@ -7,8 +7,8 @@ reranker GGUF (``--rerank bge-reranker-v2-m3-Q8_0.gguf``) reorders what was retr
 Run: python examples/retrieval_qa.py [model.gguf] [--embed embedding-model.gguf]
                                      [--rerank reranker.gguf]
 
-With Gemma 3 270M alone (the default) the embeddings are mean-pooled hidden states of a
-base model: good enough to show the plumbing; a real embedding GGUF (nomic, bge, E5,
+With SmolLM2-135M-Instruct alone (the default) the embeddings are mean-pooled hidden states
+of a chat model: good enough to show the plumbing; a real embedding GGUF (nomic, bge, E5,
 EmbeddingGemma, Qwen3-Embedding) passed with --embed retrieves far better.
 """
 
@@ -37,7 +37,9 @@ NOTES = [
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default=None, help="chat GGUF (default: Gemma 3 270M)")
+    ap.add_argument(
+        "model", nargs="?", default=None, help="chat GGUF (default: SmolLM2-135M-Instruct)"
+    )
     ap.add_argument("--embed", default=None, help="embedding GGUF (default: the chat model)")
     ap.add_argument("--rerank", default=None, help="reranker GGUF (pooling 'rank')")
     ap.add_argument("--question", default="When can I take the train down from the summit?")

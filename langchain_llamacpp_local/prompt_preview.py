@@ -134,4 +134,3 @@ def tokenize_text(path: str, text: str) -> list[int]:
     vm, _ = vocab_and_format(path)
     with vm.lock:
         return vm.tokenize(text, add_special=False, parse_special=False)
-
