@@ -35,12 +35,14 @@ def test_smollm2_chat_template_and_stop_token(smollm2: str) -> None:
         "<|im_start|>system\nAnswer in one word.<|im_end|>\n"
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     )
-    reply = llm.invoke("What is the capital of France?")
+    question = [
+        SystemMessage("Answer in one word."),
+        HumanMessage("What is the capital of France?"),
+    ]
+    reply = llm.invoke(question)
     assert reply.response_metadata["finish_reason"] == "stop"
     assert "Paris" in reply.content and "<|im_" not in reply.content
-    assert reply.usage_metadata["input_tokens"] == llm.get_num_tokens_from_messages(
-        [HumanMessage("What is the capital of France?")]
-    )
+    assert reply.usage_metadata["input_tokens"] == llm.get_num_tokens_from_messages(question)
 
 
 @pytest.mark.smollm2
@@ -93,7 +95,8 @@ def test_render_prompt_with_images_matches_the_request(tiny_llama: str, tmp_path
     mmproj = write_tiny_mmproj(tmp_path / "mmproj.gguf", text_n_embd=64)
     buf = io.BytesIO()
     Image.new("RGB", (32, 32), (10, 200, 10)).save(buf, format="PNG")
-    image = {"type": "image", "base64": base64.b64encode(buf.getvalue()).decode()}
+    data = base64.b64encode(buf.getvalue()).decode()
+    image = {"type": "image", "base64": data, "mime_type": "image/png"}
     msg = HumanMessage(content=[{"type": "text", "text": "What is it?"}, image])
     llm = ChatLlamaCpp(model_path=tiny_llama, mmproj_path=str(mmproj), temperature=0, max_tokens=2)
     prompt = llm.render_prompt([msg])
@@ -103,6 +106,13 @@ def test_render_prompt_with_images_matches_the_request(tiny_llama: str, tmp_path
 
 
 # --------------------------------------------------------------------------- invalid tool calls
+
+
+@tool("get_weather")
+def scripted_weather(city: str) -> str:
+    """Get the current weather for a city."""
+    return f"sunny in {city}"  # not ending in "." (that would start another call)
+
 
 _HEAD = '"name": "get_weather", "arguments": {"city": "Pa'
 _CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -145,21 +155,21 @@ def test_retry_invalid_tool_calls_middleware(tmp_path: Path) -> None:
     )
     question = {"messages": [("user", "What is the weather in Paris?")]}
     # without the middleware the run ends on the invalid call, no tool called
-    plain = create_agent(llm, tools=[get_weather]).invoke(question)["messages"]
+    plain = create_agent(llm, tools=[scripted_weather]).invoke(question)["messages"]
     assert plain[-1].invalid_tool_calls and not any(m.type == "tool" for m in plain)
 
-    agent = create_agent(llm, tools=[get_weather], middleware=[RetryInvalidToolCalls()])
+    agent = create_agent(llm, tools=[scripted_weather], middleware=[RetryInvalidToolCalls()])
     messages = agent.invoke(question)["messages"]
     assert [m.type for m in messages] == ["human", "ai", "tool", "ai"]
     assert messages[1].tool_calls[0]["args"] == {"city": "Paris"}
     assert not messages[1].invalid_tool_calls
-    assert messages[2].content == "It is 18 degrees and cloudy in Paris."
+    assert messages[2].content == "sunny in Paris"
 
-    never = create_agent(llm, tools=[get_weather], middleware=[RetryInvalidToolCalls(0)])
+    never = create_agent(llm, tools=[scripted_weather], middleware=[RetryInvalidToolCalls(0)])
     with pytest.raises(InvalidToolCallError, match="invalid JSON"):
         never.invoke(question)
     ended = create_agent(
-        llm, tools=[get_weather], middleware=[RetryInvalidToolCalls(0, on_failure="end")]
+        llm, tools=[scripted_weather], middleware=[RetryInvalidToolCalls(0, on_failure="end")]
     ).invoke(question)["messages"]
     assert ended[-1].invalid_tool_calls
     with pytest.raises(ValueError, match="max_retries"):
@@ -177,7 +187,7 @@ async def test_retry_invalid_tool_calls_middleware_async(tmp_path: Path) -> None
         max_tokens=12,
         n_ctx=2048,
     )
-    agent = create_agent(llm, tools=[get_weather], middleware=[RetryInvalidToolCalls()])
+    agent = create_agent(llm, tools=[scripted_weather], middleware=[RetryInvalidToolCalls()])
     result = await agent.ainvoke({"messages": [("user", "What is the weather in Paris?")]})
     assert [m.type for m in result["messages"]] == ["human", "ai", "tool", "ai"]
 
