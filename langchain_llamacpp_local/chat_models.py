@@ -54,6 +54,7 @@ from .model_resolution import (
     resolve_path,
 )
 from .model_resolution import list_models as _list_models
+from .prompt_preview import RenderedPrompt
 from .sampling import SamplingParams
 from .templates import convert_messages
 from .tool_parsers import StreamDelta
@@ -659,6 +660,64 @@ class ChatLlamaCpp(BaseChatModel):
         assert info is not None
         return info
 
+    # -- what the model reads: the rendered prompt and token counts
+
+    def render_prompt(
+        self,
+        messages: LanguageModelInput,
+        *,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None = None,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> RenderedPrompt:
+        """The prompt a call with these messages, tools and options would decode, without
+        generating (like llama.cpp server's ``/apply-template`` plus ``/tokenize``).
+
+        Accepts what :meth:`invoke` accepts (``tool_choice``, ``chat_template``,
+        ``chat_template_kwargs``, ``reasoning``, ``response_format``, ``model``...). Returns
+        :class:`RenderedPrompt`: ``text``, ``tokens``, ``n_tokens``, ``stop``, ``grammar``
+        and ``tool_format``. Text-only prompts need only the GGUF's vocabulary (the
+        weights are not loaded); prompts with images are prepared by the loaded model.
+        """
+        from . import prompt_preview
+
+        call = dict(kwargs)
+        if tools is not None:
+            call["tools"] = [convert_to_openai_tool(t) for t in tools]
+        elif call.get("tool_choice") is not None and not call.get("tools"):
+            raise ValueError("tool_choice needs tools=")
+        msgs = self._convert_input(messages).to_messages()
+        job = self._make_job(msgs, stop, call)
+        spec = call.get("model")
+        if not _has_images(job.messages):
+            path = self._resolve(spec).model_path
+            return prompt_preview.prepare_without_weights(path, job)
+        from .prompts import prepare
+
+        lease, _ = self._lease(spec, job.deadline)
+        try:
+            return lease.worker.call(
+                lambda state: prompt_preview.from_prepared(prepare(state.format, job, state.engine))
+            )
+        finally:
+            lease.release()
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """``text``'s tokens in the model's own vocabulary (no BOS, special-token text
+        read as plain text); reads only the vocabulary when the model is not loaded."""
+        from . import prompt_preview
+
+        return prompt_preview.tokenize_text(self._resolve(None).model_path, text)
+
+    def get_num_tokens_from_messages(
+        self,
+        messages: list[BaseMessage],
+        tools: Sequence[Any] | None = None,
+    ) -> int:
+        """Exact size of the prompt these messages (and tools) render to: chat template,
+        tool prompt, BOS and generation prompt included (see :meth:`render_prompt`)."""
+        return self.render_prompt(messages, tools=tools).n_tokens
+
     def close(self) -> None:
         """Cancel this instance's running calls and release its hold on the model.
 
@@ -1033,6 +1092,15 @@ ChatLlamaCpp.list_models = _ClassOrInstanceMethod(ChatLlamaCpp._list_models)
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def _has_images(messages: list[dict[str, Any]]) -> bool:
+    return any(
+        isinstance(part, dict) and part.get("type") == "image"
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+    )
 
 
 def _duration_seconds(value: Any) -> Any:

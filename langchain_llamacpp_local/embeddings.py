@@ -12,15 +12,16 @@ import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import numpy as np
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 from typing_extensions import Self
 
 from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
+from .validation import check_argument_names
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,13 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
     """
 
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_arguments(cls, data: Any) -> Any:
+        """A misspelt argument gets the closest field's name, as ``ChatLlamaCpp``'s does."""
+        check_argument_names(cls, data, "LlamaCppEmbeddings")
+        return data
 
     model_path: str
     """Path of the GGUF model file."""

@@ -10,6 +10,7 @@ An :class:`Engine` is not thread-safe: only its worker thread may use it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -17,7 +18,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -190,16 +191,6 @@ _LEVELS = {
 _last_level = logging.DEBUG
 
 
-class _LogCapture(threading.local):
-    """Lines llama.cpp logs on this thread while a load runs (the loader logs from the
-    calling thread), so what it reports about the load can be read back."""
-
-    lines: list[str] | None = None
-
-
-_capture = _LogCapture()
-
-
 class _AbortState:
     """Set while a requested abort unwinds (the abort callback runs on ggml's threads)."""
 
@@ -209,6 +200,33 @@ class _AbortState:
 _aborting = _AbortState()
 
 
+class _Captured(threading.local):
+    """Lines llama.cpp logs on this thread while a load is watched (the loaders log from
+    the calling thread), with their :mod:`logging` level."""
+
+    lines: list[tuple[int, str]] | None = None
+
+
+_captured = _Captured()
+
+
+@contextlib.contextmanager
+def _capture_log() -> Iterator[list[tuple[int, str]]]:
+    """Collect what llama.cpp logs on this thread: the weight buffers a load reports, and
+    its reasons for a failed load (they go to the log, not to the caller)."""
+    lines: list[tuple[int, str]] = []
+    previous, _captured.lines = _captured.lines, lines
+    try:
+        yield lines
+    finally:
+        _captured.lines = previous
+
+
+def _reasons(lines: list[tuple[int, str]]) -> str:
+    """The warning and error lines of a capture, as one line."""
+    return " ".join(" ".join(text for lvl, text in lines if lvl >= logging.WARNING).split())
+
+
 @C.llama_log_callback
 def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     global _last_level
@@ -216,8 +234,9 @@ def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     if _aborting.active:
         lvl = logging.DEBUG  # llama.cpp reports a requested abort as an error: it is not one
     _last_level = lvl
-    if _capture.lines is not None:
-        _capture.lines.append(text.decode("utf-8", errors="replace"))
+    captured = _captured.lines
+    if captured is not None:
+        captured.append((lvl, text.decode("utf-8", errors="replace").rstrip("\n")))
     if native_logger.isEnabledFor(lvl):
         native_logger.log(lvl, text.decode("utf-8", errors="replace").rstrip("\n"))
 
@@ -350,21 +369,18 @@ def load_model(
             mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
         if weights.avoided:
             logger.info("%s: %s", config.model_path, weights.reason)
-        _capture.lines = lines = []
-        try:
+        with _capture_log() as lines:
             model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
-        finally:
-            _capture.lines = None
         del progress_cb, overrides  # kept alive until the load returns
         if not model:
             placement.release()
+            why = _reasons(lines)
             raise ModelLoadError(
                 f"llama.cpp could not load {config.model_path} (truncated, corrupt or an "
-                "unsupported architecture; set verbose=True or enable DEBUG logging on "
-                "'langchain_llamacpp_local.llama_cpp' for llama.cpp's reason)"
+                "unsupported architecture)" + (f": {why}" if why else "")
             )
         placements[model] = placement
-        _weight_buffers[_address(model)] = _buffer_sizes(lines)
+        _weight_buffers[_address(model)] = _buffer_sizes([text for _, text in lines])
         return model
 
     def free(model: object) -> None:
@@ -665,9 +681,14 @@ class Engine:
             params.image_min_tokens = self.config.image_min_tokens
         if self.config.image_max_tokens is not None:
             params.image_max_tokens = self.config.image_max_tokens
-        mctx = M.mtmd_init_from_file(path.encode(), self.model, params)
+        with _capture_log() as reasons:
+            mctx = M.mtmd_init_from_file(path.encode(), self.model, params)
         if not mctx:
-            raise ModelLoadError(f"llama.cpp could not load the projector {path} for this model")
+            why = _reasons(reasons)
+            raise ModelLoadError(
+                f"llama.cpp could not load the projector {path} for this model"
+                + (f": {why}" if why else "")
+            )
         if not M.mtmd_support_vision(mctx):
             M.mtmd_free(mctx)
             raise ModelLoadError(f"{path} has no vision encoder")

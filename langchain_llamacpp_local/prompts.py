@@ -88,6 +88,13 @@ class ChatFormat:
         logger.debug("chat template %s, tool format %s", template.origin, tool_format)
         return cls(meta, template, tool_template, tool_format, bos, eos, analysis=analysis)
 
+    @property
+    def call_format(self) -> str:
+        """The syntax tool calls are prompted and parsed in: the template's own, or Hermes
+        when the template cannot show tools (:func:`prepare` then adds the Hermes prompt)."""
+        template = self.tool_template or self.template
+        return self.tool_format if template.supports_tools else "hermes"
+
     def override(self, source: str) -> ChatTemplate:
         """Compile (once) a per-request template override or built-in name."""
         tpl = self._overrides.get(source)

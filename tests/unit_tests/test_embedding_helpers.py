@@ -73,7 +73,7 @@ def test_prefix_presets_are_constructor_arguments() -> None:
 
 
 def test_unknown_and_invalid_arguments_are_rejected() -> None:
-    with pytest.raises(ValidationError, match="n_gpu_layer"):
+    with pytest.raises(TypeError, match="'n_gpu_layer' \\(did you mean 'n_gpu_layers'"):
         LlamaCppEmbeddings(model_path="m.gguf", n_gpu_layer=1)
     with pytest.raises(ValidationError, match="pooling"):
         LlamaCppEmbeddings(model_path="m.gguf", pooling="max")
