@@ -245,7 +245,8 @@ def test_a_parser_failure_fails_its_request_only(
     """Issue 12 #2/#15: an exception while parsing model output is that request's error."""
     from langchain_llamacpp_local import prompts
 
-    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=2, **GREEDY)
+    # bit for bit beside a failing request: the deterministic mode's guarantee
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=2, deterministic=True, **GREEDY)
     ok_ref = llm.invoke("a healthy request", cache_prompt=False)
     real_feed = prompts.PlainParser.feed
 
