@@ -40,6 +40,7 @@ from types import BuiltinMethodType, MethodType
 from typing import Any
 
 from jinja2 import nodes
+from jinja2.compiler import CodeGenerator
 from jinja2.ext import Extension
 from jinja2.lexer import Token, TokenStream
 from jinja2.parser import Parser
@@ -626,10 +627,30 @@ def _guard_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class _CodeGenerator(CodeGenerator):
+    """Jinja2's code generator, with ``{% set obj.attr = value %}`` allowed on a mapping
+    as well as on a ``namespace()``.
+
+    llama.cpp's template engine assigns attributes of any object, and real templates
+    rely on it (MiroThinker marks the tools and messages it has seen, ``{% set
+    tool.mt_visited = 1 %}``). Jinja2 compiles the assignment to ``obj[attr] = value``
+    behind a check that ``obj`` is a namespace; only that check is widened, to ``dict``.
+    The template's own data is copied per render, so nothing of the caller's changes.
+    """
+
+    _CHECK = ", Namespace):"
+
+    def writeline(self, x: str, node: nodes.Node | None = None, extra: int = 0) -> None:
+        if x.startswith("if not isinstance(") and x.endswith(self._CHECK):
+            x = x[: -len(self._CHECK)] + ", (Namespace, dict)):"
+        super().writeline(x, node, extra)
+
+
 class LimitedSandbox(SandboxedEnvironment):
     """Jinja's sandbox, mutations of template data allowed, every operation budgeted."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%", "-", "/", "//"})
+    code_generator_class = _CodeGenerator
 
     def __init__(self) -> None:
         super().__init__(

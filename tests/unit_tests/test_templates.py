@@ -993,3 +993,49 @@ def test_property_builtin_history_is_a_prefix(
                 continue  # a tool-result group is still open
             head = tpl.render(msgs[:k], tools=tools, add_generation_prompt=False)
             assert full.startswith(head), (name, k)
+
+
+# The constructs of MiroThinker v1's template that Jinja2 refuses and llama.cpp's engine
+# renders: attributes set on the tools and messages it iterates (``set tool.mt_visited``,
+# ``set message.role``), inside macros' callers and nested loops, beside namespaces, and an
+# undefined name stored in a namespace and compared later.
+_MIRO_LIKE = r"""{%- macro render_tool(server_name, tool, last_server) %}
+{%- if tool.mt_visited is not defined %}{% if server_name != last_server %}## {{ server_name }}
+{% endif %}### {{ tool.function.name }}
+{% endif %}{%- endmacro %}
+{%- if tools %}{%- set ns = namespace(formatted_tools='', last_server=None) %}
+{%- for tool_server in ['a', 'b'] %}{%- for tool in tools %}
+{%- set ns.formatted_tools = ns.formatted_tools + render_tool(tool_server, tool, ns.last_server) %}
+{%- set ns.last_server = server_name %}{%- set tool.mt_visited = 1 %}
+{%- endfor %}{%- endfor %}{{ ns.formatted_tools }}{% endif %}
+{%- for message in messages %}{%- if message.role == 'tool' %}{%- set message.role = 'user' %}{% endif %}{% endfor %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endfor %}{%- for message in messages %}{%- if message.role == "assistant" %}
+{%- if message.tool_calls | length == 0 %}{%- set message.tool_calls = [1, 2] %}{% endif %}
+{%- endif %}{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def test_attributes_can_be_set_on_mappings_as_llama_cpp_allows() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "tool", "content": "r", "tool_call_id": "1"},
+    ]
+    before = repr((tools, messages))
+    out = ChatTemplate(_MIRO_LIKE).render(messages, tools=tools, add_generation_prompt=True)
+    assert out == (
+        "## a\n### f\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n"
+        "<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert repr((tools, messages)) == before  # the template changed its own copies only
+
+
+def test_attributes_still_cannot_be_set_on_strings() -> None:
+    with pytest.raises(ChatTemplateError, match="non-namespace"):
+        ChatTemplate("{% set s = 'abc' %}{% set s.x = 1 %}").render(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True
+        )
