@@ -2,7 +2,7 @@
 
 Two jobs, both about what the tokenizer must never be asked to do:
 
-* **No forged turns** (issue 12 #19). Tokenizing the whole prompt with special-token
+* **No forged turns**. Tokenizing the whole prompt with special-token
   parsing would turn ``<end_of_turn>`` or ``<|im_end|>`` typed by a user (or returned
   by a tool) into real control tokens. When message content contains the text of a
   control token, the prompt is tokenized the way llama.cpp would with only the
@@ -11,7 +11,7 @@ Two jobs, both about what the tokenizer must never be asked to do:
   and each raw fragment (content restored) is tokenized with ``parse_special=False``.
   Prompts without such content take the usual single ``llama_tokenize`` call, so
   they (and the prompt cache) are unchanged.
-* **No tokenizing what cannot fit** (issue 12 #7). Every token covers at most
+* **No tokenizing what cannot fit**. Every token covers at most
   :func:`max_piece_bytes` bytes of the text (the longest vocabulary entry), so
   ``non-whitespace bytes / max_piece_bytes`` bounds the token count from below; a
   prompt whose bound already exceeds the context fails before it is tokenized, with

@@ -8,7 +8,7 @@ after the call, a negative value keeps it until :func:`unload` or exit). At most
 used idle model, never one with running or queued requests, and waits for one to
 become idle when all are busy.
 
-Locking rules (issue 12 #3 and #8):
+Locking rules:
 
 * ``_lock`` guards bookkeeping only. It is never held across a load, an unload or
   a thread join, so a thread waiting for it never waits on llama.cpp.

@@ -181,7 +181,7 @@ class SlotPolicy:
                 cached, n_cached = on_disk
         if cached is not None and n_cached > max(n_target, n_src):
             # Take it out first: parking the target below may evict cache entries
-            # (issue: it could evict exactly this one).
+            # (it could evict exactly this one).
             self.ram.take(cached)
             self.park(target)
             self.restore(target, cached)
