@@ -59,6 +59,7 @@ from .sampling import SamplingParams
 from .templates import convert_messages
 from .tool_parsers import StreamDelta
 from .validation import (
+    check_argument_names,
     check_call_options,
     check_load_settings,
     check_max_tokens,
@@ -1175,14 +1176,7 @@ def _check_constructor_arguments(cls: type[BaseModel], data: dict[str, Any]) -> 
     """Refuse unknown constructor arguments (naming the closest field) and booleans
     given for numbers (``max_tokens=True`` would silently mean 1); a single ``stop``
     string is one stop string."""
-    valid: set[str] = set()
-    for name, field in cls.model_fields.items():
-        valid.add(name)
-        if field.alias:
-            valid.add(field.alias)
-    unknown = [k for k in data if k not in valid]
-    if unknown:
-        raise unknown_names_error(unknown, valid, "arguments for ChatLlamaCpp")
+    check_argument_names(cls, data, "ChatLlamaCpp")
     for name, value in data.items():
         field = cls.model_fields.get(name)
         if field is None or not isinstance(value, bool):

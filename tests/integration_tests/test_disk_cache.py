@@ -137,16 +137,9 @@ def test_a_corrupt_file_is_skipped_and_the_call_served(
     assert_identical(out, cold)
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
-@pytest.mark.parametrize("model", ["tiny_mamba", "tiny_hybrid", "tiny_llama"])
-def test_every_memory_kind_restores_from_disk(
-    model: str, deterministic: bool, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    """Recurrent and hybrid memory resume through the checkpoint at the last message's
-    start, attention memory by trimming the restored state."""
-    path = request.getfixturevalue(model)
-    cache = tmp_path / "cache"
-    kw = {"deterministic": deterministic}
+def _assert_restores(path: str, cache: Path, **kw: Any) -> None:
+    """A conversation saved by one instance resumes from disk in the next, with another
+    last message, and gives what the reference gives (see :func:`_reference`)."""
     first = [PREAMBLE, HumanMessage("first question")]
     _call(path, first, cache, **kw)
     msgs = [PREAMBLE, HumanMessage("a different question")]
@@ -155,16 +148,20 @@ def test_every_memory_kind_restores_from_disk(
     assert_identical(warm, _reference(path, first, msgs, **kw))
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("model", ["tiny_mamba", "tiny_hybrid", "tiny_llama"])
+def test_every_memory_kind_restores_from_disk(
+    model: str, deterministic: bool, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Recurrent and hybrid memory resume through the checkpoint at the last message's
+    start, attention memory by trimming the restored state."""
+    path = request.getfixturevalue(model)
+    _assert_restores(path, tmp_path / "cache", deterministic=deterministic)
+
+
 @pytest.mark.gemma
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_gemma_sliding_window_restores_from_disk(
     gemma: str, tmp_path: Path, deterministic: bool
 ) -> None:
-    cache = tmp_path / "cache"
-    kw = {"n_ctx": 2048, "deterministic": deterministic}
-    first = [PREAMBLE, HumanMessage("first question")]
-    _call(gemma, first, cache, **kw)
-    msgs = [PREAMBLE, HumanMessage("a different question")]
-    warm = _call(gemma, msgs, cache, **kw)
-    assert _cached(warm) > 0
-    assert_identical(warm, _reference(gemma, first, msgs, **kw))
+    _assert_restores(gemma, tmp_path / "cache", n_ctx=2048, deterministic=deterministic)

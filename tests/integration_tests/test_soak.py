@@ -203,11 +203,23 @@ class Soak:
         """``close()`` an instance (sharing the worker) while its calls run."""
         self.tally["faults"] += 1
         inst = self.mk_tiny()
+        self._close_during(
+            lambda: inst.invoke("Tell me a long story.", max_tokens=24),
+            inst.close,
+            0.3,
+            "close_while_running/call",
+        )
+
+    def _close_during(
+        self, work: Callable[[], object], close: Callable[[], None], delay: float, label: str
+    ) -> None:
+        """Two threads run ``work`` while ``close`` runs after up to ``delay`` seconds:
+        neither may hang, and each outcome is recorded under ``label``."""
         errors: list[BaseException | None] = []
 
         def call() -> None:
             try:
-                inst.invoke("Tell me a long story.", max_tokens=24)
+                work()
                 errors.append(None)
             except BaseException as exc:  # noqa: BLE001 - classified below
                 errors.append(exc)
@@ -215,41 +227,26 @@ class Soak:
         threads = [threading.Thread(target=call) for _ in range(2)]
         for t in threads:
             t.start()
-        time.sleep(self.rng.uniform(0, 0.3))
-        inst.close()
+        time.sleep(self.rng.uniform(0, delay))
+        close()
         for t in threads:
             t.join(HANG_S)
-            assert not t.is_alive(), "a call hung after close()"
+            assert not t.is_alive(), f"{label}: a call hung after close()"
         for exc in errors:
-            self.record("close_while_running/call", exc)
+            self.record(label, exc)
 
     def op_embed_close(self) -> None:
         """Embeddings and rerank calls while another thread closes the instance."""
         self.tally["faults"] += 1
         model = self.rng.choice([self.emb, self.rerank])
         texts = [self.rng.choice(PROMPTS) * self.rng.randint(1, 20) for _ in range(8)]
-        errors: list[BaseException | None] = []
 
-        def call() -> None:
-            try:
-                if model is self.emb:
-                    self.emb.embed_documents(texts)
-                else:
-                    self.rerank.rerank("which one?", texts)
-                errors.append(None)
-            except BaseException as exc:  # noqa: BLE001 - classified below
-                errors.append(exc)
+        def work() -> object:
+            if model is self.emb:
+                return self.emb.embed_documents(texts)
+            return self.rerank.rerank("which one?", texts)
 
-        threads = [threading.Thread(target=call) for _ in range(2)]
-        for t in threads:
-            t.start()
-        time.sleep(self.rng.uniform(0, 0.05))
-        model.close()
-        for t in threads:
-            t.join(HANG_S)
-            assert not t.is_alive(), "an embedding call hung after close()"
-        for exc in errors:
-            self.record("embed_close/call", exc)
+        self._close_during(work, model.close, 0.05, "embed_close/call")
 
     def op_unload_or_huge_keep_alive(self) -> None:
         """``unload()`` a chat model while others use it, or a keep_alive past any clock."""
