@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
-from langchain_llamacpp_local.engine import Engine, LoadConfig  # noqa: E402
+from langchain_llamacpp_local.llama.engine import Engine, LoadConfig  # noqa: E402
 
 GREEDY = {"temperature": 0.0, "logprobs": True, "top_logprobs": 2}
 PROMPTS = [

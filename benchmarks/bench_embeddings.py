@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_info  # noqa: E402
 
 from langchain_llamacpp_local import LlamaCppEmbeddings  # noqa: E402
-from langchain_llamacpp_local.embedding_engine import (  # noqa: E402
+from langchain_llamacpp_local.llama.embedding import (  # noqa: E402
     EmbeddingConfig,
     EmbeddingEngine,
 )
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _quiet_llama_cpp() -> None:
     """Silence llama.cpp's own log (llama-cpp-python's Llama re-sets it per instance)."""
-    from langchain_llamacpp_local import engine
+    from langchain_llamacpp_local.llama import engine
 
     engine._init_backend()
     assert isinstance(engine._log_callback, ctypes._CFuncPtr)

@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 from machine import flags_line, machine_info  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
-from langchain_llamacpp_local.gguf_meta import (  # noqa: E402
+from langchain_llamacpp_local.llama.gguf import (  # noqa: E402
     read_gguf_metadata,
     read_tensor_infos,
 )

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from langchain_core.runnables import ConfigurableField  # noqa: E402
 from machine import machine_info  # noqa: E402
 
-from langchain_llamacpp_local import ChatLlamaCpp, registry  # noqa: E402
+from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
+from langchain_llamacpp_local.runtime import registry  # noqa: E402
 
 PROMPT = [("system", "You answer in one short sentence. " * 8), ("user", "Name a colour.")]
 

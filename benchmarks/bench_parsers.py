@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from langchain_llamacpp_local.tool_parsers import StreamParser
+from langchain_llamacpp_local.formats import StreamParser
 
 CALLS = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',

@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_info  # noqa: E402
 
-from langchain_llamacpp_local import ChatLlamaCpp, rpc  # noqa: E402
+from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
+from langchain_llamacpp_local.llama import rpc  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea. " * 8
 

@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from langchain_llamacpp_local.template_analysis import analyze_template_full  # noqa: E402
-from langchain_llamacpp_local.templates import ChatTemplate  # noqa: E402
-from langchain_llamacpp_local.tool_parsers import parse  # noqa: E402
+from langchain_llamacpp_local.formats import parse  # noqa: E402
+from langchain_llamacpp_local.formats.auto import analyze_template_full  # noqa: E402
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate  # noqa: E402
 
 TEMPLATES = ROOT / "tests" / "data" / "llama_cpp_templates"
 HERMES = "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja"

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import llama_cpp.llama_cpp as C  # noqa: E402
 from machine import flags_line, machine_info  # noqa: E402
 
-from langchain_llamacpp_local import engine  # noqa: E402
+from langchain_llamacpp_local.llama import engine  # noqa: E402
 
 #: The CPU extra buffer types each candidate decides for (see engine.plan_weights).
 CANDIDATES = {

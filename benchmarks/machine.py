@@ -32,7 +32,7 @@ def cpu_flags() -> list[str]:
 def machine_info(model_path: str | None = None) -> dict[str, Any]:
     """The machine's description; with ``model_path``, also that model's weight placement
     (the decision and the buffer sizes llama.cpp reported when loading it)."""
-    from langchain_llamacpp_local import engine, ggml_cpu
+    from langchain_llamacpp_local.llama import engine, ggml_cpu
 
     info: dict[str, Any] = {
         "platform": platform.platform(),

@@ -169,10 +169,15 @@ def agent_loop(contenders: list[Contender], turns: int) -> dict[str, Any]:
             call = f'<tool_call>\n{{"name": "stock", "arguments": {{"item": "item {turn}"}}}}\n</tool_call>'
             history += [
                 AIMessage(text + "\n" + call),
-                HumanMessage(f"<tool_response>\n{{\"item {turn}\": {turn * 7}}}\n</tool_response>\nAnd item {turn + 1}?"),
+                HumanMessage(
+                    f'<tool_response>\n{{"item {turn}": {turn * 7}}}\n</tool_response>\nAnd item {turn + 1}?'
+                ),
             ]
-        out[c.name] = {"ttft_s": ttfts, "prompt_tokens_decoded": decoded,
-                       "median_ttft_s": statistics.median(ttfts[1:])}
+        out[c.name] = {
+            "ttft_s": ttfts,
+            "prompt_tokens_decoded": decoded,
+            "median_ttft_s": statistics.median(ttfts[1:]),
+        }
     return out
 
 
@@ -193,12 +198,17 @@ def interleaved(contenders: list[Contender], n_convs: int, turns: int) -> dict[s
                 row.append(t)
                 convs[k] += [AIMessage(text), HumanMessage(f"Tell me more about aisle {k}.")]
             per_turn.append(row)
-        out[c.name] = {"ttft_s_per_turn": per_turn, "last_turn_median_s": statistics.median(per_turn[-1])}
+        out[c.name] = {
+            "ttft_s_per_turn": per_turn,
+            "last_turn_median_s": statistics.median(per_turn[-1]),
+        }
     return out
 
 
 def single_conversation(c: Contender, turns: int) -> list[float]:
-    convo: list[BaseMessage] = [HumanMessage("Sub-agent 0. " + SYSTEM * 8 + "\nList three items in aisle 0.")]
+    convo: list[BaseMessage] = [
+        HumanMessage("Sub-agent 0. " + SYSTEM * 8 + "\nList three items in aisle 0.")
+    ]
     ttfts = []
     for _ in range(turns):
         t, text, _ = c.ttft(convo, max_tokens=16)
@@ -212,7 +222,7 @@ def decode_throughput(path: str, ours: Ours, n: int = 128) -> dict[str, Any]:
     import llama_cpp
     import numpy as np
 
-    from langchain_llamacpp_local.engine import Engine, LoadConfig
+    from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
 
     eng = Engine(LoadConfig(model_path=path, n_ctx=N_CTX, n_batch=N_BATCH))
     toks = eng.tokenize("Write a long story about the sea.", add_special=True)
@@ -223,7 +233,9 @@ def decode_throughput(path: str, ours: Ours, n: int = 128) -> dict[str, Any]:
         t0 = time.perf_counter()
         pos = len(toks)
         for _i in range(n):
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,))
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,)
+            )
             tok = int(logits.argmax())
             eng.decode([tok], pos, 0)
             pos += 1
@@ -232,7 +244,9 @@ def decode_throughput(path: str, ours: Ours, n: int = 128) -> dict[str, Any]:
     raw = statistics.median(runs)
     ours_runs = []
     for _ in range(3):
-        msg = ours.llm.invoke("Write a long story about the sea.", max_tokens=n, stop=[], cache_prompt=True)
+        msg = ours.llm.invoke(
+            "Write a long story about the sea.", max_tokens=n, stop=[], cache_prompt=True
+        )
         ours_runs.append(msg.response_metadata["timings"]["predicted_per_second"])
     mine = statistics.median(ours_runs)
     return {
@@ -298,8 +312,10 @@ def regenerate(
     history: list[BaseMessage] = []
     i = 0
     while True:
-        history += [HumanMessage(f"Question {i}: " + "tell me about the harbour and its boats. " * 6),
-                    AIMessage("Answer: " + "the harbour is busy with fishing boats. " * 6)]
+        history += [
+            HumanMessage(f"Question {i}: " + "tell me about the harbour and its boats. " * 6),
+            AIMessage("Answer: " + "the harbour is busy with fishing boats. " * 6),
+        ]
         i += 1
         if i * tokens_per_exchange >= target_tokens:
             break
@@ -357,10 +373,18 @@ def chart(results: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7)
     ax = axes[1]
     for name, r in results["interleaved"].items():
-        ax.plot(range(1, len(r["ttft_s_per_turn"]) + 1),
-                [statistics.median(row) for row in r["ttft_s_per_turn"]], marker="o", label=name)
-    ax.plot(range(1, len(results["single_conversation_ttft_s"]) + 1),
-            results["single_conversation_ttft_s"], linestyle="--", label="ours, one conversation")
+        ax.plot(
+            range(1, len(r["ttft_s_per_turn"]) + 1),
+            [statistics.median(row) for row in r["ttft_s_per_turn"]],
+            marker="o",
+            label=name,
+        )
+    ax.plot(
+        range(1, len(results["single_conversation_ttft_s"]) + 1),
+        results["single_conversation_ttft_s"],
+        linestyle="--",
+        label="ours, one conversation",
+    )
     ax.set_title(f"{results['interleaved_conversations']} interleaved conversations: TTFT")
     ax.set_xlabel("turn")
     ax.legend(fontsize=7)
@@ -528,8 +552,10 @@ def main(argv: list[str] | None = None) -> None:
     ours_last = results["interleaved"][ours.name]["last_turn_median_s"]
     results["ratios"] = {
         name: {
-            "agent_loop_ttft": r["median_ttft_s"] / results["agent_loop"][ours.name]["median_ttft_s"],
-            "interleaved_last_turn_ttft": results["interleaved"][name]["last_turn_median_s"] / ours_last,
+            "agent_loop_ttft": r["median_ttft_s"]
+            / results["agent_loop"][ours.name]["median_ttft_s"],
+            "interleaved_last_turn_ttft": results["interleaved"][name]["last_turn_median_s"]
+            / ours_last,
         }
         for name, r in results["agent_loop"].items()
     }
@@ -538,7 +564,23 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2))
     chart(results, RESULTS / "chart.png")
-    print(json.dumps({k: results[k] for k in ("ratios", "load", "decode", "event_loop", "concurrent", "concurrent_deterministic", "regenerate")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: results[k]
+                for k in (
+                    "ratios",
+                    "load",
+                    "decode",
+                    "event_loop",
+                    "concurrent",
+                    "concurrent_deterministic",
+                    "regenerate",
+                )
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

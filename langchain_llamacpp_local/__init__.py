@@ -1,8 +1,9 @@
 """LangChain chat model running local GGUF models in-process through llama.cpp."""
 
-from .chat_models import ChatLlamaCpp
-from .embeddings import LlamaCppEmbeddings
-from .errors import (
+from langchain_llamacpp_local.chat.preview import RenderedPrompt
+from langchain_llamacpp_local.chat_models import ChatLlamaCpp
+from langchain_llamacpp_local.embeddings import LlamaCppEmbeddings
+from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
     IncompatibleDraftModelError,
@@ -11,9 +12,8 @@ from .errors import (
     RequestCancelledError,
     WorkerDeadError,
 )
-from .model_resolution import ModelNotFoundError
-from .prompt_preview import RenderedPrompt
-from .rerank import LlamaCppRerank
+from langchain_llamacpp_local.rerank import LlamaCppRerank
+from langchain_llamacpp_local.runtime.model_resolution import ModelNotFoundError
 
 __all__ = [
     "ChatLlamaCpp",

@@ -42,23 +42,30 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from . import registry
-from .errors import RequestCancelledError
-from .gguf_meta import read_gguf_metadata
-from .lora import parse_adapters, request_key, resolve_adapter_path
-from .model_resolution import (
+from langchain_llamacpp_local.chat.preview import RenderedPrompt
+from langchain_llamacpp_local.errors import RequestCancelledError
+from langchain_llamacpp_local.formats import StreamDelta
+from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
+from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.runtime import registry
+from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
+from langchain_llamacpp_local.runtime.model_resolution import (
     ModelEntry,
     ResolvedModel,
     models_dir_from,
     resolve_model,
     resolve_path,
 )
-from .model_resolution import list_models as _list_models
-from .prompt_preview import RenderedPrompt
-from .sampling import SamplingParams
-from .templates import convert_messages
-from .tool_parsers import StreamDelta
-from .validation import (
+from langchain_llamacpp_local.runtime.model_resolution import list_models as _list_models
+from langchain_llamacpp_local.runtime.worker import (
+    CacheOptions,
+    ChatJob,
+    Done,
+    ModelInfo,
+    ModelWorker,
+)
+from langchain_llamacpp_local.templates.chat_template import convert_messages
+from langchain_llamacpp_local.validation import (
     check_argument_names,
     check_call_options,
     check_load_settings,
@@ -69,7 +76,6 @@ from .validation import (
     normalize_stop,
     unknown_names_error,
 )
-from .worker import CacheOptions, ChatJob, Done, ModelInfo, ModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -393,7 +399,7 @@ class ChatLlamaCpp(BaseChatModel):
 
     def _check_placement(self) -> None:
         """Fail at construction on RPC/split settings llama.cpp would ignore or abort on."""
-        from .rpc import parse_endpoint, rpc_unavailable_reason
+        from langchain_llamacpp_local.llama.rpc import parse_endpoint, rpc_unavailable_reason
 
         if self.rpc_servers is not None:
             if not self.rpc_servers:
@@ -482,7 +488,7 @@ class ChatLlamaCpp(BaseChatModel):
     # ------------------------------------------------------------------ lifecycle
 
     def _load_config(self, resolved: ResolvedModel | None = None) -> Any:
-        from .engine import LoadConfig
+        from langchain_llamacpp_local.llama.engine import LoadConfig
 
         if resolved is None:
             resolved = self._resolve(None)
@@ -553,7 +559,7 @@ class ChatLlamaCpp(BaseChatModel):
         )
 
     def _prompt_cache_dir(self) -> str | None:
-        from .disk_cache import ENV_DIR
+        from langchain_llamacpp_local.cache.disk import ENV_DIR
 
         raw = self.prompt_cache_dir or os.environ.get(ENV_DIR) or None
         if raw is None:
@@ -680,7 +686,7 @@ class ChatLlamaCpp(BaseChatModel):
         and ``tool_format``. Text-only prompts need only the GGUF's vocabulary (the
         weights are not loaded); prompts with images are prepared by the loaded model.
         """
-        from . import prompt_preview
+        from langchain_llamacpp_local.chat import preview as prompt_preview
 
         call = dict(kwargs)
         if tools is not None:
@@ -693,7 +699,7 @@ class ChatLlamaCpp(BaseChatModel):
         if not _has_images(job.messages):
             path = self._resolve(spec).model_path
             return prompt_preview.prepare_without_weights(path, job)
-        from .prompts import prepare
+        from langchain_llamacpp_local.chat.prompts import prepare
 
         lease, _ = self._lease(spec, job.deadline)
         try:
@@ -706,7 +712,7 @@ class ChatLlamaCpp(BaseChatModel):
     def get_token_ids(self, text: str) -> list[int]:
         """``text``'s tokens in the model's own vocabulary (no BOS, special-token text
         read as plain text); reads only the vocabulary when the model is not loaded."""
-        from . import prompt_preview
+        from langchain_llamacpp_local.chat import preview as prompt_preview
 
         return prompt_preview.tokenize_text(self._resolve(None).model_path, text)
 
@@ -796,7 +802,7 @@ class ChatLlamaCpp(BaseChatModel):
                 continue
             for part in content:
                 if isinstance(part, dict) and part.get("type") == "image":
-                    from .multimodal import load_image
+                    from langchain_llamacpp_local.chat.images import load_image
 
                     part["image"] = load_image(
                         part["image"],
@@ -979,7 +985,7 @@ class ChatLlamaCpp(BaseChatModel):
         ``response_format`` (OpenAI ``json_schema``/``json_object``) constrains the
         final answer.
         """
-        from .prompts import normalize_tool_choice
+        from langchain_llamacpp_local.chat.prompts import normalize_tool_choice
 
         formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
         normalize_tool_choice(tool_choice, formatted)  # fail now, not at invoke time

@@ -20,8 +20,8 @@ from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 from typing_extensions import Self
 
-from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
-from .validation import check_argument_names
+from langchain_llamacpp_local.llama.embedding import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.validation import check_argument_names
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 from typing_extensions import Self
 
-from .embedding_engine import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
-from .embeddings import check_texts, encodable
-from .errors import ContextOverflowError
-from .validation import check_argument_names
+from langchain_llamacpp_local.embeddings import check_texts, encodable
+from langchain_llamacpp_local.errors import ContextOverflowError
+from langchain_llamacpp_local.llama.embedding import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.validation import check_argument_names
 
 _PLACEHOLDER = re.compile(r"(\{query\}|\{document\})")
 

@@ -22,7 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import rpc
+from langchain_llamacpp_local.llama import rpc
 
 logger = logging.getLogger("langchain_llamacpp_local.rpc_server")
 

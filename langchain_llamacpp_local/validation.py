@@ -151,7 +151,7 @@ def check_load_settings(s: Mapping[str, Any]) -> None:
     for name in ("type_k", "type_v"):
         value = s.get(name)
         if value is not None:
-            from .engine import KV_TYPES
+            from langchain_llamacpp_local.llama.engine import KV_TYPES
 
             if not isinstance(value, str) or value.lower() not in KV_TYPES:
                 raise ValueError(

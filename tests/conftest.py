@@ -86,7 +86,7 @@ def smollm2() -> str:
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_llama_log() -> None:
     """llama.cpp logs through :mod:`logging`; make sure it is initialised once."""
-    from langchain_llamacpp_local import engine
+    from langchain_llamacpp_local.llama import engine
 
     engine._init_backend()
     assert isinstance(engine._log_callback, ctypes._CFuncPtr)
@@ -97,6 +97,6 @@ def _free_models_after_each_test() -> Iterator[None]:
     """The registry keeps models loaded for ``keep_alive`` (docs/models.md); each test
     frees what it left idle so the next starts with fresh caches, as it did before."""
     yield
-    from langchain_llamacpp_local import registry
+    from langchain_llamacpp_local.runtime import registry
 
     registry.unload()

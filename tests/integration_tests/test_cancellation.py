@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp, RequestCancelledError, WorkerDeadError
-from langchain_llamacpp_local.worker import ChatJob
+from langchain_llamacpp_local.runtime.worker import ChatJob
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_same_greedy, greedy_mismatch
 
@@ -178,7 +178,7 @@ class _Poison(ChatJob):
 
 
 def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
-    from langchain_llamacpp_local.sampling import SamplingParams
+    from langchain_llamacpp_local.llama.sampling import SamplingParams
 
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
     llm.load()
@@ -194,7 +194,7 @@ def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
 
 
 def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
-    from langchain_llamacpp_local.sampling import SamplingParams
+    from langchain_llamacpp_local.llama.sampling import SamplingParams
 
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
     llm.load()
@@ -243,7 +243,7 @@ def test_a_parser_failure_fails_its_request_only(
     tiny_llama: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 12 #2/#15: an exception while parsing model output is that request's error."""
-    from langchain_llamacpp_local import prompts
+    from langchain_llamacpp_local.chat import prompts
 
     # bit for bit beside a failing request: the deterministic mode's guarantee
     llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=2, deterministic=True, **GREEDY)

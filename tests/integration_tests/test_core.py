@@ -17,7 +17,7 @@ from langchain_core.messages import (
 )
 
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError, ModelLoadError
-from langchain_llamacpp_local.registry import live_workers, unload
+from langchain_llamacpp_local.runtime.registry import live_workers, unload
 from tests.compare import GREEDY, assert_same_greedy
 
 FRESH = {"cache_prompt": False}  # same path for both sides of a comparison
@@ -50,7 +50,10 @@ def test_invoke_reports_usage_and_metadata(llm: ChatLlamaCpp) -> None:
     meta = msg.response_metadata
     assert meta["model_name"]
     assert meta["finish_reason"] in ("stop", "length")
-    assert meta["timings"]["prompt_ms"] >= 0 and meta["timings"]["predicted_n"] == usage["output_tokens"]
+    assert (
+        meta["timings"]["prompt_ms"] >= 0
+        and meta["timings"]["predicted_n"] == usage["output_tokens"]
+    )
 
 
 def test_max_tokens_gives_length(llm: ChatLlamaCpp) -> None:
@@ -255,7 +258,9 @@ THINK_TEMPLATE = (
 
 
 def test_reasoning_from_an_opened_think_block(tiny_llama: str) -> None:
-    base = ChatLlamaCpp(model_path=tiny_llama, chat_template=THINK_TEMPLATE, max_tokens=20, **GREEDY)
+    base = ChatLlamaCpp(
+        model_path=tiny_llama, chat_template=THINK_TEMPLATE, max_tokens=20, **GREEDY
+    )
     raw = base.invoke("why?", **FRESH)  # reasoning=None: text as generated
     thinking = base.invoke("why?", reasoning=True, **FRESH)
     # the template opened <think>; the random model never closes it: all of it is reasoning

@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langchain_llamacpp_local import ChatLlamaCpp, disk_cache, registry
+from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.cache import disk as disk_cache
+from langchain_llamacpp_local.runtime import registry
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_identical
 from tests.gguf_models import write_tiny_llama
@@ -130,7 +132,7 @@ def test_a_corrupt_file_is_skipped_and_the_call_served(
         blob = bytearray(path.read_bytes())
         blob[len(blob) // 2] ^= 0x55
         path.write_bytes(bytes(blob))
-    with caplog.at_level(logging.WARNING, logger="langchain_llamacpp_local.disk_cache"):
+    with caplog.at_level(logging.WARNING, logger="langchain_llamacpp_local.cache.disk"):
         out = _call(tiny_llama, msgs, cache, deterministic=True)
     assert _cached(out) == 0
     assert any("checksum" in r.message for r in caplog.records)

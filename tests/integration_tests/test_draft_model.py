@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from langchain_llamacpp_local import model_handle
-from langchain_llamacpp_local.draft_model import DraftModel, draft_config
-from langchain_llamacpp_local.engine import Engine, LoadConfig, MemoryKind
 from langchain_llamacpp_local.errors import IncompatibleDraftModelError, ModelLoadError
-from langchain_llamacpp_local.speculative import Proposer
+from langchain_llamacpp_local.llama.draft import DraftModel, draft_config
+from langchain_llamacpp_local.llama.engine import Engine, LoadConfig, MemoryKind
+from langchain_llamacpp_local.runtime import model_handle
+from langchain_llamacpp_local.runtime.speculative import Proposer
 from tests.gguf_models import (
     BOS_ID,
     EOS_ID,

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from langchain_llamacpp_local import ChatLlamaCpp, model_handle
+from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.errors import IncompatibleDraftModelError
+from langchain_llamacpp_local.runtime import model_handle
 from tests.compare import GREEDY, assert_identical, assert_same_greedy
 from tests.gguf_models import write_scripted_llama, write_tiny_llama_vocab
 

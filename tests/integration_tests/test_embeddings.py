@@ -24,14 +24,16 @@ from langchain_llamacpp_local import (
     ChatLlamaCpp,
     ContextOverflowError,
     LlamaCppEmbeddings,
-    model_handle,
 )
-from langchain_llamacpp_local.embedding_engine import (
+from langchain_llamacpp_local.embeddings import postprocess
+from langchain_llamacpp_local.llama.embedding import (
     EmbeddingConfig,
     EmbeddingEngine,
     head_skips,
 )
-from langchain_llamacpp_local.embeddings import postprocess
+from langchain_llamacpp_local.runtime import (
+    model_handle,
+)
 from tests.gguf_models import BOS_ID, EOS_ID, write_tiny_bert, write_tiny_llama
 
 TEXTS = [

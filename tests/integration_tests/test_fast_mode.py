@@ -16,7 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.kv_cache import common_prefix_len
+from langchain_llamacpp_local.cache.slots import common_prefix_len
 from tests.compare import GREEDY, ids
 from tests.gguf_models import write_scripted_llama
 
@@ -127,7 +127,7 @@ def test_two_fresh_instances_give_the_same_tokens(arch: str, request: Any) -> No
     path = request.getfixturevalue(f"tiny_{arch}")
 
     def run() -> list[list[int]]:
-        from langchain_llamacpp_local.registry import unload
+        from langchain_llamacpp_local.runtime.registry import unload
 
         unload()
         llm = ChatLlamaCpp(model_path=path, max_tokens=12, keep_alive=0, **GREEDY)

@@ -48,7 +48,9 @@ def mmproj(models_dir: Path) -> str:
 
 @pytest.fixture()
 def vlm(tiny_llama: str, mmproj: str) -> ChatLlamaCpp:
-    return ChatLlamaCpp(model_path=tiny_llama, mmproj_path=mmproj, n_slots=1, max_tokens=12, **GREEDY)
+    return ChatLlamaCpp(
+        model_path=tiny_llama, mmproj_path=mmproj, n_slots=1, max_tokens=12, **GREEDY
+    )
 
 
 def test_profile_reports_image_input_only_with_a_projector(tiny_llama: str, mmproj: str) -> None:
@@ -82,7 +84,9 @@ def test_follow_up_reuses_the_image_in_the_cache(vlm: ChatLlamaCpp) -> None:
     assert_same_greedy(second, vlm.invoke(turn2, cache_prompt=False))
     # a different image at the same place diverges there
     vlm.invoke(turn2)
-    other = vlm.invoke([*_ask(_v1(BLUE)), AIMessage(first.content), HumanMessage("And what colour is it?")])
+    other = vlm.invoke(
+        [*_ask(_v1(BLUE)), AIMessage(first.content), HumanMessage("And what colour is it?")]
+    )
     assert other.usage_metadata["input_token_details"]["cache_read"] < n1 - 16  # type: ignore[index]
 
 
@@ -101,10 +105,14 @@ def test_every_accepted_form_gives_the_same_result(vlm: ChatLlamaCpp, tmp_path: 
     for form in forms[1:]:
         assert ids(vlm.invoke(_ask(form), cache_prompt=False)) == expected, form
     local = vlm.model_copy(update={"allow_local_image_files": True})
-    assert ids(local.invoke(_ask({"type": "image", "url": str(path)}), cache_prompt=False)) == expected
+    assert (
+        ids(local.invoke(_ask({"type": "image", "url": str(path)}), cache_prompt=False)) == expected
+    )
 
 
-def test_refused_forms_have_clear_errors(vlm: ChatLlamaCpp, tiny_llama: str, tmp_path: Path) -> None:
+def test_refused_forms_have_clear_errors(
+    vlm: ChatLlamaCpp, tiny_llama: str, tmp_path: Path
+) -> None:
     path = tmp_path / "red.png"
     path.write_bytes(RED)
     with pytest.raises(ValueError, match="(?i)local"):

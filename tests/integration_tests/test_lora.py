@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from langchain_llamacpp_local import ChatLlamaCpp, engine
+from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.llama import engine
 from tests.compare import GREEDY, assert_identical, assert_same_greedy, ids
 from tests.gguf_models import byte_token, write_tiny_llama, write_tiny_lora
 

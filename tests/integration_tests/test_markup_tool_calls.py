@@ -16,8 +16,8 @@ from langchain_core.tools import tool
 from pydantic import BaseModel, Field
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.sampling import MARKUP_CALL_FORMATS
-from langchain_llamacpp_local.tool_parsers import detect_format
+from langchain_llamacpp_local.formats import detect_format
+from langchain_llamacpp_local.llama.sampling import MARKUP_CALL_FORMATS
 from tests.gguf_models import write_tiny_llama
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "llama_cpp_templates"

@@ -10,17 +10,17 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError
-from langchain_llamacpp_local.engine import Engine, LoadConfig
-from langchain_llamacpp_local.prompt_tokens import (
+from langchain_llamacpp_local.chat.prompts import ChatFormat, prepare
+from langchain_llamacpp_local.chat.special_tokens import (
     _partition,
     min_tokens,
     tokenize_protected,
     vocab_info,
 )
-from langchain_llamacpp_local.prompts import ChatFormat, prepare
-from langchain_llamacpp_local.sampling import SamplingParams
-from langchain_llamacpp_local.templates import ChatTemplateError, convert_messages
-from langchain_llamacpp_local.worker import ChatJob
+from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
+from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.runtime.worker import ChatJob
+from langchain_llamacpp_local.templates.chat_template import ChatTemplateError, convert_messages
 from tests.gguf_models import EOS_ID, byte_token
 
 

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from langchain_core.runnables import ConfigurableField
 
-from langchain_llamacpp_local import ChatLlamaCpp, registry
-from langchain_llamacpp_local.model_resolution import ModelNotFoundError
-from langchain_llamacpp_local.registry import live_workers, load_count, loaded_models
-from langchain_llamacpp_local.worker import CacheOptions
+from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.runtime import registry
+from langchain_llamacpp_local.runtime.model_resolution import ModelNotFoundError
+from langchain_llamacpp_local.runtime.registry import live_workers, load_count, loaded_models
+from langchain_llamacpp_local.runtime.worker import CacheOptions
 from tests.gguf_models import write_tiny_llama, write_tiny_mmproj
 
 FAST: dict[str, Any] = {"temperature": 0.0, "max_tokens": 4, "n_ctx": 512, "n_slots": 2}

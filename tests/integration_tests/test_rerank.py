@@ -12,7 +12,7 @@ import pytest
 from langchain_core.documents import Document
 
 from langchain_llamacpp_local import ContextOverflowError, LlamaCppRerank
-from langchain_llamacpp_local.embedding_engine import EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
 from tests.gguf_models import BOS_ID, EOS_ID, SPACE_ID, byte_token, write_tiny_bert
 
 QUERY = "which animal purrs"

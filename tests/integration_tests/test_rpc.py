@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
-from langchain_llamacpp_local import ChatLlamaCpp, ModelLoadError, rpc
+from langchain_llamacpp_local import ChatLlamaCpp, ModelLoadError
+from langchain_llamacpp_local.llama import rpc
 from tests.compare import GREEDY, LOGPROB_TOL, assert_same_greedy
 
 _REASON = rpc.rpc_unavailable_reason()
@@ -130,7 +131,13 @@ def _assert_same_run(
 def test_tiny_llama_across_a_server_matches_local(
     tiny_llama: str, server: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = {"model_path": tiny_llama, "n_slots": 1, "max_tokens": 16, "deterministic": True, **GREEDY}
+    settings = {
+        "model_path": tiny_llama,
+        "n_slots": 1,
+        "max_tokens": 16,
+        "deterministic": True,
+        **GREEDY,
+    }
     remote_llm = ChatLlamaCpp(rpc_servers=[server], **settings)
     buffers = _load_logged(remote_llm, caplog)
     assert any(server in b and "model buffer" in b for b in buffers), buffers
@@ -150,7 +157,13 @@ def test_layers_split_across_two_servers_and_this_machine(
     tiny_llama: str, start_server: Callable[[], str], caplog: pytest.LogCaptureFixture
 ) -> None:
     a, b = start_server(), start_server()
-    settings = {"model_path": tiny_llama, "n_slots": 2, "max_tokens": 16, "deterministic": True, **GREEDY}
+    settings = {
+        "model_path": tiny_llama,
+        "n_slots": 2,
+        "max_tokens": 16,
+        "deterministic": True,
+        **GREEDY,
+    }
     # 2 layers + output over split points [0.25, 1]: layer 0 on a, layer 1 and output on b
     split = ChatLlamaCpp(rpc_servers=[a, b], tensor_split=[1.0, 3.0], **settings)
     buffers = _load_logged(split, caplog)

@@ -39,12 +39,14 @@ from langchain_llamacpp_local import (  # noqa: E402
     ChatLlamaCpp,
     LlamaCppEmbeddings,
     LlamaCppRerank,
-    registry,
 )
 from langchain_llamacpp_local.errors import (  # noqa: E402
     RequestCancelledError,
 )
-from langchain_llamacpp_local.templates import ChatTemplate  # noqa: E402
+from langchain_llamacpp_local.runtime import (  # noqa: E402
+    registry,
+)
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate  # noqa: E402
 from tests.gguf_models import write_tiny_bert, write_tiny_mmproj  # noqa: E402
 
 SEED = int(os.environ.get("LLAMACPP_SOAK_SEED", "20261123"))

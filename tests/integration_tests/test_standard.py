@@ -80,8 +80,11 @@ class TestChatLlamaCppStandard(ChatModelIntegrationTests):
             for chunk in llm.stream(msgs):
                 total = chunk if total is None else total + chunk
             assert total is not None
-            msg = AIMessage(content=total.content, usage_metadata=total.usage_metadata,
-                            response_metadata=total.response_metadata)
+            msg = AIMessage(
+                content=total.content,
+                usage_metadata=total.usage_metadata,
+                response_metadata=total.response_metadata,
+            )
         else:
             msg = llm.invoke(msgs)  # type: ignore[assignment]
         assert msg.usage_metadata["input_token_details"]["cache_read"] > 20  # type: ignore[index]
@@ -113,7 +116,9 @@ class TestChatLlamaCppStandard(ChatModelIntegrationTests):
     def test_structured_output_pydantic_2_v1(self, model: BaseChatModel) -> None:
         super().test_structured_output_pydantic_2_v1(model)
 
-    @pytest.mark.xfail(reason="270M base model does not finish a long CJK argument within max_tokens")
+    @pytest.mark.xfail(
+        reason="270M base model does not finish a long CJK argument within max_tokens"
+    )
     def test_unicode_tool_call_integration(
         self, model: BaseChatModel, *, tool_choice: str | None = None, force_tool_call: bool = True
     ) -> None:
@@ -121,6 +126,8 @@ class TestChatLlamaCppStandard(ChatModelIntegrationTests):
             model, tool_choice=tool_choice, force_tool_call=force_tool_call
         )
 
-    @pytest.mark.xfail(reason="json_mode only constrains to some JSON object; the 270M model ignores the keys asked for")
+    @pytest.mark.xfail(
+        reason="json_mode only constrains to some JSON object; the 270M model ignores the keys asked for"
+    )
     def test_json_mode(self, model: BaseChatModel) -> None:
         super().test_json_mode(model)

@@ -16,9 +16,9 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.chat.prompts import _LAZY_TRIGGERS
 from langchain_llamacpp_local.chat_models import _aggregate
-from langchain_llamacpp_local.prompts import _LAZY_TRIGGERS
-from langchain_llamacpp_local.tool_parsers import detect_format
+from langchain_llamacpp_local.formats import detect_format
 from tests.printing_model import write_printing_llama
 from tests.unit_tests.llama_cpp_cases import TEMPLATES, case_id, load_cases
 

@@ -55,7 +55,9 @@ def _check_call(call: dict[str, Any], tools: dict[str, Any]) -> None:
     assert call["id"]
 
 
-@pytest.mark.parametrize("choice", ["any", "required", "get_weather", {"type": "function", "function": {"name": "add"}}])
+@pytest.mark.parametrize(
+    "choice", ["any", "required", "get_weather", {"type": "function", "function": {"name": "add"}}]
+)
 def test_forced_tool_calls_are_schema_valid(llm: ChatLlamaCpp, choice: Any) -> None:
     tools = {"get_weather": get_weather, "add": add}
     bound = llm.bind_tools(list(tools.values()), tool_choice=choice)
@@ -235,7 +237,10 @@ def test_unconvertible_tool_schema_is_a_clear_error(llm: ChatLlamaCpp) -> None:
         "function": {
             "name": "remote",
             "description": "uses a remote $ref",
-            "parameters": {"type": "object", "properties": {"x": {"$ref": "https://example.com/s.json"}}},
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"$ref": "https://example.com/s.json"}},
+            },
         },
     }
     with pytest.raises(ValueError, match=r"(?i)\$ref|grammar|schema"):

@@ -13,8 +13,9 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 import pytest
 
-from langchain_llamacpp_local import ChatLlamaCpp, engine, ggml_cpu
-from langchain_llamacpp_local.engine import LoadConfig
+from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.llama import engine, ggml_cpu
+from langchain_llamacpp_local.llama.engine import LoadConfig
 
 pytestmark = pytest.mark.gemma
 

@@ -14,8 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from langchain_llamacpp_local.templates import ChatTemplate, ChatTemplateError
-from langchain_llamacpp_local.tool_parsers import ParsedOutput, StreamParser, detect_format, parse
+from langchain_llamacpp_local.formats import ParsedOutput, StreamParser, detect_format, parse
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate, ChatTemplateError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TEMPLATES = DATA / "llama_cpp_templates"

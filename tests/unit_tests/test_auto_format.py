@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from langchain_llamacpp_local.prompts import resolve_format
-from langchain_llamacpp_local.templates import ChatTemplate
-from langchain_llamacpp_local.tool_parsers import StreamParser, parse
+from langchain_llamacpp_local.chat.prompts import resolve_format
+from langchain_llamacpp_local.formats import StreamParser, parse
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate
 
 # a made-up syntax: <call>{json}</call>, which none of the families writes
 SRC = (

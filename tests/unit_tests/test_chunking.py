@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from langchain_llamacpp_local.chunking import (
+from langchain_llamacpp_local.cache.chunking import (
     balanced_groups,
     exact_prefix,
     grid_align,
@@ -10,7 +10,7 @@ from langchain_llamacpp_local.chunking import (
     piece_end,
     restart_point,
 )
-from langchain_llamacpp_local.prompt_cache import CachedPrompt, PromptCache
+from langchain_llamacpp_local.cache.host_ram import CachedPrompt, PromptCache
 
 
 def _pieces(

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from langchain_llamacpp_local import disk_cache
-from langchain_llamacpp_local.checkpoints import Checkpoint
-from langchain_llamacpp_local.disk_cache import DiskPromptCache
-from langchain_llamacpp_local.prompt_cache import CachedPrompt
+from langchain_llamacpp_local.cache import disk as disk_cache
+from langchain_llamacpp_local.cache.checkpoints import Checkpoint
+from langchain_llamacpp_local.cache.disk import DiskPromptCache
+from langchain_llamacpp_local.cache.host_ram import CachedPrompt
 
 KEY, BUILD = "k" * 32, "build 1"
 
@@ -82,7 +82,7 @@ def test_a_damaged_file_is_skipped_with_one_log_line(
     reader = _cache(tmp_path)
     entry, n = reader.best(list(range(50)))
     assert entry is not None and n == 50  # the header still reads
-    with caplog.at_level(logging.WARNING, logger="langchain_llamacpp_local.disk_cache"):
+    with caplog.at_level(logging.WARNING, logger="langchain_llamacpp_local.cache.disk"):
         assert reader.load(entry) is None
     assert len([r for r in caplog.records if "skipping" in r.message]) == 1
     assert not path.exists()  # it can never restore: its room goes to good files

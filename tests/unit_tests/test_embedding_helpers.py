@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank, model_handle
-from langchain_llamacpp_local.embedding_engine import pack, pool
+from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
 from langchain_llamacpp_local.embeddings import PREFIXES, check_texts, postprocess
-from langchain_llamacpp_local.engine import LoadConfig
+from langchain_llamacpp_local.llama.embedding import pack, pool
+from langchain_llamacpp_local.llama.engine import LoadConfig
+from langchain_llamacpp_local.runtime import model_handle
 
 
 def test_pack_respects_token_and_sequence_budgets() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from langchain_llamacpp_local.tool_parsers import FORMATS, detect_format, detect_handler
+from langchain_llamacpp_local.formats import FORMATS, detect_format, detect_handler
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 EXPECTED = json.loads((DATA / "llama_cpp_template_formats.json").read_text(encoding="utf-8"))[

@@ -5,8 +5,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from langchain_llamacpp_local.checkpoints import Checkpoint, CheckpointStore, checkpoint_targets
-from langchain_llamacpp_local.kv_cache import Slot, common_prefix_len, reusable_prefix
+from langchain_llamacpp_local.cache.checkpoints import (
+    Checkpoint,
+    CheckpointStore,
+    checkpoint_targets,
+)
+from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len, reusable_prefix
 
 tokens = st.lists(st.integers(0, 5), max_size=700)
 

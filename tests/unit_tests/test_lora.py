@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from langchain_llamacpp_local.cache.slots import common_prefix_len
 from langchain_llamacpp_local.errors import ModelLoadError
-from langchain_llamacpp_local.kv_cache import common_prefix_len
-from langchain_llamacpp_local.lora import (
+from langchain_llamacpp_local.runtime.lora import (
     AdapterSpec,
     KeyedToken,
     activate,

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from langchain_llamacpp_local.sampling import (
+from langchain_llamacpp_local.formats import parse
+from langchain_llamacpp_local.llama.sampling import (
     MARKUP_CALL_FORMATS,
     SamplingParams,
     tool_call_grammar,
 )
-from langchain_llamacpp_local.tool_parsers import parse
 
 from ..gguf_models import write_scripted_llama
 from .test_sampling import TOOLS, TinyModel, _validate, tiny  # noqa: F401 (fixture)

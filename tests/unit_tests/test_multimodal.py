@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from PIL import Image, ImageFile
 
-from langchain_llamacpp_local.multimodal import (
+from langchain_llamacpp_local.chat.images import (
     DecodedImage,
     ImageInputError,
     is_image_block,

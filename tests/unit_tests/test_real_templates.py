@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_llamacpp_local.templates import (
+from langchain_llamacpp_local.templates.chat_template import (
     ChatTemplate,
     ChatTemplateError,
     TemplateConventions,

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from langchain_llamacpp_local import ChatLlamaCpp, ModelLoadError, rpc
+from langchain_llamacpp_local import ChatLlamaCpp, ModelLoadError
+from langchain_llamacpp_local.llama import rpc
 from langchain_llamacpp_local.rpc_server import exposure_warning
 from langchain_llamacpp_local.rpc_server import main as rpc_server_main
 

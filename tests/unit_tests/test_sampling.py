@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from langchain_llamacpp_local.sampling import (
+from langchain_llamacpp_local.llama.sampling import (
     JSON_OBJECT_GRAMMAR,
     InvalidSamplingParams,
     Sampler,

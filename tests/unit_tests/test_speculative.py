@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.speculative import (
+from langchain_llamacpp_local.runtime.speculative import (
     DraftController,
     NgramProposer,
     Proposer,

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from langchain_core.messages import AIMessageChunk
 
 from langchain_llamacpp_local.chat_models import _delta_message
-from langchain_llamacpp_local.tool_parsers import ParsedOutput, StreamParser, detect_format, parse
-from langchain_llamacpp_local.tool_parsers.base import _read_as_arguments
+from langchain_llamacpp_local.formats import ParsedOutput, StreamParser, detect_format, parse
+from langchain_llamacpp_local.formats.base import _read_as_arguments
 
 from .llama_cpp_cases import _settings, _template, case_id, load_cases
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from langchain_llamacpp_local.template_analysis import (
+from langchain_llamacpp_local.formats.auto import (
     AnalysisParse,
     TemplateAnalysis,
     after_common_suffix,
@@ -28,9 +28,9 @@ from langchain_llamacpp_local.template_analysis import (
     segmentize_markers,
     until_common_prefix,
 )
-from langchain_llamacpp_local.template_analysis import analyzer as ta
-from langchain_llamacpp_local.template_analysis import parser as ta_parser
-from langchain_llamacpp_local.templates import ChatTemplate
+from langchain_llamacpp_local.formats.auto import analyzer as ta
+from langchain_llamacpp_local.formats.auto import parser as ta_parser
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "llama_cpp_templates"
 ALL_TEMPLATES = sorted(p.name for p in TEMPLATES.glob("*.jinja"))

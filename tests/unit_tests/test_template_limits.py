@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from langchain_llamacpp_local.templates import (
+from langchain_llamacpp_local.templates.chat_template import (
     ChatTemplate,
     ChatTemplateError,
     RenderLimits,
@@ -176,7 +176,7 @@ def test_tools_nested_past_the_recursion_limit_are_a_template_error() -> None:
 _ISOLATED = """
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-from langchain_llamacpp_local.templates import ChatTemplate, ChatTemplateError
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate, ChatTemplateError
 for source in sys.argv[1:]:
     try:
         ChatTemplate(source, origin="override").render([{"role": "user", "content": "hi"}])
@@ -314,7 +314,7 @@ def test_compiled_templates_are_cached_per_source() -> None:
 
 
 def test_a_cancelled_request_stops_the_template() -> None:
-    from langchain_llamacpp_local.template_sandbox import request_budget
+    from langchain_llamacpp_local.templates.sandbox import request_budget
 
     tpl = ChatTemplate(
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",

@@ -22,7 +22,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_llamacpp_local.templates import (
+from langchain_llamacpp_local.templates.chat_template import (
     BUILTIN_TEMPLATES,
     TOOL_SYSTEM_PROMPT,
     ChatTemplate,

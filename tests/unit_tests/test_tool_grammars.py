@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from langchain_llamacpp_local.sampling import (
+from langchain_llamacpp_local.formats import parse
+from langchain_llamacpp_local.llama.sampling import (
     WRAPPED_JSON_FORMATS,
     SamplingParams,
     tool_call_grammar,
 )
-from langchain_llamacpp_local.tool_parsers import parse
 
 from .test_sampling import _PARAMS, TOOLS, TinyModel, _validate, tiny  # noqa: F401 (fixture)
 

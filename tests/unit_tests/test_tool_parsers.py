@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from langchain_llamacpp_local.tool_parsers import (
+from langchain_llamacpp_local.formats import (
     FORMATS,
     START_MARKERS,
     StreamParser,

@@ -15,8 +15,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.gguf_meta import check_hparams, read_gguf_metadata
-from langchain_llamacpp_local.sampling import (
+from langchain_llamacpp_local.llama.gguf import check_hparams, read_gguf_metadata
+from langchain_llamacpp_local.llama.sampling import (
     MAX_GRAMMAR_REPETITION,
     GrammarTooLargeError,
     InvalidSamplingParams,
@@ -245,7 +245,7 @@ class _Vocab:
     """The tiny llama's vocab (byte tokens: one token per ASCII character)."""
 
     def __init__(self, path: Path) -> None:
-        from langchain_llamacpp_local.engine import _init_backend
+        from langchain_llamacpp_local.llama.engine import _init_backend
 
         _init_backend()
         params = C.llama_model_default_params()

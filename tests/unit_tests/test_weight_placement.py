@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
-from langchain_llamacpp_local.draft_model import draft_config
-from langchain_llamacpp_local.engine import LoadConfig
-from langchain_llamacpp_local.validation import check_load_settings
-from langchain_llamacpp_local.weight_placement import (
+from langchain_llamacpp_local.llama.draft import draft_config
+from langchain_llamacpp_local.llama.engine import LoadConfig
+from langchain_llamacpp_local.llama.weights import (
     AMX,
     CPU_REPACK,
     TensorInfo,
@@ -23,6 +22,7 @@ from langchain_llamacpp_local.weight_placement import (
     names_regex,
     plan_weight_placement,
 )
+from langchain_llamacpp_local.validation import check_load_settings
 
 Q4_K, Q6_K, F32 = 12, 14, 0
 

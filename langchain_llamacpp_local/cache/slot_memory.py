@@ -1,0 +1,449 @@
+"""Which slot a request uses and what its cache keeps: choose, park, restore, checkpoints.
+
+A :class:`SlotPolicy` owns the slots (one llama.cpp sequence each), the host-RAM
+prompt cache and the checkpoints. It is the only code that changes a sequence's
+memory, and every such change updates the slot's tracked entries in the same
+method, so the bookkeeping cannot drift from the KV cache. With
+``LLAMACPP_LOCAL_CHECK_KV=1`` (read when the worker starts) :meth:`check` asserts
+that after every step.
+
+Slot choice follows llama.cpp's server (longest common prefix, similarity 0.1, a
+prefix copy when the best slot would lose most of what it holds, LRU otherwise);
+by default a request reuses the whole common prefix, the previous reply included
+(as llama.cpp's server does); in deterministic mode reuse stops at the fixed decode
+grid of :mod:`chunking` so a warm request computes exactly what a fresh one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from langchain_llamacpp_local.cache import disk as disk_cache
+from langchain_llamacpp_local.cache.checkpoints import (
+    Checkpoint,
+    CheckpointStore,
+    checkpoint_targets,
+)
+from langchain_llamacpp_local.cache.chunking import (
+    exact_prefix,
+    grid_align,
+    restart_point,
+    resume_point,
+)
+from langchain_llamacpp_local.cache.host_ram import CachedPrompt, PromptCache
+from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
+from langchain_llamacpp_local.llama.engine import Engine, MemoryKind, build_info
+
+logger = logging.getLogger(__name__)
+
+PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+CHECK_ENV = "LLAMACPP_LOCAL_CHECK_KV"
+
+
+class KVDesyncError(AssertionError):
+    """The tracked entries of a slot differ from what llama.cpp's memory holds (a bug)."""
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """Per-model cache settings that do not change how the weights load."""
+
+    checkpoint_max_count: int = 16
+    checkpoint_max_bytes: int = 256 * 1024 * 1024
+    checkpoint_min_step: int = 512
+    prompt_cache_bytes: int = 1024 * 1024 * 1024
+    #: Directory of the prompt cache on disk (None: off), and its byte budget.
+    prompt_cache_dir: str | None = None
+    prompt_cache_dir_bytes: int = disk_cache.DEFAULT_MAX_BYTES
+
+
+#: Shortest conversation worth a file in the disk cache (entries).
+DISK_MIN_ENTRIES = 32
+#: LoadConfig fields that do not change what a sequence's saved state holds.
+_STATE_NEUTRAL = frozenset(
+    {"model_path", "n_seq_max", "use_mmap", "use_mlock", "draft_model_path", "mmproj_path"}
+    | {"image_min_tokens", "image_max_tokens"}
+)
+
+
+def disk_key_parts(engine: Engine) -> dict[str, object]:
+    """What a saved state depends on: the model file's contents and every load setting
+    that changes the KV cache or its numbers (``deterministic`` included: it decides how
+    ``exact`` prefixes were computed)."""
+    config = engine.config
+    parts: dict[str, object] = {
+        f: getattr(config, f) for f in vars(config) if f not in _STATE_NEUTRAL
+    }
+    parts["model"] = disk_cache.file_identity(config.model_path)
+    parts["n_ctx_per_seq"] = engine.n_ctx
+    return parts
+
+
+def check_enabled() -> bool:
+    """Whether the KV invariant check is on (``LLAMACPP_LOCAL_CHECK_KV=1``)."""
+    return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class SlotPolicy:
+    """Slots, host-RAM cache and checkpoints of one context (see module docstring)."""
+
+    def __init__(self, engine: Engine, cache: CacheOptions) -> None:
+        self.engine = engine
+        self.cache = cache
+        self.slots = [
+            Slot(
+                seq_id=i,
+                checkpoints=CheckpointStore(
+                    max_count=cache.checkpoint_max_count, max_bytes=cache.checkpoint_max_bytes
+                ),
+            )
+            for i in range(engine.n_seq_max)
+        ]
+        self.ram = PromptCache(max_bytes=cache.prompt_cache_bytes)
+        self.disk: disk_cache.DiskPromptCache | None = None
+        if cache.prompt_cache_dir:
+            try:
+                self.disk = disk_cache.DiskPromptCache(
+                    cache.prompt_cache_dir,
+                    disk_cache.cache_key(disk_key_parts(engine)),
+                    build_info(),
+                    cache.prompt_cache_dir_bytes,
+                )
+            except OSError as exc:
+                raise ValueError(
+                    f"prompt_cache_dir={cache.prompt_cache_dir!r} cannot be used: {exc}"
+                ) from None
+        self.align = grid_align(engine.n_batch)
+        #: bit-exact mode (fixed grid, exact prefixes only); else llama.cpp's reuse
+        self.deterministic = engine.config.deterministic
+        self.checking = check_enabled()
+        self._clock = 0
+
+    @property
+    def uses_checkpoints(self) -> bool:
+        return (
+            self.engine.memory_kind is not MemoryKind.PARTIAL
+            and self.cache.checkpoint_max_count > 0
+        )
+
+    # ------------------------------------------------------------------ choosing
+
+    def acquire(
+        self,
+        tokens: Sequence[Hashable],
+        media: Sequence[tuple[int, int]],
+        busy: set[int],
+        *,
+        cache_prompt: bool,
+        marks: Sequence[int] = (),
+    ) -> tuple[Slot, int]:
+        """A free slot for ``tokens`` and how many of its entries the request keeps."""
+        slot = self._choose(tokens, busy)
+        if not cache_prompt:
+            self.reset(slot)
+        return slot, self._rewind(slot, tokens, media, marks)
+
+    def _touch(self, slot: Slot) -> Slot:
+        self._clock += 1
+        slot.last_used = self._clock
+        return slot
+
+    def _choose(self, tokens: Sequence[Hashable], busy: set[int]) -> Slot:
+        """Pick the free slot for ``tokens`` (llama.cpp server's slot selection).
+
+        The free slot sharing the longest prefix wins when it keeps most of what it
+        holds; otherwise the request takes an empty or least recently used slot and
+        the shared prefix is copied from whichever slot has it. A conversation
+        pushed out of its slot is parked in the host-RAM cache, and one found there
+        is restored instead of being decoded again.
+        """
+        eng = self.engine
+        free = [s for s in self.slots if s.seq_id not in busy]
+        lcp = {s.seq_id: min(common_prefix_len(s.entries, tokens), s.exact) for s in self.slots}
+        best_free = max(free, key=lambda s: (lcp[s.seq_id], -s.last_used))
+        n_best = lcp[best_free.seq_id]
+        empty = [s for s in free if s.n_past == 0]
+        can_copy = eng.memory_kind is MemoryKind.PARTIAL
+        if can_copy and empty and 0 < n_best < best_free.n_past:
+            target = empty[0]  # fork: keep the other conversation whole, copy the prefix
+        elif n_best > 0 and (n_best * 10 >= len(tokens) or len(free) == 1):
+            target = best_free  # similar enough (llama.cpp's slot_prompt_similarity 0.1)
+            if n_best * 2 < target.n_past:
+                self.park(target)  # most of it is about to be trimmed: keep a copy
+        else:
+            target = empty[0] if empty else min(free, key=lambda s: s.last_used)
+        n_target = lcp[target.seq_id]
+
+        cached, n_cached = self.ram.best(tokens)
+        if cached is not None:
+            n_cached = min(n_cached, cached.exact, len(tokens) - 1)
+            if n_cached * 4 < len(cached.entries):
+                cached, n_cached = None, 0  # most of it would be trimmed: not worth it
+        src = max(self.slots, key=lambda s: lcp[s.seq_id])
+        n_src = lcp[src.seq_id]
+        if self.disk is not None:  # a state saved by this or an earlier process
+            on_disk = self._from_disk(tokens, max(n_target, n_src, n_cached))
+            if on_disk is not None:
+                cached, n_cached = on_disk
+        if cached is not None and n_cached > max(n_target, n_src):
+            # Take it out first: parking the target below may evict cache entries
+            # (it could evict exactly this one).
+            self.ram.take(cached)
+            self.park(target)
+            self.restore(target, cached)
+        elif n_src > n_target and src is not target and can_copy:
+            self.park(target)
+            self.copy(src, target, n_src)
+        elif target.n_past and n_target * 2 < target.n_past:
+            self.park(target)
+        return self._touch(target)
+
+    def _from_disk(self, tokens: Sequence[Hashable], beat: int) -> tuple[CachedPrompt, int] | None:
+        """The disk cache's record for ``tokens`` if it restores more than ``beat``
+        entries (restoring a file is far cheaper than decoding what it holds)."""
+        assert self.disk is not None
+        entry, n = self.disk.best(tokens)
+        if entry is None:
+            return None
+        n = min(n, entry.exact, len(tokens) - 1)
+        if n <= beat or n < DISK_MIN_ENTRIES:
+            return None
+        item = self.disk.load(entry)
+        if item is None:
+            return None
+        logger.debug("prompt cache: %d of %d entries found on disk", n, len(tokens))
+        return item, n
+
+    def persist(self, slot: Slot) -> None:
+        """Queue ``slot``'s conversation for the disk cache (after a reply is done)."""
+        disk = self.disk
+        if disk is None or slot.n_past < DISK_MIN_ENTRIES:
+            return
+        if not disk.wants(slot.seq_id, slot.entries):
+            return
+        data = self.engine.state_get(slot.seq_id, 0)
+        disk.save(CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact))
+
+    # ------------------------------------------------------------------ memory changes
+
+    def reset(self, slot: Slot) -> None:
+        """Remove the whole sequence (never fails) and forget its entries."""
+        self.engine.seq_rm(slot.seq_id, -1, -1)
+        slot.clear()
+
+    def park(self, slot: Slot) -> None:
+        """Save a conversation to the host-RAM cache before its slot is reused."""
+        if slot.n_past == 0 or self.ram.max_bytes <= 0:
+            return
+        data = self.engine.state_get(slot.seq_id, 0)
+        self.ram.put(
+            CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact)
+        )
+
+    def restore(self, slot: Slot, cached: CachedPrompt) -> None:
+        """Load a parked conversation into ``slot`` (cleared first)."""
+        self.reset(slot)
+        if self.engine.state_set(cached.data, slot.seq_id, 0):
+            slot.entries = list(cached.entries)
+            slot.exact = cached.exact
+            for ck in cached.checkpoints:
+                slot.checkpoints.add(ck)
+            logger.debug("restored %d cached entries from host RAM", len(cached.entries))
+        else:
+            self.reset(slot)  # a partial load: nothing of it may stay
+
+    def copy(self, src: Slot, dst: Slot, n: int) -> None:
+        """Give ``dst`` the first ``n`` entries of ``src`` without decoding them.
+
+        Per-sequence KV streams copy a whole stream (llama.cpp supports nothing
+        finer across streams) and trim it; a unified cache shares the cells.
+        """
+        eng = self.engine
+        self.reset(dst)
+        if eng.kv_unified:
+            eng.seq_cp(src.seq_id, dst.seq_id, 0, n)
+        else:
+            eng.seq_cp(src.seq_id, dst.seq_id, -1, -1)
+            if not eng.seq_rm(dst.seq_id, n, -1):
+                self.reset(dst)
+                return
+        dst.entries = list(src.entries[:n])
+        dst.exact = min(src.exact, n)
+        logger.debug("copied a %d-entry prefix from slot %d", n, src.seq_id)
+
+    def _rewind(
+        self,
+        slot: Slot,
+        tokens: Sequence[Hashable],
+        media: Sequence[tuple[int, int]],
+        marks: Sequence[int] = (),
+    ) -> int:
+        """Trim ``slot`` to the grid cut point a request for ``tokens`` resumes from.
+
+        Attention KV is trimmed in place. Memory that cannot be trimmed (recurrent,
+        hybrid) or whose sliding window already dropped the positions needed is
+        rolled back to the newest checkpoint at or before that point; without one
+        the sequence is cleared.
+        """
+        eng = self.engine
+        n_prompt = len(tokens)
+        limit = min(common_prefix_len(slot.entries, tokens), slot.exact)
+        n_keep = self._resume(limit, n_prompt, media, marks)
+        if n_keep >= slot.n_past:  # pure extension: nothing to trim
+            return slot.n_past
+        kind = eng.memory_kind
+        seq = slot.seq_id
+        if kind is MemoryKind.PARTIAL or (
+            kind is MemoryKind.SWA and n_keep > 0 and self._swa_window_ok(slot, n_keep)
+        ):
+            if eng.seq_rm(seq, n_keep, -1):
+                slot.truncate(n_keep)
+                return n_keep
+        ck = slot.checkpoints.best_for(n_keep)
+        if ck is not None and eng.state_set(ck.data, seq, PARTIAL_ONLY):
+            if eng.seq_rm(seq, ck.n_tokens, -1):
+                logger.debug(
+                    "restored the checkpoint at %d entries (resume point %d, cached %d)",
+                    ck.n_tokens,
+                    n_keep,
+                    slot.n_past,
+                )
+                slot.truncate(ck.n_tokens)
+                return ck.n_tokens
+        logger.debug("no checkpoint at or before %d entries: re-reading the prompt", n_keep)
+        self.reset(slot)
+        return 0
+
+    def _resume(
+        self, limit: int, n_prompt: int, media: Sequence[tuple[int, int]], marks: Sequence[int]
+    ) -> int:
+        """Where a prompt sharing ``limit`` entries with a slot resumes decoding."""
+        if self.deterministic:
+            return restart_point(limit, n_prompt, self.align, media, marks)
+        return resume_point(limit, n_prompt, media)
+
+    def _swa_window_ok(self, slot: Slot, n_keep: int) -> bool:
+        """True if the SWA cache still holds the window needed to resume at ``n_keep``."""
+        eng = self.engine
+        return eng.seq_pos_min(slot.seq_id) <= max(0, n_keep - eng.n_swa)
+
+    def record(self, slot: Slot, entries: Sequence[Hashable], *, exact: bool) -> None:
+        """Track entries just decoded into ``slot`` (``exact``: a grid prompt piece).
+
+        Outside deterministic mode every decoded entry is reusable (generated ones too)."""
+        grid_exact = slot.exact == slot.n_past
+        slot.entries.extend(entries)
+        if (exact and grid_exact) or not self.deterministic:
+            slot.exact = slot.n_past
+
+    def seal_prompt(self, slot: Slot, n_prompt: int, marks: Sequence[int] = ()) -> None:
+        """After a prompt is read: only whole grid cells of it stay reusable exactly.
+
+        The last partial cell was computed as a prompt's tail; a longer prompt would
+        compute the same positions inside a full piece, unless that cell ends on a
+        mark (a prompt ending with the generation prompt), where it cuts too.
+        """
+        if not self.deterministic:
+            return
+        slot.exact = min(slot.exact, exact_prefix(n_prompt, self.align, marks))
+
+    def sync(self, slot: Slot) -> None:
+        """After a failed or aborted decode, track exactly what the memory still holds."""
+        eng = self.engine
+        n = max(0, min(slot.n_past, eng.seq_pos_max(slot.seq_id) + 1))
+        if n < slot.n_past:
+            slot.truncate(n)
+        # Nothing of the failed ubatch may stay behind the entries we track: a stale
+        # cell at a reused position would be attended to later.
+        if not eng.seq_rm(slot.seq_id, slot.n_past, -1):
+            self.reset(slot)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_targets(
+        self,
+        n_keep: int,
+        tokens: Sequence[Hashable],
+        boundaries: tuple[int, ...],
+        media: Sequence[tuple[int, int]],
+        slot: Slot,
+        marks: Sequence[int] = (),
+    ) -> list[int]:
+        """Cut points at which to save a checkpoint while this prompt is read."""
+        if not self.uses_checkpoints:
+            return []
+        n_prompt = len(tokens)
+        last = slot.checkpoints.items[-1].n_tokens if slot.checkpoints.items else None
+        raw = checkpoint_targets(
+            n_keep,
+            n_prompt,
+            n_ubatch=self.engine.n_ubatch,
+            min_step=self.cache.checkpoint_min_step,
+            boundaries=boundaries,
+            last_at=last,
+        )
+        # where a regenerate of this very prompt resumes
+        raw.append(n_prompt - 1)
+        out = {self._resume(t, n_prompt, media, marks) for t in raw}
+        return sorted(t for t in out if n_keep < t < n_prompt)
+
+    def save_checkpoint(self, slot: Slot, keep: frozenset[int]) -> None:
+        eng = self.engine
+        if slot.n_past == 0:
+            return
+        slot.checkpoints.add(
+            Checkpoint(
+                n_tokens=slot.n_past,
+                pos_min=eng.seq_pos_min(slot.seq_id),
+                pos_max=eng.seq_pos_max(slot.seq_id),
+                data=eng.state_get(slot.seq_id, PARTIAL_ONLY),
+            ),
+            keep=keep,
+        )
+
+    # ------------------------------------------------------------------ unified cache room
+
+    def make_room(self, needed: int, reserved: int, busy: set[int], reserve: Slot | None) -> bool:
+        """Unified cache only: park idle slots until ``needed`` more positions fit.
+
+        ``reserved`` is what running requests may still occupy (prompt plus their
+        remaining ``max_tokens``). Returns False when they leave too little room now.
+        """
+        eng = self.engine
+        if reserved + needed > eng.n_ctx_total:
+            return False
+        idle = sorted(
+            (s for s in self.slots if s.seq_id not in busy and s is not reserve and s.n_past),
+            key=lambda s: s.last_used,
+        )
+        held = sum(s.n_past for s in self.slots if s.seq_id not in busy and s is not reserve)
+        while idle and reserved + held + needed > eng.n_ctx_total:
+            victim = idle.pop(0)
+            held -= victim.n_past
+            self.park(victim)
+            self.reset(victim)
+        return reserved + held + needed <= eng.n_ctx_total
+
+    # ------------------------------------------------------------------ invariant check
+
+    def check(self) -> None:
+        """Assert that every slot's entries match its sequence in llama.cpp's memory."""
+        eng = self.engine
+        for slot in self.slots:
+            pos_max = eng.seq_pos_max(slot.seq_id)
+            if pos_max + 1 != slot.n_past:
+                raise KVDesyncError(
+                    f"slot {slot.seq_id}: tracks {slot.n_past} entries but the memory's "
+                    f"seq_pos_max is {pos_max}"
+                )
+            if slot.n_past and eng.memory_kind is MemoryKind.PARTIAL:
+                pos_min = eng.seq_pos_min(slot.seq_id)
+                if pos_min != 0:
+                    raise KVDesyncError(
+                        f"slot {slot.seq_id}: trimmable memory starts at {pos_min}, not 0"
+                    )
+            if not 0 <= slot.exact <= slot.n_past:
+                raise KVDesyncError(f"slot {slot.seq_id}: exact={slot.exact} > {slot.n_past}")

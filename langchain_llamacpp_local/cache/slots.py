@@ -1,0 +1,67 @@
+"""Prefix reuse bookkeeping: which cached entries a new prompt can keep.
+
+Pure functions and plain data, testable without a model. A :class:`Slot` mirrors
+one llama.cpp sequence: ``entries[i]`` is what sits at position ``i`` of the KV
+cache (a token id today; image chunks can be added as hashable entries later
+without changing the comparison).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from langchain_llamacpp_local.cache.checkpoints import CheckpointStore
+
+
+def common_prefix_len(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    """Length of the longest common prefix of two entry sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    # Compare in blocks first: long shared histories are the common case.
+    step = 256
+    while i + step <= n and a[i : i + step] == b[i : i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def reusable_prefix(cached: Sequence[Hashable], prompt: Sequence[Hashable]) -> int:
+    """How many cached entries a request for ``prompt`` may keep.
+
+    The last prompt entry is always decoded again when everything matches, since
+    sampling needs fresh logits for it (llama.cpp server's ``n_past--``).
+    """
+    if not prompt:
+        return 0
+    return min(common_prefix_len(cached, prompt), len(prompt) - 1)
+
+
+@dataclass
+class Slot:
+    """One cached conversation: a sequence id plus what its KV cache holds."""
+
+    seq_id: int
+    entries: list[Hashable] = field(default_factory=list)
+    last_used: int = 0
+    #: leading entries decoded as prompt pieces on the fixed grid (see :mod:`chunking`):
+    #: the part a later request may reuse and still match a fresh decode bit for bit
+    exact: int = 0
+    checkpoints: CheckpointStore = field(default_factory=CheckpointStore)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.entries)
+
+    def truncate(self, n: int) -> None:
+        """Forget entries from position ``n`` on (after the memory was trimmed)."""
+        del self.entries[n:]
+        self.exact = min(self.exact, n)
+        self.checkpoints.drop_after(n)
+
+    def clear(self) -> None:
+        """Forget everything (after the sequence was removed from the memory)."""
+        self.entries.clear()
+        self.exact = 0
+        self.checkpoints.clear()

@@ -1,0 +1,477 @@
+"""From a chat request to prompt tokens, grammar and output parser.
+
+This is where templates, tool formats and grammars meet: it picks the template
+(GGUF, named variant, override or built-in), decides how tools reach the model
+(the template's own ``tools`` support, or the documented Hermes-style system
+prompt), which format the output is parsed with, and which grammar constrains
+sampling (forced tool calls, JSON schema, JSON mode).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from langchain_llamacpp_local.chat.special_tokens import (
+    check_fits,
+    content_has_control_text,
+    protect_content,
+    restore,
+    tokenize_protected,
+    vocab_info,
+)
+from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
+from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
+from langchain_llamacpp_local.llama.sampling import (
+    JSON_OBJECT_GRAMMAR,
+    MARKUP_CALL_FORMATS,
+    WRAPPED_JSON_FORMATS,
+    SamplingParams,
+    json_schema_to_grammar,
+    tool_call_grammar,
+)
+from langchain_llamacpp_local.templates.chat_template import (
+    ChatTemplate,
+    adapt_messages,
+    inject_tool_prompt,
+    select_template,
+)
+from langchain_llamacpp_local.templates.sandbox import request_budget
+
+if TYPE_CHECKING:
+    from langchain_llamacpp_local.llama.engine import Engine
+    from langchain_llamacpp_local.runtime.jobs import ChatJob
+
+logger = logging.getLogger(__name__)
+
+
+class OutputParser(Protocol):
+    def feed(self, delta: str) -> list[StreamDelta]: ...
+    def finish(self) -> list[StreamDelta]: ...
+
+
+class PlainParser:
+    """Content passes through unchanged (no tools bound, reasoning left as generated)."""
+
+    def feed(self, delta: str) -> list[StreamDelta]:
+        return [StreamDelta(kind="content", text=delta)] if delta else []
+
+    def finish(self) -> list[StreamDelta]:
+        return []
+
+
+@dataclass
+class ChatFormat:
+    """The model's templates and tool format, resolved once per loaded model."""
+
+    metadata: dict[str, str]
+    template: ChatTemplate
+    tool_template: ChatTemplate | None
+    tool_format: str
+    bos_text: str
+    eos_text: str
+    _overrides: dict[str, ChatTemplate] = field(default_factory=dict)
+    analysis: TemplateAnalysis | None = None  # the learned syntax when tool_format is "auto"
+
+    @classmethod
+    def from_engine(cls, eng: Engine) -> ChatFormat:
+        meta = dict(eng.metadata)
+        vocab_info(eng)  # the special-token scan, once at load rather than on a request
+        bos = eng.token_text(eng.bos_id) if eng.bos_id >= 0 else ""
+        eos = eng.token_text(eng.eos_id) if eng.eos_id >= 0 else ""
+        meta["_bos_token"] = bos
+        meta["_eos_token"] = eos
+        template = select_template(meta)
+        tool_template = (
+            select_template(meta, with_tools=True)
+            if "tokenizer.chat_template.tool_use" in meta
+            else None
+        )
+        tool_format, analysis = resolve_format(tool_template or template)
+        logger.debug("chat template %s, tool format %s", template.origin, tool_format)
+        return cls(meta, template, tool_template, tool_format, bos, eos, analysis=analysis)
+
+    @property
+    def call_format(self) -> str:
+        """The syntax tool calls are prompted and parsed in: the template's own, or Hermes
+        when the template cannot show tools (:func:`prepare` then adds the Hermes prompt)."""
+        template = self.tool_template or self.template
+        return self.tool_format if template.supports_tools else "hermes"
+
+    def override(self, source: str) -> ChatTemplate:
+        """Compile (once) a per-request template override or built-in name."""
+        tpl = self._overrides.get(source)
+        if tpl is None:
+            tpl = select_template(self.metadata, override=source)
+            if len(self._overrides) > 32:
+                self._overrides.clear()
+            self._overrides[source] = tpl
+        return tpl
+
+
+def resolve_format(template: ChatTemplate) -> tuple[str, TemplateAnalysis | None]:
+    """The template's tool format, as llama.cpp picks it: a hand-written family first, then
+    the differential analysis of the template (format ``"auto"``) for templates that write
+    tool calls in a syntax no family knows."""
+    fmt = detect_format(template.source)
+    if fmt != "generic" or not template.supports_tools:
+        return fmt, None
+    analysis = analyze_template(template)
+    if analysis is None:
+        return fmt, None
+    logger.info("chat template %s: tool-call syntax learned by analysis", template.origin)
+    return "auto", analysis
+
+
+@dataclass
+class PreparedPrompt:
+    text: str
+    tokens: list[Any]  # token ids, and ("media", digest, k) entries for image positions
+    sampling: SamplingParams
+    stop: list[str]
+    boundaries: tuple[int, ...] = ()
+    media: dict[int, Any] = field(default_factory=dict)  # start position -> MediaChunk
+    parse_format: str | None = None
+    reasoning: bool | None = None
+    think_open: bool = False
+    tools: tuple[dict[str, Any], ...] = ()  # bound tools: their schemas type tagged arguments
+    prefill: str = ""  # the end of the rendered prompt (what the template already opened)
+    analysis: TemplateAnalysis | None = None  # for parse_format "auto"
+    lora_start: int = 0  # where the LoRA adapters take effect (an activated LoRA's invocation)
+
+    def make_parser(self) -> OutputParser:
+        if self.parse_format is None and self.reasoning is None:
+            return PlainParser()
+        return StreamParser(
+            self.parse_format or "content",
+            reasoning=self.reasoning,
+            think_open=self.think_open,
+            tools=self.tools or None,
+            prefill=self.prefill,
+            analysis=self.analysis,
+        )
+
+
+#: Formats whose tool calls start with a marker our grammar also writes: with
+#: ``tool_choice="auto"`` the grammar switches on at that marker (llama.cpp's lazy grammar).
+_LAZY_TRIGGERS: dict[str, tuple[str, ...]] = {
+    "hermes": ("<tool_call>",),
+    "mistral": ("[TOOL_CALLS]",),
+    **{fmt: (spec[0],) for fmt, spec in WRAPPED_JSON_FORMATS.items()},
+    **MARKUP_CALL_FORMATS,
+}
+
+#: Formats whose output carries channel/turn markup even in plain chat: they are always
+#: parsed (reasoning extracted) so the markup never reaches ``content``.
+_MARKUP_FORMATS = frozenset(
+    {
+        "gpt_oss",
+        "ministral_3",
+        "command_r7b",
+        "cohere2moe",
+        "gemma4",
+        "kimi_k3",
+        "muse_glimmer",
+        "solar_open",
+        "apriel",
+    }
+)
+#: Formats that are not a family's own call syntax (no template-taught markup to parse).
+_NO_OWN_SYNTAX = frozenset({"hermes", "generic", "content", "auto"})
+#: How much of the rendered prompt's end the parser sees (generation prompts are short).
+_PREFILL_CHARS = 256
+
+
+def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
+    """Map LangChain/OpenAI ``tool_choice`` forms to ``None`` (auto), ``"none"``,
+    ``"required"`` or ``"name:<tool>"``; a bad value raises ``ValueError``."""
+    names = [t["function"]["name"] for t in tools]
+    if tool_choice is None or tool_choice == "auto":
+        return None
+    if tool_choice == "none" or tool_choice is False:
+        return "none"
+    if tool_choice in ("any", "required") or tool_choice is True:
+        return "required"
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        if tool_choice.get("type") in ("any", "required"):
+            return "required"
+        if tool_choice.get("type") == "auto":
+            return None
+        if not name:
+            raise ValueError(f"tool_choice {tool_choice!r} names no function")
+        tool_choice = name
+    if isinstance(tool_choice, str):
+        if tool_choice not in names:
+            raise ValueError(f"tool_choice={tool_choice!r} is not one of the bound tools {names}")
+        return f"name:{tool_choice}"
+    raise ValueError(f"unsupported tool_choice {tool_choice!r}")
+
+
+def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema of an OpenAI-style ``response_format`` (None for plain JSON mode)."""
+    rtype = response_format.get("type")
+    if rtype == "json_object":
+        return None
+    if rtype == "json_schema":
+        js = response_format.get("json_schema") or {}
+        schema = js.get("schema", js if "properties" in js or "type" in js else None)
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema has no 'schema'")
+        return schema
+    raise ValueError(
+        f"unsupported response_format type {rtype!r}; use 'json_schema' or 'json_object'"
+    )
+
+
+def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
+    """Render, tokenize and choose grammar and parser for ``job``.
+
+    Every template operation of the request (compiling an override, probing, each
+    render) shares one time budget, which also stops at the caller's cancel or timeout.
+    """
+    with request_budget(fmt.template.limits, cancelled=job.cancelled):
+        return _prepare(fmt, job, eng)
+
+
+def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
+    tools = job.tools or []
+    choice = normalize_tool_choice(job.tool_choice, tools) if tools else None
+    use_tools = bool(tools) and choice != "none"
+
+    if job.chat_template:
+        template = fmt.override(job.chat_template)
+    elif use_tools and fmt.tool_template is not None:
+        template = fmt.tool_template
+    else:
+        template = fmt.template
+    if job.chat_template:
+        tool_format, analysis = resolve_format(template)
+    else:
+        tool_format, analysis = fmt.tool_format, fmt.analysis
+
+    # a template that writes calls in its family's syntax but cannot describe tools (the
+    # DeepSeek R1 distills, V3.1): llama.cpp parses that syntax; the tools are listed in
+    # the system prompt without the Hermes call instruction, so the model writes its own
+    own_syntax = (
+        use_tools
+        and not template.supports_tools
+        and template.supports_tool_calls
+        and tool_format not in _NO_OWN_SYNTAX
+    )
+    messages, render_tools = adapt_messages(
+        template, job.messages, tools if use_tools and not own_syntax else None
+    )
+    if own_syntax:
+        messages = inject_tool_prompt(messages, tools, instruction=False)
+    parse_format: str | None = None
+    if use_tools:
+        parse_format = tool_format if template.supports_tools or own_syntax else "hermes"
+
+    kwargs = dict(job.chat_template_kwargs)
+    if job.reasoning is not None:
+        kwargs.setdefault("enable_thinking", bool(job.reasoning))
+    images: list[Any] = []
+    messages = _inline_images(messages, images)
+    text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
+    check_fits(eng, text, job.max_tokens)  # before anything that scales with the prompt
+    info = vocab_info(eng)
+    # Everything the template sees goes through one check: message content, tool names,
+    # descriptions and schemas, argument keys and values, template kwargs.
+    inputs = {"messages": messages, "tools": render_tools, "kwargs": kwargs}
+    injected = content_has_control_text(info, inputs)
+    mapping: dict[str, str] = {}
+    rendered = text
+    if injected:  # text that spells control tokens: render again with placeholders
+        logger.debug("prompt inputs contain control-token text %s", injected[:5])
+        protected, mapping = protect_content(inputs, injected)
+        rendered = template.render(
+            protected["messages"],
+            tools=protected["tools"],
+            add_generation_prompt=True,
+            **protected["kwargs"],
+        )
+        text = restore(rendered, mapping)
+
+    media: dict[int, Any] = {}
+    if images:
+        body = _strip_bos(eng, fmt, text)
+        if mapping:
+            raise ValueError(
+                "message content with control-token text "
+                f"({', '.join(repr(t) for t in injected[:3])}) cannot be combined with images"
+            )
+        tokens, media = eng.tokenize_multimodal(
+            body, [(im.width, im.height, im.rgb, im.digest) for im in images]
+        )
+        boundaries: tuple[int, ...] = ()
+    elif mapping:
+        tokens = tokenize_protected(eng, info, _strip_bos(eng, fmt, rendered), mapping)
+        boundaries = ()
+    else:
+        tokens = _tokenize(eng, fmt, text)
+        boundaries = _last_user_boundary(
+            eng, fmt, template, messages, render_tools, kwargs, text, tokens
+        )
+
+    sampling = job.sampling
+    grammar: str | None = None
+    lazy: tuple[str, ...] = ()
+    if use_tools and choice is not None and choice != "none":
+        name = choice[5:] if choice.startswith("name:") else None
+        grammar, parse_format = tool_call_grammar(
+            tools,
+            parse_format or "hermes",
+            # like llama.cpp server: one call unless parallel calls are asked for (a small
+            # model under a repeatable grammar would otherwise loop until max_tokens)
+            parallel=job.parallel_tool_calls is True and name is None,
+            name=name,
+            prefill=text[-_PREFILL_CHARS:],
+        )
+    elif use_tools and choice is None and parse_format in _LAZY_TRIGGERS:
+        # "auto": free text, but once the model starts a call it must be a valid one
+        grammar, used = tool_call_grammar(
+            tools, parse_format, parallel=job.parallel_tool_calls is True
+        )
+        if used == parse_format:
+            lazy = _LAZY_TRIGGERS[parse_format]
+        else:  # no grammar in the model's own syntax for these tools: calls stay free
+            grammar = None
+    elif job.response_format is not None and not use_tools:
+        schema = _response_schema(job.response_format)
+        grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
+    if grammar is not None:
+        sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
+
+    reasoning = job.reasoning
+    if parse_format is None and tool_format in _MARKUP_FORMATS:
+        parse_format = tool_format
+    if reasoning is None and parse_format in _MARKUP_FORMATS:
+        reasoning = False  # extract what the model thinks uninvited; never leak markup
+    return PreparedPrompt(
+        text=text,
+        tokens=tokens,
+        media=media,
+        sampling=sampling,
+        stop=list(job.stop),
+        boundaries=boundaries,
+        parse_format=parse_format,
+        reasoning=reasoning,
+        tools=tuple(tools) if use_tools else (),
+        prefill=text[-_PREFILL_CHARS:],
+        analysis=analysis if parse_format == "auto" else None,
+    )
+
+
+def chunk_markers(template: ChatTemplate, eng: Engine) -> tuple[tuple[int, ...], ...]:
+    """Token sequences after which prompts are cut (:func:`~.chunking.marker_cuts`).
+
+    The template's generation prompt (e.g. ``<start_of_turn>model\n``: a prompt ends
+    with it, so the next turn of a conversation reuses the previous prompt whole) and
+    its end of a message (e.g. ``<end_of_turn>\n``: every message then starts on a
+    cut, so an edited last message resumes from a checkpoint at its start). Only
+    sequences that start with a control token count: message text cannot spell one
+    (see :mod:`~.prompt_tokens`), so the cuts stay on message boundaries.
+    """
+    probe = [{"role": "user", "content": "\x01probe\x02"}]
+    try:
+        with_prompt = template.render(probe, add_generation_prompt=True)
+        without = template.render(probe, add_generation_prompt=False)
+    except Exception:
+        logger.debug("no chunk markers: the template did not render a probe", exc_info=True)
+        return ()
+    texts: list[str] = []
+    if with_prompt.startswith(without) and with_prompt[len(without) :].strip():
+        texts.append(with_prompt[len(without) :])
+    at = without.find("\x02")
+    if at >= 0 and without[at + 1 :].strip():
+        texts.append(without[at + 1 :])
+    out: list[tuple[int, ...]] = []
+    for text in texts:
+        toks = eng.tokenize(text, add_special=False, parse_special=True)
+        if toks and eng.is_control(toks[0]) and tuple(toks) not in out:
+            out.append(tuple(toks))
+    return tuple(out)
+
+
+def _strip_bos(eng: Engine, fmt: ChatFormat, text: str) -> str:
+    """Drop a template-written BOS when the tokenizer adds one itself (no double BOS)."""
+    if eng.add_bos and fmt.bos_text and text.startswith(fmt.bos_text):
+        return text[len(fmt.bos_text) :]
+    return text
+
+
+def _tokenize(eng: Engine, fmt: ChatFormat, text: str) -> list[int]:
+    """Tokenize a rendered prompt with exactly one BOS where the model wants one."""
+    return eng.tokenize(_strip_bos(eng, fmt, text), add_special=True, parse_special=True)
+
+
+MEDIA_MARKER = "<__media__>"  # llama.cpp mtmd's default marker
+
+
+def _inline_images(messages: list[dict[str, Any]], images: list[Any]) -> list[dict[str, Any]]:
+    """Replace image parts by mtmd's media marker (collecting the images in order).
+
+    The marker, not a template's own image token, is what mtmd splits the prompt on;
+    it then inserts the model's image tokens (and wrappers) itself, as llama.cpp's
+    server does.
+    """
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        content = m.get("content")
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        pieces: list[str] = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "image":
+                from langchain_llamacpp_local.chat.images import DecodedImage, load_image
+
+                img = part.get("image")
+                images.append(img if isinstance(img, DecodedImage) else load_image(img))
+                pieces.append(MEDIA_MARKER)
+            elif isinstance(part, dict):
+                pieces.append(str(part.get("text", "")))
+            else:
+                pieces.append(str(part))
+        out.append({**m, "content": "\n".join(pieces)})
+    return out
+
+
+def _last_user_boundary(
+    eng: Engine,
+    fmt: ChatFormat,
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+    text: str,
+    tokens: list[int],
+) -> tuple[int, ...]:
+    """Token offset where the last user message starts (a checkpoint point).
+
+    Only computed for memory that needs checkpoints; found by rendering the
+    conversation before that message and matching it against the full prompt.
+    """
+    from langchain_llamacpp_local.llama.engine import MemoryKind  # local: engine imports llama.cpp
+
+    if eng.memory_kind is MemoryKind.PARTIAL:
+        return ()
+    idx = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    if idx <= 0:
+        return ()
+    try:
+        head = template.render(messages[:idx], tools=tools, add_generation_prompt=False, **kwargs)
+    except Exception:
+        return ()
+    if not text.startswith(head):
+        return ()
+    head_tokens = _tokenize(eng, fmt, head)
+    n = 0
+    for a, b in zip(head_tokens, tokens, strict=False):
+        if a != b:
+            break
+        n += 1
+    return (n,) if 0 < n < len(tokens) else ()

@@ -1,0 +1,699 @@
+"""Call syntaxes of the model families beyond the classic ones (GLM, Kimi, DeepSeek V3.x, ...).
+
+Each body function reads the inside of one tool-call region (between the family's start
+and end markers) into call records; :data:`SPECS` says, per format, which markers open
+reasoning and tool calls and which wrapper markers are dropped from content. The syntaxes
+follow llama.cpp 0.3.36's parsers (``common/parsers/*.cpp`` and the auto-parser's tests).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from langchain_llamacpp_local.formats.base import (
+    Options,
+    _Call,
+    _call_from_obj,
+    _json_prefix,
+    _loads,
+    _unfence,
+    json_safe,
+    typed_value,
+)
+
+#: body(region, final, opts) -> calls
+Body = Callable[[str, bool, Options], list[_Call]]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One format: reasoning markers, tool-call region markers and its body reader."""
+
+    think: tuple[str, str] | None = ("<think>", "</think>")
+    regions: tuple[tuple[str, str | None, Body], ...] = ()
+    strip: tuple[str, ...] = ()  # wrapper markers removed from content
+    #: text the template's generation prompt puts before the reasoning (kept in reasoning)
+    reasoning_lead: str = ""
+    held: tuple[str, ...] = field(default=())  # extra markers held back while streaming
+    think_stops: tuple[str, ...] = ()  # markers that also end reasoning (left in place)
+    #: reasoning may start without its opening marker (the model is always thinking first)
+    think_implicit: bool = False
+    strip_re: str | None = None  # a pattern of header markup removed from content
+
+
+def _args_obj(text: str, name: str | None, raw: str) -> _Call:
+    obj, err = _loads(text.strip() or "{}")
+    if err or not isinstance(obj, dict):
+        return _Call(name, None, raw, error=err or "arguments are not a JSON object")
+    return _Call(name, obj, raw)
+
+
+def _tagged_args(
+    inner: str,
+    pattern: re.Pattern[str],
+    name: str | None,
+    opts: Options,
+    raw: str,
+    closed: bool,
+    final: bool,
+) -> _Call:
+    """Arguments written as tagged key/value pairs, typed by the tool's schema."""
+    args: dict[str, object] = {}
+    for m in pattern.finditer(inner):
+        key, value = m.group("k").strip(), m.group("v")
+        if value.startswith("<![CDATA[") and value.endswith("]]>"):
+            value = value[len("<![CDATA[") : -len("]]>")]
+        if m.groupdict().get("s") is not None:  # DSML: string="true|false"
+            args[key] = value if m.group("s") == "true" else typed_value(value, None)
+        else:
+            args[key] = typed_value(value, opts.param_types(name, key))
+    if not closed:
+        if final:
+            return _Call(name, None, raw, error="unterminated tool call")
+        return _Call(name, None, raw, complete=False)
+    return _Call(name, args, raw)
+
+
+# --------------------------------------------------------------------------- XML-ish bodies
+
+_GLM_ARG = re.compile(r"<arg_key>(?P<k>.*?)</arg_key>\s*<arg_value>(?P<v>.*?)</arg_value>", re.S)
+
+
+def glm_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``NAME<arg_key>k</arg_key><arg_value>v</arg_value>...`` (GLM 4.5+, Ling, Laguna)."""
+    m = re.match(r"\s*([^<\n]+?)\s*(?=<arg_key>|\n|$)", region)
+    name = m.group(1) if m else None
+    named = m is not None and (final or m.end() < len(region))
+    if not final:
+        return [_Call(name if named else None, None, region, complete=False)]
+    if not name:
+        return [_Call(None, None, region, error="tool call has no name")]
+    return [_tagged_args(region, _GLM_ARG, name, opts, region, True, final)]
+
+
+def _xml_function_calls(
+    region: str,
+    final: bool,
+    opts: Options,
+    open_re: str,
+    close: str,
+    arg: re.Pattern[str],
+) -> list[_Call]:
+    out: list[_Call] = []
+    for m in re.finditer(
+        open_re + r"(?P<body>.*?)(?P<close>" + re.escape(close) + r"|$)", region, re.S
+    ):
+        name = m.group("name").strip()
+        closed = bool(m.group("close"))
+        if (
+            not closed
+            and not final
+            and not m.group("body").strip()
+            and not m.group(0).endswith(">")
+        ):
+            out.append(_Call(None, None, m.group(0), complete=False))
+            continue
+        out.append(_tagged_args(m.group("body"), arg, name, opts, m.group(0), closed, final))
+    if not out and region.strip():
+        if final:
+            out.append(_Call(None, None, region.strip(), error="cannot read the tool call"))
+        else:
+            out.append(_Call(None, None, region, complete=False))
+    return out
+
+
+_QWEN_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>\n?(?P<v>.*?)\n?</parameter>", re.S)
+
+
+def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<function=NAME>\\n<parameter=k>\\nv\\n</parameter>\\n</function>`` (Qwen3-Coder, Qwen3.5, Seed-OSS)."""
+    return _xml_function_calls(
+        region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _QWEN_PARAM
+    )
+
+
+_SEED_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>(?P<v>.*?)</parameter>", re.S)
+
+
+def seed_oss_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """Seed-OSS: like Qwen3-Coder, but parameter values are verbatim (no newline framing)."""
+    return _xml_function_calls(
+        region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _SEED_PARAM
+    )
+
+
+_MINIMAX_PARAM = re.compile(r'<parameter name="(?P<k>[^"]*)">(?P<v>.*?)</parameter>', re.S)
+
+
+def minimax_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<invoke name="X"><parameter name="k">v</parameter></invoke>`` (MiniMax M2)."""
+    return _xml_function_calls(
+        region, final, opts, r'<invoke name="(?P<name>[^"]*)">', "</invoke>", _MINIMAX_PARAM
+    )
+
+
+_DSML = "｜DSML｜"
+_DSML_PARAM = re.compile(
+    rf'<{_DSML}parameter name="(?P<k>[^"]*)"(?: string="(?P<s>true|false)")?>(?P<v>.*?)</{_DSML}parameter>',
+    re.S,
+)
+
+
+def dsml_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """DeepSeek V3.2/V4 DSML: ``<｜DSML｜invoke name="X"><｜DSML｜parameter name="k" string="true">v...``."""
+    return _xml_function_calls(
+        region,
+        final,
+        opts,
+        rf'<{_DSML}invoke name="(?P<name>[^"]*)">',
+        f"</{_DSML}invoke>",
+        _DSML_PARAM,
+    )
+
+
+_MINICPM_PARAM = re.compile(
+    r'<param name="(?P<k>[^"]*)">(?P<v><!\[CDATA\[.*?\]\]>|.*?)</param>', re.S
+)
+
+
+def minicpm5_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<function name="X"><param name="k">v</param></function>`` (MiniCPM5)."""
+    return _xml_function_calls(
+        "<function" + region,
+        final,
+        opts,
+        r'<function name="(?P<name>[^"]*)">',
+        "</function>",
+        _MINICPM_PARAM,
+    )
+
+
+# --------------------------------------------------------------------------- JSON bodies
+
+
+def json_list_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """A JSON list (or object) of ``{"name", "arguments"}`` calls."""
+    if not final:
+        return [_Call(None, None, region, complete=False)] if region.strip() else []
+    s = _unfence(region.strip())
+    parsed = _json_prefix(s)
+    if parsed is None:
+        return [_Call(None, None, s, error="invalid JSON in the tool calls")]
+    obj = parsed[0]
+    items = obj if isinstance(obj, list) else [obj]
+    return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
+
+
+def json_lines_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """One ``{"name", "arguments"}`` object per line (MiniMax M1)."""
+    if not final:
+        return [_Call(None, None, region, complete=False)] if region.strip() else []
+    out: list[_Call] = []
+    s = region.strip()
+    pos = 0
+    while pos < len(s):
+        parsed = _json_prefix(s[pos:])
+        if parsed is None:
+            out.append(_Call(None, None, s[pos:], error="invalid JSON in the tool calls"))
+            break
+        obj, end = parsed
+        out.append(_call_from_obj(obj, s[pos : pos + end]))
+        pos += end
+        while pos < len(s) and s[pos] in " \t\r\n,":
+            pos += 1
+    return out
+
+
+def apertus_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``[{"name": {args}}, ...]`` (Apertus)."""
+    if not final:
+        return [_Call(None, None, region, complete=False)] if region.strip() else []
+    obj, err = _loads(region.strip())
+    if err or not isinstance(obj, list):
+        return [_Call(None, None, region.strip(), error=err or "tool calls are not a JSON list")]
+    out = []
+    for item in obj:
+        raw = json.dumps(item, ensure_ascii=False)
+        if isinstance(item, dict) and len(item) == 1:
+            ((name, args),) = item.items()
+            if isinstance(args, dict):
+                out.append(_Call(name, args, raw))
+                continue
+        out.append(_Call(None, None, raw, error="not a {name: {arguments}} object"))
+    return out
+
+
+_DS_SEP = "<｜tool▁sep｜>"
+
+
+def _name_sep_json(region: str, final: bool, sep: str, name_prefix: str = "") -> list[_Call]:
+    head, found, body = region.partition(sep)
+    name = head.strip()
+    if name_prefix and name.startswith(name_prefix):
+        name = name[len(name_prefix) :]
+    if not found:
+        if final:
+            return [_Call(name or None, None, region, error="no arguments")]
+        return [_Call(None, None, region, complete=False)]
+    if not final:
+        return [_Call(name or None, None, region, complete=False)]
+    return [_args_obj(_unfence(body), name or None, body.strip())]
+
+
+def _split_calls(
+    region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[_Call]]
+) -> list[_Call]:
+    out: list[_Call] = []
+    # a call ends at its end marker, or (a model that skips it) where the next call begins
+    for m in re.finditer(
+        re.escape(begin) + r"(.*?)(" + re.escape(end) + r"|(?=" + re.escape(begin) + r")|$)",
+        region,
+        re.S,
+    ):
+        closed = bool(m.group(2)) or m.end() < len(region)
+        calls = one(m.group(1), closed or final)
+        if not closed:
+            for c in calls:
+                if final and c.error is None and c.args is None:
+                    c.error = "unterminated tool call"
+        out.extend(calls)
+    return out
+
+
+def deepseek_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`` (DeepSeek V3.1)."""
+    return _split_calls(
+        region,
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        final,
+        lambda s, f: _name_sep_json(s, f, _DS_SEP),
+    )
+
+
+def kimi_k2_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{json}<|tool_call_end|>``."""
+
+    def one(s: str, fin: bool) -> list[_Call]:
+        calls = _name_sep_json(s, fin, "<|tool_call_argument_begin|>")
+        for c in calls:
+            if c.name:
+                full = c.name
+                name = full.split(":", 1)[0]
+                c.name = name[len("functions.") :] if name.startswith("functions.") else name
+                c.id = full
+        return calls
+
+    return _split_calls(region, "<|tool_call_begin|>", "<|tool_call_end|>", final, one)
+
+
+def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``NAME>{json}`` after ``<function=`` (Functionary v3.1)."""
+    name, found, body = region.partition(">")
+    if not found:
+        return (
+            [_Call(None, None, region, complete=False)]
+            if not final
+            else [_Call(None, None, region, error="bad call")]
+        )
+    if not final:
+        return [_Call(name.strip(), None, region, complete=False)]
+    return [_args_obj(body, name.strip(), body.strip())]
+
+
+def command_r_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``[{"tool_call_id", "tool_name", "parameters"}]`` (Command R7B / R+ / Cohere2)."""
+    if not final:
+        names = re.findall(r'"tool_name"\s*:\s*"([^"\\]*)"', region)
+        ids = re.findall(r'"tool_call_id"\s*:\s*"([^"\\]*)"', region)
+        if not names:
+            return [_Call(None, None, region, complete=False)] if region.strip() else []
+        return [
+            _Call(n, None, region, id=ids[k] if k < len(ids) else None, complete=False)
+            for k, n in enumerate(names)
+        ]
+    s = _unfence(region.strip())
+    parsed = _json_prefix(s)
+    if parsed is None:
+        return [_Call(None, None, s, error="invalid JSON in the action")]
+    obj = parsed[0]
+    items = obj if isinstance(obj, list) else [obj]
+    calls = []
+    for o in items:
+        if isinstance(o, dict) and "tool_name" in o:
+            o = {
+                "name": o.get("tool_name"),
+                "parameters": o.get("parameters", {}),
+                "id": o.get("tool_call_id"),
+            }
+        calls.append(
+            _call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments"))
+        )
+    return calls
+
+
+# --------------------------------------------------------------------------- Gemma 4
+
+
+_GEMMA_STR = '<|"|>'
+
+
+def _gemma_value(text: str) -> object:
+    """Gemma 4's argument notation: ``{key:<|"|>str<|"|>, n:1, l:[...]}`` -> Python data."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith(_GEMMA_STR, i):
+            j = text.find(_GEMMA_STR, i + len(_GEMMA_STR))
+            if j < 0:
+                raise ValueError("unterminated string")
+            out.append(json.dumps(text[i + len(_GEMMA_STR) : j], ensure_ascii=False))
+            i = j + len(_GEMMA_STR)
+            continue
+        m = re.match(r"([A-Za-z_][\w.\-]*)\s*:", text[i:])
+        if m and (not out or out[-1].rstrip().endswith(("{", ","))):
+            out.append(json.dumps(m.group(1)) + ":")
+            i += m.end()
+            continue
+        out.append(text[i])
+        i += 1
+    return json.loads("".join(out))
+
+
+def gemma4_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``call:NAME{key:<|"|>value<|"|>,...}`` (Gemma 4)."""
+    s = region.strip()
+    m = re.match(r"call:([\w.\-]+)", s)
+    if not m:
+        if not final:
+            return [_Call(None, None, region, complete=False)]
+        return [_Call(None, None, s, error="not a call:NAME{...} tool call")]
+    name = m.group(1)
+    if not final:
+        named = m.end() < len(s) and s[m.end()] == "{"
+        return [_Call(name if named else None, None, region, complete=False)]
+    try:
+        args = _gemma_value(s[m.end() :].strip() or "{}")
+    except ValueError as exc:
+        return [_Call(name, None, s, error=f"cannot read the arguments: {exc}")]
+    if not isinstance(args, dict):
+        return [_Call(name, None, s, error="arguments are not an object")]
+    return [_Call(name, args, s)]
+
+
+# --------------------------------------------------------------------------- pythonic
+
+
+def _py_literal(node: ast.AST) -> object:
+    """``ast.literal_eval`` that also reads JSON's ``true``/``false``/``null``."""
+    if isinstance(node, ast.Name) and node.id in ("true", "false", "null"):
+        return {"true": True, "false": False, "null": None}[node.id]
+    if isinstance(node, ast.List):
+        return [_py_literal(e) for e in node.elts]
+    if isinstance(node, ast.Tuple):
+        return [_py_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise ValueError("dict unpacking")
+        return {
+            _py_literal(k): _py_literal(v) for k, v in zip(node.keys, node.values, strict=False)
+        }  # type: ignore[arg-type]
+    return json_safe(ast.literal_eval(node))
+
+
+# --------------------------------------------------------------------------- more families
+
+_MM = "]<]minimax[>["
+_MMQ = re.escape(_MM)
+_MM_PARAM = re.compile(rf"(?:{_MMQ})?<(?P<k>[\w.\-]+)>(?P<v>.*?)(?:{_MMQ})?</(?P=k)>", re.S)
+
+
+def _mm_value(text: str, types: set[str] | None) -> object:
+    """A MiniMax M3 value: text, or nested ``<k>v</k>`` tags (``<item>`` ones make a list)."""
+    if types is not None and "string" in types:
+        return text  # a string-typed value stays text even when it looks structured
+    children = list(_MM_PARAM.finditer(text))
+    if not children:
+        return typed_value(text.strip(), types)
+    if all(c.group("k") == "item" for c in children):
+        return [_mm_value(c.group("v"), None) for c in children]
+    return {c.group("k"): _mm_value(c.group("v"), None) for c in children}
+
+
+def minimax_m3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``]<]minimax[>[<invoke name="X">]<]minimax[>[<k>v]<]minimax[>[</k>...`` (MiniMax M3)."""
+    out: list[_Call] = []
+    pat = (
+        rf'(?:{_MMQ})?<invoke name="(?P<name>[^"]*)">(?P<body>.*?)(?P<close>(?:{_MMQ})?</invoke>|$)'
+    )
+    for m in re.finditer(pat, region, re.S):
+        name, closed = m.group("name"), bool(m.group("close"))
+        if not closed:
+            out.append(
+                _Call(
+                    name,
+                    None,
+                    m.group(0),
+                    error="unterminated tool call" if final else None,
+                    complete=final,
+                )
+            )
+            continue
+        args = {
+            p.group("k"): _mm_value(p.group("v"), opts.param_types(name, p.group("k")))
+            for p in _MM_PARAM.finditer(m.group("body"))
+        }
+        out.append(_Call(name, args, m.group(0)))
+    if not out and final and region.strip():
+        out.append(_Call(None, None, region, error="cannot read the tool call"))
+    return out
+
+
+_K3_ARG = re.compile(
+    r'<\|open\|>argument key="(?P<k>[^"]*)"(?: type="(?P<t>[^"]*)")?<\|sep\|>(?P<v>.*?)<\|close\|>argument<\|sep\|>',
+    re.S,
+)
+
+
+def kimi_k3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<|open|>call tool="X" index="1"<|sep|><|open|>argument key="k" type="number"<|sep|>v<|close|>argument<|sep|>``."""
+    out: list[_Call] = []
+    pat = r'<\|open\|>call tool="(?P<name>[^"]*)"[^<]*<\|sep\|>(?P<body>.*?)(?P<close><\|close\|>call<\|sep\|>|$)'
+    for m in re.finditer(pat, region, re.S):
+        name, closed = m.group("name"), bool(m.group("close"))
+        if not closed:
+            out.append(
+                _Call(
+                    name,
+                    None,
+                    m.group(0),
+                    error="unterminated tool call" if final else None,
+                    complete=final,
+                )
+            )
+            continue
+        args: dict[str, object] = {}
+        for a in _K3_ARG.finditer(m.group("body")):
+            t = a.group("t")
+            types = (
+                {"string"}
+                if t == "string"
+                else opts.param_types(name, a.group("k"))
+                if t is None
+                else {t, "integer"}
+            )
+            args[a.group("k")] = typed_value(a.group("v"), types)
+        out.append(_Call(name, args, m.group(0)))
+    if not out and final and region.strip():
+        out.append(_Call(None, None, region, error="cannot read the tool call"))
+    return out
+
+
+def json_call_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """One ``{"name", "arguments"}`` object (GigaChat)."""
+    if not final:
+        m = re.match(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', region)
+        return (
+            [_Call(m.group(1) if m else None, None, region, complete=False)]
+            if region.strip()
+            else []
+        )
+    parsed = _json_prefix(region.strip())
+    if parsed is None:
+        return [_Call(None, None, region.strip(), error="invalid JSON in the tool call")]
+    return [_call_from_obj(parsed[0], region.strip())]
+
+
+_ATEM_PARAM = re.compile(r'<atem:parameter name="(?P<k>[^"]*)">(?P<v>.*?)</atem:parameter>', re.S)
+
+
+def muse_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<atem:invoke name="X"><atem:parameter name="k">v</atem:parameter></atem:invoke>`` (Muse Glimmer)."""
+    return _xml_function_calls(
+        region, final, opts, r'<atem:invoke name="(?P<name>[^"]*)">', "</atem:invoke>", _ATEM_PARAM
+    )
+
+
+_HY = ":opensource"
+_HY_ARG = re.compile(
+    rf"<arg_key{_HY}>(?P<k>.*?)</arg_key{_HY}>\s*<arg_value{_HY}>(?P<v>.*?)</arg_value{_HY}>", re.S
+)
+
+
+def hy3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<tool_call:opensource>NAME<tool_sep:opensource><arg_key:...>k</arg_key:...><arg_value:...>v...``."""
+
+    def one(s: str, fin: bool) -> list[_Call]:
+        head, found, body = s.partition(f"<tool_sep{_HY}>")
+        if not found:
+            return [_Call(None, None, s, error="no tool name" if fin else None, complete=fin)]
+        return [_tagged_args(body, _HY_ARG, head.strip(), opts, s, fin, fin)]
+
+    return _split_calls(region, f"<tool_call{_HY}>", f"</tool_call{_HY}>", final, one)
+
+
+def solar_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``ID<|tool_call:name|>NAME<|tool_call:args|>{json}`` (Solar Open)."""
+    cid, _, rest = region.partition("<|tool_call:name|>")
+    calls = _name_sep_json(rest, final, "<|tool_call:args|>")
+    for c in calls:
+        c.id = cid.strip() or None
+    return calls
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def rewrap(prefix: str, suffix: str, body: Body) -> Body:
+    """A body that gets its region back with the start (and, once closed, end) marker."""
+    return lambda region, final, opts: body(
+        prefix + region + (suffix if final else ""), final, opts
+    )
+
+
+_CMD = ("<|START_THINKING|>", "<|END_THINKING|>")
+
+SPECS: dict[str, Spec] = {
+    "qwen3_coder": Spec(
+        regions=(
+            ("<tool_call>", "</tool_call>", qwen3_coder_body),
+            ("<function=", "</function>", rewrap("<function=", "</function>", qwen3_coder_body)),
+        ),
+        strip=("</tool_call>",),
+        think_stops=("<tool_call>",),
+    ),
+    "seed_oss": Spec(
+        think=("<seed:think>", "</seed:think>"),
+        regions=(("<seed:tool_call>", "</seed:tool_call>", seed_oss_body),),
+    ),
+    "glm45": Spec(
+        regions=(("<tool_call>", "</tool_call>", glm_body),),
+        strip=("<|role_end|>",),
+        # a call written before the think block is closed ends the reasoning (Ling 3.0)
+        think_stops=("<tool_call>",),
+    ),
+    "minimax_m2": Spec(regions=(("<minimax:tool_call>", "</minimax:tool_call>", minimax_body),)),
+    "deepseek_v3_1": Spec(
+        regions=(("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", deepseek_v3_1_body),),
+        held=("<｜tool▁calls▁begin｜>",),
+    ),
+    "deepseek_v3_2": Spec(
+        regions=(
+            (f"<{_DSML}function_calls>", f"</{_DSML}function_calls>", dsml_body),
+            (f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>", dsml_body),
+        ),
+        think_stops=(f"<{_DSML}function_calls>", f"<{_DSML}tool_calls>"),
+    ),
+    "kimi_k2": Spec(
+        regions=(
+            ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", kimi_k2_body),
+            ("<|tool_call_begin|>", None, rewrap("<|tool_call_begin|>", "", kimi_k2_body)),
+        ),
+        strip=("<|tool_calls_section_end|>",),
+        think_stops=("<|tool_calls_section_begin|>", "<|tool_call_begin|>"),
+    ),
+    "nemotron_v2": Spec(regions=(("<TOOLCALL>", "</TOOLCALL>", json_list_body),)),
+    "apertus": Spec(
+        think=("<|inner_prefix|>", "<|inner_suffix|>"),
+        regions=(("<|tools_prefix|>", "<|tools_suffix|>", apertus_body),),
+    ),
+    "apriel": Spec(
+        think=("", "[BEGIN FINAL RESPONSE]"),
+        reasoning_lead="Here are my reasoning steps:\n",
+        regions=(("<tool_calls>", "</tool_calls>", json_list_body),),
+    ),
+    "firefunction_v2": Spec(
+        think=None, regions=(("functools[", None, rewrap("[", "", json_list_body)),)
+    ),
+    "functionary_v3_1": Spec(
+        think=None,
+        regions=(("<function=", "</function>", functionary_v3_1_body),),
+    ),
+    "cohere2moe": Spec(
+        think=_CMD,
+        regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
+        strip=("<|START_TEXT|>", "<|END_TEXT|>"),
+    ),
+    "command_r7b": Spec(
+        think=_CMD,
+        regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
+        strip=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+    ),
+    "command_r_plus": Spec(
+        think=None,
+        regions=(("Action:", None, command_r_body),),
+        strip=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
+    ),
+    "minimax_m1": Spec(regions=(("<tool_calls>", "</tool_calls>", json_lines_body),)),
+    "gemma4": Spec(
+        think=("<|channel>thought", "<channel|>"),
+        regions=(("<|tool_call>", "<tool_call|>", gemma4_body),),
+        # stray channel markup a model writes around its answer never reaches content
+        strip=(
+            "<|channel>thought\n<channel|>",
+            "<|channel>thought<channel|>",
+            "<channel|>",
+            "<|channel>",
+        ),
+    ),
+    "minimax_m3": Spec(
+        think=("<mm:think>", "</mm:think>"),
+        think_implicit=True,
+        regions=((_MM + "<tool_call>", _MM + "</tool_call>", minimax_m3_body),),
+        held=(_MM,),
+    ),
+    "kimi_k3": Spec(
+        think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+        regions=(("<|open|>tools<|sep|>", "<|close|>tools<|sep|>", kimi_k3_body),),
+        think_stops=("<|open|>response<|sep|>", "<|open|>tools<|sep|>"),
+        strip=("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>"),
+    ),
+    "gigachat_v3": Spec(
+        think=None,
+        regions=(("<|message_sep|>\n\nfunction call<|role_sep|>\n", None, json_call_body),),
+    ),
+    "gigachat_v3_1": Spec(think=None, regions=(("<|function_call|>", None, json_call_body),)),
+    "muse_glimmer": Spec(
+        think=(" to=self<|message|>", "<|eom|>"),
+        regions=(("<atem:function_calls>", "</atem:function_calls>", muse_body),),
+        strip=("<|eot|>", "<|eom|>"),
+        held=("to=",),
+        strip_re=r"(?:<\|start\|>assistant)?(?: to=[^<\s]*)?<\|message\|>",
+    ),
+    "hy3": Spec(
+        think=(f"<think{_HY}>", f"</think{_HY}>"),
+        regions=((f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", hy3_body),),
+    ),
+    "solar_open": Spec(
+        think=("<|think|>", "<|end|>"),
+        regions=(("<|tool_call:begin|>", "<|tool_call:end|>", solar_body),),
+        strip=("<|begin|>assistant", "<|content|>", "<|end|>", "<|tool_calls|>", "<|calls|>"),
+    ),
+    "minicpm5": Spec(
+        regions=(("<function", "</function>", rewrap("", "</function>", minicpm5_body)),)
+    ),
+}

@@ -1,0 +1,1237 @@
+"""The parse loop: reasoning split, per-format tool-call scanning, streaming.
+
+``parse`` and :class:`StreamParser` scan the whole text so far on every delta (as
+llama.cpp's server re-parses the whole generation) and emit only what can no longer
+change: a half-written marker, an unfinished call or a header still being written is
+held back. The classic formats (``hermes``, ``llama3_json``, ``pythonic``, ``granite``,
+``functionary_v3_2``, ``deepseek_r1``, ``generic``, ``content``) are read here; the
+families described by a :class:`~.families.Spec` (markers + body reader) in
+:mod:`.families`; ``gpt_oss`` (harmony messages) by :func:`_gpt_oss`; ``auto`` by the
+template analysis. Anything malformed becomes an ``invalid_tool_calls`` entry with the
+raw text and a reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import logging
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call
+
+from langchain_llamacpp_local.formats import families
+from langchain_llamacpp_local.formats.base import (
+    Options,
+    _Call,
+    _call_from_obj,
+    _json_prefix,
+    _loads,
+    _scan_regions,
+    _unfence,
+    checked,
+    invalid_args,
+)
+from langchain_llamacpp_local.formats.families import SPECS, Spec, _py_literal
+
+if TYPE_CHECKING:
+    from langchain_llamacpp_local.formats.auto import TemplateAnalysis
+
+logger = logging.getLogger(__name__)
+
+FORMATS: tuple[str, ...] = (
+    "hermes",
+    "qwen3_coder",
+    "llama3_json",
+    "mistral",
+    "pythonic",
+    "granite",
+    "functionary_v3_2",
+    "deepseek_r1",
+    "command_r7b",
+    "gpt_oss",
+    "generic",
+    "content",
+    "ministral_3",
+    *(f for f in SPECS if f not in ("qwen3_coder", "command_r7b")),
+    "auto",  # learned from the template by template_analysis (needs ``analysis=``)
+)
+
+THINK = ("<think>", "</think>")
+_DS = {
+    "calls_begin": "<｜tool▁calls▁begin｜>",
+    "calls_end": "<｜tool▁calls▁end｜>",
+    "call_begin": "<｜tool▁call▁begin｜>",
+    "call_end": "<｜tool▁call▁end｜>",
+    "sep": "<｜tool▁sep｜>",
+}
+_DS_CALLS = "<｜tool▁calls｜>"
+#: Markers that open a tool-call region or are removed from content, per format
+#: (held back while half-written so they never leak into streamed content).
+START_MARKERS: dict[str, tuple[str, ...]] = {
+    "hermes": ("<tool_call>", "<function="),
+    "qwen3_coder": ("<tool_call>", "<function="),
+    "llama3_json": ("<|python_tag|>",),
+    "mistral": ("[TOOL_CALLS]",),
+    "pythonic": ("<|tool_call_start|>",),
+    "granite": ("<|tool_call|>", "<response>", "</response>"),
+    "functionary_v3_2": (">>>",),
+    "deepseek_r1": (_DS["calls_begin"], _DS["call_begin"], _DS["calls_end"], "<｜tool▁calls｜>"),
+    "command_r7b": (
+        "<|START_ACTION|>",
+        "<|START_RESPONSE|>",
+        "<|END_RESPONSE|>",
+        "<|START_THINKING|>",
+    ),
+    "gpt_oss": (
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|call|>",
+        "<|return|>",
+        "<|message|>",
+        "to=",
+    ),
+    "generic": (),
+    "content": (),
+}
+#: Formats whose tool calls are the whole output (a JSON/list document): their
+#: content cannot be streamed until it is clear the output is not a call.
+_WHOLE_OUTPUT = {"llama3_json", "pythonic", "generic"}
+
+
+@dataclass
+class ParsedOutput:
+    """A generation split into its parts."""
+
+    content: str
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
+
+
+@dataclass
+class StreamDelta:
+    """One streamed piece: content or reasoning text, or a tool-call chunk."""
+
+    kind: Literal["content", "reasoning", "tool_call"]
+    text: str = ""
+    index: int | None = None
+    id: str | None = None
+    name: str | None = None
+    args: str = ""
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+# --------------------------------------------------------------------------- per format
+
+
+def _hermes_body(region: str, final: bool) -> list[_Call]:
+    s = region.strip()
+    m = re.match(r"^<function=([^>\s]+)>\s*(.*?)\s*(</function>)?\s*$", s, re.S)
+    if m:
+        if not final and not m.group(3):
+            return [_Call(m.group(1), None, s, complete=False)]
+        args, err = _loads(m.group(2) or "{}")
+        if err or not isinstance(args, dict):
+            return [
+                _Call(
+                    m.group(1),
+                    None,
+                    s,
+                    error=err or "arguments are not a JSON object",
+                    complete=final,
+                )
+            ]
+        return [_Call(m.group(1), args, s)]
+    if not final:
+        name = re.match(r'^\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', s)
+        return [_Call(json.loads(f'"{name.group(1)}"') if name else None, None, s, complete=False)]
+    obj, err = _loads(_unfence(s))
+    if err:
+        name = re.match(r'^\{\s*"name"\s*:\s*"([\w.\-]+)"', s)
+        return [_Call(name.group(1) if name else None, None, region.strip(), error=err)]
+    if isinstance(obj, list):
+        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj]
+    return [_call_from_obj(obj, region.strip())]
+
+
+def _parse_value(text: str) -> Any:
+    t = text.strip("\n")
+    try:
+        return json.loads(t)
+    except ValueError:
+        return t
+
+
+def _qwen3_coder_body(region: str, final: bool) -> list[_Call]:
+    s = region.strip()
+    out: list[_Call] = []
+    for m in re.finditer(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", s, re.S):
+        name, inner = m.group(1).strip(), m.group(2)
+        args: dict[str, Any] = {}
+        for p in re.finditer(
+            r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", inner, re.S
+        ):
+            args[p.group(1).strip()] = _parse_value(p.group(2))
+        closed = "</function>" in m.group(0)
+        if not closed and final:
+            out.append(_Call(name, None, m.group(0), error="unterminated <function> block"))
+        else:
+            out.append(_Call(name, args if closed else None, m.group(0), complete=closed))
+    if not out:
+        return _hermes_body(region, final)
+    return out
+
+
+def _list_body(
+    region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")
+) -> list[_Call]:
+    if not final:
+        return []
+    s = _unfence(region.strip())
+    obj, err = _loads(s)
+    if err:
+        return [_Call(None, None, s, error=err)]
+    items = obj if isinstance(obj, list) else [obj]
+    return [_call_from_obj(o, json.dumps(o, ensure_ascii=False), keys) for o in items]
+
+
+def _mistral_body(region: str, final: bool) -> list[_Call]:
+    s = region.strip()
+    if s.startswith("[") or s.startswith("{") or not final:
+        if not final:
+            return []
+        parsed = _json_prefix(s)
+        if parsed is None:
+            return [_Call(None, None, s, error="invalid JSON in [TOOL_CALLS]")]
+        obj, _end = parsed
+        items = obj if isinstance(obj, list) else [obj]
+        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
+    m = re.match(r"^([\w.\-]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\](.*)$", s, re.S)
+    if not m:
+        return [_Call(None, None, s, error="cannot read [TOOL_CALLS] name[ARGS]{...}")]
+    args, err = _loads(m.group(3).strip())
+    if err or not isinstance(args, dict):
+        return [_Call(m.group(1), None, s, error=err or "arguments are not a JSON object")]
+    return [_Call(m.group(1), args, s, id=m.group(2) or None)]
+
+
+def _pythonic_calls(text: str) -> list[_Call] | None:
+    """``[f(a=1), g()]`` as calls, or None when the text is not such a list."""
+    s = text.strip()
+    if not (s.startswith("[") and s.endswith("]")):
+        return None
+    try:
+        tree = ast.parse(s, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(tree.body, ast.List) or not tree.body.elts:
+        return None
+    calls: list[_Call] = []
+    for el in tree.body.elts:
+        if not isinstance(el, ast.Call):
+            return None
+        raw = ast.get_source_segment(s, el) or ""
+        name_node = el.func
+        parts = []
+        while isinstance(name_node, ast.Attribute):
+            parts.append(name_node.attr)
+            name_node = name_node.value
+        if not isinstance(name_node, ast.Name):
+            calls.append(_Call(None, None, raw, error="call target is not a name"))
+            continue
+        name = ".".join([name_node.id, *reversed(parts)])
+        try:
+            args = {kw.arg: _py_literal(kw.value) for kw in el.keywords if kw.arg}
+            if el.args:
+                raise ValueError("positional arguments")
+            if any(kw.arg is None for kw in el.keywords):
+                raise ValueError("**kwargs")
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
+            calls.append(_Call(name, None, raw, error=f"arguments are not literals: {exc}"))
+            continue
+        calls.append(_Call(name, args, raw))
+    return calls
+
+
+def _builtin_call(code: str) -> list[_Call]:
+    """Llama 3.1 built-in tools after ``<|python_tag|>``: ``name.call(k=v)``, else Python code."""
+    s = code.strip()
+    m = re.match(r"^([A-Za-z_][\w]*)\.call\((.*)\)\s*;?$", s, re.S)
+    if m:
+        found = _pythonic_calls(f"[{m.group(1)}({m.group(2)})]")
+        if found:
+            return found
+    return [_Call("python", {"code": s}, s)]
+
+
+def _llama3_calls(text: str) -> list[_Call] | None:
+    s = text.strip()
+    if s.startswith("<|python_tag|>"):
+        s = s[len("<|python_tag|>") :].strip()
+        if not s.startswith("{"):
+            return _builtin_call(s)
+    if not s.startswith("{"):
+        return None
+    calls: list[_Call] = []
+    pos = 0
+    while pos < len(s):
+        parsed = _json_prefix(s[pos:])
+        if parsed is None:
+            if calls:
+                calls.append(_Call(None, None, s[pos:], error="invalid JSON after tool calls"))
+                return calls
+            return None
+        obj, end = parsed
+        if not isinstance(obj, dict) or "name" not in obj:
+            return None
+        calls.append(_call_from_obj(obj, s[pos : pos + end], ("parameters", "arguments")))
+        pos += end
+        while pos < len(s) and s[pos] in " \t\r\n;":
+            pos += 1
+    return calls
+
+
+def _generic_calls(text: str) -> tuple[list[_Call], str] | None:
+    s = _unfence(text)
+    if not s.startswith("{"):
+        return None
+    obj, err = _loads(s)
+    if err or not isinstance(obj, dict):
+        return None
+    if "tool_calls" in obj and isinstance(obj["tool_calls"], list):
+        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj["tool_calls"]], ""
+    if "tool_call" in obj:
+        return [
+            _call_from_obj(obj["tool_call"], json.dumps(obj["tool_call"], ensure_ascii=False))
+        ], ""
+    if "response" in obj:
+        resp = obj["response"]
+        return [], resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False)
+    return None
+
+
+def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], int]:
+    """``>>>name\n{json}`` blocks; ``>>>all\n`` blocks are content."""
+    if ">>>" not in text:
+        return [text], [], len(text)
+    first = text.find(">>>")
+    content: list[str] = [text[:first]]
+    calls: list[_Call] = []
+    parts = text[first:].split(">>>")[1:]
+    offset = first
+    for n, part in enumerate(parts):
+        last = n == len(parts) - 1
+        head, newline, body = part.partition("\n")
+        name = head.strip()
+        if last and not final:
+            if not newline:
+                return content, calls, offset  # the name line is still being written
+            if name == "all":
+                content.append(body)
+                return content, calls, len(text)
+            calls.append(_Call(name, None, body, complete=False))
+            return content, calls, offset
+        if name == "all":
+            content.append(body)
+        elif name == "python" and not body.lstrip().startswith("{"):
+            calls.append(_Call("python", {"code": body}, body))  # raw code, as llama.cpp reads it
+        else:
+            obj, err = _loads(body.strip() or "{}")
+            if err or not isinstance(obj, dict):
+                calls.append(
+                    _Call(
+                        name or None,
+                        None,
+                        body.strip(),
+                        error=err or "arguments are not a JSON object",
+                    )
+                )
+            else:
+                calls.append(_Call(name, obj, body.strip()))
+        offset += 3 + len(part)
+    return content, calls, len(text)
+
+
+def _deepseek_body(region: str, final: bool) -> list[_Call]:
+    out: list[_Call] = []
+    for m in re.finditer(
+        re.escape(_DS["call_begin"]) + r"(.*?)(" + re.escape(_DS["call_end"]) + r"|$)", region, re.S
+    ):
+        inner, closed = m.group(1), bool(m.group(2))
+        head, _, rest = inner.partition(_DS["sep"])
+        name, newline, body = rest.partition("\n")
+        if not closed and not final:
+            # the name is known once its line is complete
+            out.append(_Call(name.strip() if newline else None, None, inner, complete=False))
+            continue
+        obj, err = _loads(_unfence(body))
+        if not closed:
+            err = err or "unterminated tool call"
+        if err or not isinstance(obj, dict):
+            out.append(
+                _Call(
+                    name.strip() or None,
+                    None,
+                    inner,
+                    error=err or "arguments are not a JSON object",
+                )
+            )
+        else:
+            out.append(_Call(name.strip(), obj, inner))
+    return out
+
+
+def _command_r7b_body(region: str, final: bool) -> list[_Call]:
+    if not final:
+        return []
+    obj, err = _loads(region.strip())
+    if err:
+        return [_Call(None, None, region.strip(), error=err)]
+    items = obj if isinstance(obj, list) else [obj]
+    calls = []
+    for o in items:
+        if isinstance(o, dict) and "tool_name" in o:
+            o = {
+                "name": o.get("tool_name"),
+                "parameters": o.get("parameters", {}),
+                "id": o.get("tool_call_id"),
+            }
+        calls.append(
+            _call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments"))
+        )
+    return calls
+
+
+# --------------------------------------------------------------------------- core parse
+
+
+@dataclass
+class _Scan:
+    reasoning: str | None
+    content: str
+    calls: list[_Call]
+    settled: bool  # False: the tail is an unfinished call/marker (streaming only)
+
+
+@dataclass
+class _Reasoning:
+    text: str | None  # extracted reasoning (None: none, or not extracting)
+    raw: str  # the think block as written (with the prompt's opening marker)
+    rest: str  # what follows the think block
+    done: bool  # the block is closed (or there is none)
+    held: bool = False  # a half-written opening marker (streaming)
+    stopped: bool = False  # ended by a call written inside it, not by its end marker
+
+
+def _think_markers(fmt: str) -> tuple[str, str] | None:
+    spec = SPECS.get(fmt)
+    return spec.think if spec is not None else THINK
+
+
+def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reasoning:
+    """The leading think block (opened by the model or already by the prompt)."""
+    markers = _think_markers(fmt)
+    if markers is None:
+        return _Reasoning(None, "", text, True)
+    start, end = markers
+    lead = SPECS[fmt].reasoning_lead if fmt in SPECS else ""
+    opened = opts.think_open or (opts.opened(start) if start else bool(lead) and opts.opened(lead))
+    if opened:
+        body_start = 0
+        raw_open = (
+            opts.prefill[opts.prefill.rfind(start) :] if start and start in opts.prefill else ""
+        )
+    else:
+        stripped = text.lstrip()
+        if start and stripped.startswith(start):
+            body_start = len(text) - len(stripped) + len(start)
+            raw_open = ""
+        elif start and not final and stripped and start.startswith(stripped):
+            return _Reasoning("", "", "", False, held=True)
+        elif fmt in SPECS and SPECS[fmt].think_implicit and end in text:
+            body_start, raw_open = 0, ""
+        else:
+            return _Reasoning(None, "", text, True)
+    j = text.find(end, body_start)
+    end_len = len(end)
+    for stop in SPECS[fmt].think_stops if fmt in SPECS else ():
+        k = text.find(stop, body_start)
+        if k >= 0 and (j < 0 or k < j):
+            j, end_len = k, 0
+    if j < 0:
+        body, rest, done, raw = text[body_start:], "", False, raw_open + text
+    elif end_len == 0:  # ended by a call, not by its end marker: the prompt's opener stays out
+        body, rest, done, raw = text[body_start:j], text[j:], True, text[:j]
+    else:
+        body, rest, done, raw = (
+            text[body_start:j],
+            text[j + end_len :],
+            True,
+            raw_open + text[: j + end_len],
+        )
+    if opts.reasoning is None:
+        settled_body = body
+        if not done and not final:  # the end (or a stop marker) may be half-written
+            stops = (end, *(SPECS[fmt].think_stops if fmt in SPECS else ()))
+            settled_body = body[: len(body) - _held_suffix(body, stops)]
+            if raw_open and len(stops) > 1:
+                # ended by a call, the block leaves out the prompt's opener: not yet known
+                return _Reasoning(None, "", rest, done)
+        return _Reasoning(None, raw if settled_body.strip() or not opened else "", rest, done)
+    if lead and opened:
+        body = lead + body
+    return _Reasoning(body if body.strip() else None, raw, rest, done, stopped=done and not end_len)
+
+
+#: Call bodies whose values are quoted strings that may spell the closing marker:
+#: JSON strings (``"a </tool_call> b"``), Gemma 4's ``<|"|>…<|"|>``.
+_STRING_SYNTAX: dict[Any, str] = {}
+
+
+@functools.lru_cache(maxsize=128)
+def _end_pattern(end: str, syntax: str) -> re.Pattern[str]:
+    if syntax == "json":
+        quoted = r'"(?:[^"\\]|\\.)*(?P<close>")?'
+    else:
+        quoted = r'<\|"\|>(?:(?!<\|"\|>).)*(?P<close><\|"\|>)?'
+    return re.compile(quoted + "|(?P<end>" + re.escape(end) + ")", re.S)
+
+
+def _find_end(text: str, end: str, start: int, syntax: str | None, final: bool) -> int:
+    """The first ``end`` at or after ``start`` that is not inside a quoted value.
+
+    At the end of generation a body whose quotes never close (malformed) ends at the
+    first ``end`` as written, so the text after it is not swallowed into the call.
+    """
+    j = text.find(end, start)
+    if j < 0 or syntax is None:
+        return j
+    pos = start
+    if syntax == "json":
+        m = re.compile(r"[{\[]").search(text, start)
+        if m is None or m.start() > j:
+            return j
+        pos = m.start()
+    for m in _end_pattern(end, syntax).finditer(text, pos):
+        if m.group("end") is not None:
+            return m.start()
+        if m.group("close") is None:
+            break  # a quoted value still open: the end has not come yet
+    return j if final else -1
+
+
+def _scan_multi(
+    text: str, regions: tuple[tuple[str, str | None, Any], ...], opts: Options, final: bool
+) -> tuple[list[str], list[_Call], int]:
+    """Split ``text`` at the tool-call regions ``(start, end, body)`` (earliest start first).
+
+    Returns the content pieces, the calls and how much of ``text`` is settled (the rest
+    is an unfinished region, held back while streaming). A region's end marker inside
+    one of its quoted values does not end it.
+    """
+    content: list[str] = []
+    calls: list[_Call] = []
+    pos = 0
+
+    def add(found: list[_Call], start: str) -> None:
+        for c in found:
+            c.opener = c.opener or start
+        calls.extend(found)
+
+    while True:
+        best: tuple[int, str, str | None, Any] | None = None
+        for start, end, body in regions:
+            i = text.find(start, pos)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, start, end, body)
+        if best is None:
+            content.append(text[pos:])
+            return content, calls, len(text)
+        i, start, end, body = best
+        content.append(text[pos:i])
+        j = _find_end(text, end, i + len(start), _STRING_SYNTAX.get(body), final) if end else -1
+        if j < 0:
+            region = text[i + len(start) :]
+            if not final:
+                add(body(region, False, opts), start)
+                return content, calls, i
+            found = body(region, True, opts)
+            # a call that closed itself stays a call when only its section's end is
+            # missing (as it was streamed); the one still being written is cut off
+            whole = [c.complete for c in body(region, False, opts)] if end is not None else []
+            for n, c in enumerate(found):
+                if c.error is None and end is not None and not (n < len(whole) and whole[n]):
+                    c.error = f"unterminated tool call (no {end})"
+                    c.args = None
+            add(
+                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")],
+                start,
+            )
+            return content, calls, len(text)
+        add(body(text[i + len(start) : j], True, opts), start)
+        pos = j + len(end)
+
+
+def _scan_spec(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, list[_Call], bool]:
+    spec = SPECS[fmt]
+    calls: list[_Call] = []
+    if fmt == "functionary_v3_1" and "<|python_tag|>" in rest:
+        i = rest.index("<|python_tag|>")
+        code = rest[i + len("<|python_tag|>") :]
+        rest = rest[:i]
+        calls.append(_Call("python", {"code": code}, code, complete=final))
+    pieces, found, settled_at = _scan_multi(rest, spec.regions, opts, final)
+    content = "".join(pieces)
+    if not final and spec.strip:
+        # a stripped marker may be the start of a longer one: settle only what cannot grow
+        content = content[: len(content) - _held_suffix(content, spec.strip)]
+    for m in spec.strip:
+        content = content.replace(m, "")
+    if spec.strip_re:
+        if not final:  # a header still being written is held back
+            cut = max(content.rfind("to="), content.rfind("<|start|>"))
+            if cut >= 0 and "<|message|>" not in content[cut:]:
+                content = content[:cut]
+        content = re.sub(spec.strip_re, "", content)
+    return content, found + calls, settled_at >= len(rest)
+
+
+_HERMES_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
+
+
+def _hermes_json(region: str, final: bool, opts: Options) -> list[_Call]:
+    return _hermes_body(region, final)
+
+
+def _hermes_fn(region: str, final: bool, opts: Options) -> list[_Call]:
+    """``<function=NAME>{json}</function>`` or ``<function name="NAME">{json}</function>``."""
+    m = re.match(r'^(?:=([^>\s]+)|\s+name="([^"]*)")>(.*)$', region, re.S)
+    if not m:
+        return (
+            [_Call(None, None, region, complete=False)]
+            if not final
+            else [_Call(None, None, region, error="cannot read the <function> call")]
+        )
+    name = m.group(1) or m.group(2)
+    if not final:
+        return [_Call(name, None, region, complete=False)]
+    args, err = _loads(m.group(3).strip() or "{}")
+    if err or not isinstance(args, dict):
+        return [
+            _Call(name, None, m.group(3).strip(), error=err or "arguments are not a JSON object")
+        ]
+    return [_Call(name, args, m.group(3).strip())]
+
+
+_STRING_SYNTAX.update(
+    {
+        **dict.fromkeys(
+            (
+                _hermes_json,
+                _hermes_fn,
+                families.json_list_body,
+                families.json_lines_body,
+                families.apertus_body,
+                families.deepseek_v3_1_body,
+                families.kimi_k2_body,
+                families.command_r_body,
+                families.json_call_body,
+                families.solar_body,
+                families.functionary_v3_1_body,
+            ),
+            "json",
+        ),
+        families.gemma4_body: "gemma",
+    }
+)
+
+_HERMES_REGIONS: tuple[tuple[str, str | None, Any], ...] = (
+    *((f"<{t}>", f"</{t}>", _hermes_json) for t in _HERMES_TAGS),
+    ("<function", "</function>", _hermes_fn),
+)
+
+
+def _bare_call(text: str) -> list[_Call] | None:
+    """A whole output that is one ``{"name", "arguments"}`` object (maybe fenced)."""
+    s = _unfence(text)
+    if not s.startswith("{"):
+        return None
+    obj, err = _loads(s)
+    if (
+        err
+        or not isinstance(obj, dict)
+        or "name" not in obj
+        or not ({"arguments", "parameters"} & obj.keys())
+    ):
+        return None
+    return [_call_from_obj(obj, s)]
+
+
+def _mistral_region(region: str, final: bool, opts: Options) -> list[_Call]:
+    """Everything after the first ``[TOOL_CALLS]``: a JSON list, or ``name[CALL_ID]id[ARGS]{...}`` segments."""
+    calls: list[_Call] = []
+    for seg in region.split("[TOOL_CALLS]"):
+        if final:
+            calls.extend(_mistral_body(seg, True))
+            continue
+        m = re.match(r"\s*([\w.\-]+)(?:\[CALL_ID\]([^\[]*)\[ARGS\]|\[ARGS\])", seg)
+        calls.append(
+            _Call(
+                m.group(1) if m else None, None, seg, id=m.group(2) if m else None, complete=False
+            )
+        )
+    return calls
+
+
+SPECS["mistral"] = Spec(think=None, regions=(("[TOOL_CALLS]", None, _mistral_region),))
+SPECS["ministral_3"] = Spec(
+    think=("[THINK]", "[/THINK]"), regions=(("[TOOL_CALLS]", None, _mistral_region),)
+)
+
+
+_EMPTY_FENCE = re.compile(r"```(?:xml|json|JSON)?[ \t]*\n\s*```[ \t]*\n?")
+#: a fence at the end of the text so far that may still open a call (its language half-written)
+_OPEN_FENCE = re.compile(r"```(?:[A-Za-z]{0,3}|xml|json|JSON)[ \t]*(?:\n\s*(?:`{0,2}|<[^\n>]*))?$")
+
+
+def _legacy_body(
+    rest: str, fmt: str, opts: Options, final: bool
+) -> tuple[str, list[_Call], bool] | None:
+    """Content and calls of the classic formats; None: hold everything back (streaming)."""
+    if fmt == "hermes":
+        pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
+        content = "".join(pieces)
+        if calls:  # a call wrapped in a ```xml / ```json fence leaves no empty fence behind
+            content = _EMPTY_FENCE.sub("", content)
+        if not final:  # a fence that may open a call is held back until it is known
+            m = _OPEN_FENCE.search(content)
+            if m is not None:
+                content = content[: m.start()]
+        if not calls:
+            s = content.strip()
+            if not final and (s.startswith("{") or s.startswith("```")):
+                return None
+            bare = _bare_call(content) if final else None
+            if bare is not None:
+                return "", bare, True
+        return content, calls, settled_at >= len(rest)
+    if fmt == "granite":
+        c = rest.replace("<response>", "").replace("</response>", "")
+        pieces, calls, settled_at = _scan_regions(c, "<|tool_call|>", None, _list_body, final)
+        return "".join(pieces), calls, settled_at >= len(c)
+    if fmt == "functionary_v3_2":
+        text = ">>>" + rest if opts.opened(">>>") else rest
+        pieces, calls, settled_at = _functionary_body(text, final)
+        return "".join(pieces), calls, settled_at >= len(text)
+    if fmt == "deepseek_r1":
+        # "<｜tool▁calls｜>" opens the calls and the first call at once (an R1 variant)
+        c = rest.replace(_DS_CALLS, _DS["calls_begin"] + _DS["call_begin"])
+        c = c.replace(_DS["calls_end"], "")
+        pieces, calls, settled_at = _scan_regions(
+            c, _DS["calls_begin"], None, _deepseek_body, final
+        )
+        return "".join(pieces), calls, settled_at >= len(c)
+    if fmt == "pythonic":
+        m = re.search(r"<\|tool_call_start\|>(.*?)(<\|tool_call_end\|>|$)", rest, re.S)
+        if m:
+            if not m.group(2) and not final:
+                named = re.match(r"\s*\[\s*([\w.\-]+)\(", m.group(1))
+                return (
+                    rest[: m.start()],
+                    [_Call(named and named.group(1), None, m.group(1), complete=False)],
+                    False,
+                )
+            found = _pythonic_calls(m.group(1))
+            calls = (
+                found
+                if found is not None
+                else [_Call(None, None, m.group(1), error="not a list of calls")]
+            )
+            return rest[: m.start()] + rest[m.end() :], calls, True
+        if not final and rest.lstrip().startswith("["):
+            return None
+        found = _pythonic_calls(rest) if final else None
+        return ("", found, True) if found is not None else (rest, [], True)
+    if fmt == "llama3_json":
+        s = rest.strip()
+        if not final and (
+            s.startswith("{") or "<|python_tag|>" in s or s and "<|python_tag|>".startswith(s)
+        ):
+            return None
+        found = _llama3_calls(rest) if final else None
+        if found is not None:
+            return "", found, True
+        if final and "<|python_tag|>" in rest:
+            i = rest.index("<|python_tag|>")
+            return rest[:i], _llama3_calls(rest[i:]) or [], True
+        return rest, [], True
+    if fmt == "generic":
+        s = rest.strip()
+        if not final and (s.startswith("{") or s.startswith("`")):
+            return None
+        generic = _generic_calls(rest) if final else None
+        if generic is not None:
+            return generic[1], generic[0], True
+        return rest, [], True
+    return rest, [], True  # content
+
+
+def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis) -> _Scan:
+    """A format learned from the template (llama.cpp's auto-parser route)."""
+    from langchain_llamacpp_local.formats.auto import parse_with_analysis
+
+    gen = analysis.reasoning_prefill(opts.prefill) or None
+    out = parse_with_analysis(
+        text,
+        analysis,
+        final=final,
+        reasoning=opts.reasoning,
+        think_open=opts.think_open,
+        tools=[{"function": {"name": k, "parameters": v}} for k, v in opts.schemas.items()] or None,
+        generation_prompt=gen,
+    )
+    content = out.content[: len(out.content) - out.held] if not final and out.held else out.content
+    calls = [_Call(c.name, c.args, c.raw, c.id, c.error, c.complete) for c in out.calls]
+    return _Scan(out.reasoning, content, calls, out.settled)
+
+
+def _scan(
+    text: str, fmt: str, opts: Options, final: bool, analysis: TemplateAnalysis | None = None
+) -> _Scan:
+    if fmt == "auto":
+        if analysis is None:
+            raise ValueError("format 'auto' needs the template's analysis (analysis=...)")
+        return _scan_auto(text, opts, final, analysis)
+    if fmt == "gpt_oss":
+        return _gpt_oss(text, opts, final)
+    if fmt == "muse_glimmer":
+        return _muse(text, opts, final)
+    r = _split_reasoning(text, fmt, opts, final)
+    if r.held:
+        return _Scan(None, "", [], False)
+    prefix = r.raw if opts.reasoning is None else ""
+    if not r.done:
+        return _Scan(r.text, prefix, [], final)
+    reasoning = r.text
+    end = (_think_markers(fmt) or ("", ""))[1]
+    if r.stopped and opts.reasoning is not None and end:
+        # calls written inside the think block: what follows them up to its end marker
+        # is still reasoning (Kimi K2 thinking); until that marker or the end of the
+        # generation it is not known to be content
+        k = r.rest.rfind(end)
+        if k >= 0:
+            pre, calls_pre, ok_pre = _scan_spec(r.rest[:k], fmt, opts, True)
+            content, calls, settled = _scan_spec(r.rest[k + len(end) :], fmt, opts, final)
+            reasoning = (reasoning or "") + pre if pre.strip() else reasoning
+            calls = calls_pre + calls
+        else:
+            content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
+            if not final:
+                content, settled = "", False
+    elif fmt in SPECS:
+        content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
+    else:
+        body = _legacy_body(r.rest, fmt, opts, final)
+        if body is None:
+            return _Scan(r.text, prefix, [], False)
+        content, calls, settled = body
+    if fmt == "glm45" and opts.reasoning is not None and "<think>" in content:
+        content, more, open_block = _later_thoughts(content, final)
+        reasoning = "\n".join(t for t in (reasoning, *more) if t) or reasoning
+        settled = settled and not open_block
+    return _Scan(reasoning, prefix + content, calls, settled and all(c.complete for c in calls))
+
+
+def _later_thoughts(content: str, final: bool) -> tuple[str, list[str], bool]:
+    """``<think>`` blocks in the middle of the content (GLM thinks again between calls):
+    (content without them, their texts, whether one is still open)."""
+    out: list[str] = []
+    thoughts: list[str] = []
+    pos = 0
+    while True:
+        i = content.find("<think>", pos)
+        if i < 0:
+            out.append(content[pos:])
+            return "".join(out), thoughts, False
+        out.append(content[pos:i])
+        j = content.find("</think>", i + len("<think>"))
+        if j < 0:
+            if final:
+                thoughts.append(content[i + len("<think>") :])
+            return "".join(out), thoughts, not final
+        thoughts.append(content[i + len("<think>") : j])
+        pos = j + len("</think>")
+
+
+# --------------------------------------------------------------------------- Muse Glimmer
+
+_MUSE_HEADER = re.compile(r"\s*(?:<\|start\|>assistant)?\s*to=([^\s<]+)\s*<\|message\|>")
+_MUSE_END = re.compile(r"<\|eot\|>|<\|eom\|>")
+
+
+def _muse(text: str, opts: Options, final: bool) -> _Scan:
+    """Muse Glimmer messages: ``[<|start|>assistant] to=R<|message|>body<|eom|>`` / ``<|eot|>``.
+
+    ``to=self`` is reasoning, ``to=user`` content (call markup quoted in it stays
+    text), any other recipient a message whose ``<atem:function_calls>`` are calls (as
+    llama.cpp's Muse parser reads them). The generation prompt ends with
+    ``<|start|>assistant``, so the output starts at `` to=``.
+    """
+    regions = SPECS["muse_glimmer"].regions
+    content: list[str] = []
+    thought: list[str] = []
+    calls: list[_Call] = []
+    settled = True
+    pos, n = 0, len(text)
+    while pos < n:
+        m = _MUSE_HEADER.match(text, pos)
+        if m is None:
+            tail = text[pos:]
+            head = tail.lstrip()
+            partial = "<|message|>" not in tail and (
+                "<|start|>assistant to=".startswith(head[:22])
+                or head.startswith(("<|start|>", "to="))
+            )
+            if partial and not final:
+                settled = False  # a header still being written
+            elif not partial or not re.fullmatch(r"\s*(<\|start\|>\w*)?\s*(to=\S*)?\s*", tail):
+                content.append(_MUSE_END.sub("", tail))  # text without a header
+            break
+        recipient = m.group(1)
+        e = _MUSE_END.search(text, m.end())
+        body = text[m.end() : e.start() if e else n]
+        pos = e.end() if e else n
+        if recipient == "self":
+            (thought if opts.reasoning is not None else content).append(body)
+        elif recipient == "user":
+            content.append(body)
+        else:
+            done = e is not None or final
+            pieces, found, _ = _scan_multi(body, regions, opts, done)
+            calls.extend(found)
+            content.append("".join(pieces).strip())
+            if not done:
+                settled = False
+    reasoning = "".join(thought) if thought else None
+    return _Scan(reasoning, "".join(content), calls, settled)
+
+
+# --------------------------------------------------------------------------- gpt-oss (harmony)
+
+_HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
+
+
+def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
+    """Harmony messages: ``[<|start|>assistant][ to=R]<|channel|>C[ to=R][<|constrain|>x]<|message|>body<|end|>``.
+
+    ``analysis`` is reasoning; ``final`` and recipient-less ``commentary`` are content; a
+    ``to=functions.NAME`` recipient makes the body a call's JSON arguments; other
+    recipients (built-in tools such as ``python``, ``container.exec``) are not function
+    calls and are dropped, like llama.cpp does. The end of generation (``<|call|>`` is an
+    end-of-generation token) ends the last message.
+    """
+    content: list[str] = []
+    thought: list[str] = []
+    calls: list[_Call] = []
+    settled = True
+    pos = 0
+    n = len(text)
+    while pos < n:
+        in_header = pos > 0
+        if text.startswith("<|start|>", pos):
+            pos += len("<|start|>")
+            in_header = True
+        k = text.find("<|message|>", pos)
+        if k < 0:
+            tail = text[pos:]
+            harmony = in_header or "<|" in tail or "to=" in tail
+            if not harmony:
+                content.append(tail)  # plain text with no harmony header
+            elif not final:
+                settled = False  # a header still being written
+            elif not re.match(r"\s*(assistant\b|<\||to=)", tail):
+                content.append(tail)
+            break
+        header = text[pos:k]
+        body_start = k + len("<|message|>")
+        m = _HARMONY_END.search(text, body_start)
+        body = text[body_start : m.start() if m else n]
+        end = m.end() if m else n
+        chan = re.findall(r"<\|channel\|>\s*(\w+)", header)
+        channel = chan[-1] if chan else ""
+        to = [t for t in re.findall(r"to=([^\s<]+)", header) if t != "assistant"]
+        recipient = to[-1] if to else None
+        if recipient is not None:
+            if recipient.startswith("functions."):
+                name = recipient[len("functions.") :]
+                if not m and not final:
+                    calls.append(_Call(name, None, body, complete=False))
+                    settled = False
+                else:
+                    obj, err = _loads(body.strip() or "{}")
+                    if err or not isinstance(obj, dict):
+                        calls.append(
+                            _Call(
+                                name,
+                                None,
+                                body.strip(),
+                                error=err or "arguments are not a JSON object",
+                            )
+                        )
+                    else:
+                        calls.append(_Call(name, obj, body.strip()))
+        elif channel == "analysis":
+            if opts.reasoning is None:
+                content.append(text[pos:end].removeprefix("assistant"))
+            else:
+                thought.append(body)
+        else:
+            content.append(body)
+        if not m and not final:
+            settled = settled and recipient is None
+        pos = end
+    reasoning = "".join(thought) if thought and opts.reasoning is not None else None
+    return _Scan(
+        reasoning if reasoning and reasoning.strip() else None, "".join(content), calls, settled
+    )
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _finish_calls(
+    calls: list[_Call], ids: list[str] | None = None
+) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+    good: list[ToolCall] = []
+    bad: list[InvalidToolCall] = []
+    for n, c in enumerate(calls):
+        checked(c)
+        cid = ids[n] if ids is not None and n < len(ids) else (c.id or new_call_id())
+        if c.error is None and c.name and c.args is not None:
+            good.append(tool_call(name=c.name, args=c.args, id=cid))
+        else:
+            bad.append(
+                invalid_tool_call(
+                    name=c.name,
+                    args=invalid_args(c),
+                    id=cid,
+                    error=c.error or "malformed tool call",
+                )
+            )
+    return good, bad
+
+
+def _check_fmt(fmt: str, analysis: TemplateAnalysis | None = None) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown tool-call format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "auto" and analysis is None:
+        raise ValueError("tool-call format 'auto' needs the template's analysis (analysis=...)")
+
+
+def parse(
+    text: str,
+    fmt: str,
+    *,
+    reasoning: bool | None = None,
+    think_open: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    prefill: str = "",
+    partial: bool = False,
+    analysis: TemplateAnalysis | None = None,
+) -> ParsedOutput:
+    """Split a generation into content, reasoning and tool calls (never raises on the text).
+
+    ``tools`` (OpenAI tool dicts) type tagged arguments by their schema; ``prefill`` is the
+    end of the rendered prompt (what it already opened); ``partial`` parses a generation
+    still under way (unfinished calls are left out); ``analysis`` (from
+    :func:`~langchain_llamacpp_local.formats.auto.analyze_template`) is the learned
+    syntax that format ``"auto"`` parses.
+    """
+    _check_fmt(fmt, analysis)
+    opts = Options.make(reasoning, think_open, tools, prefill)
+    try:
+        sc = _scan(text, fmt, opts, final=not partial, analysis=analysis)
+    except Exception:  # defensive: model output must never crash a request
+        logger.exception("tool-call parser failed on model output; returning it as content")
+        return ParsedOutput(content=text.strip())
+    calls = sc.calls
+    if partial:  # a call still being written is reported once its name is known
+        calls = [c for c in calls if c.complete or c.name]
+        for c in calls:
+            if not c.complete:
+                c.error = c.error or "tool call still being written"
+    good, bad = _finish_calls(calls)
+    return ParsedOutput(
+        content=sc.content.strip(),
+        reasoning=sc.reasoning.strip() if sc.reasoning is not None else None,
+        tool_calls=good,
+        invalid_tool_calls=bad,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _marker_info(markers: tuple[str, ...]) -> tuple[int, frozenset[str]]:
+    return max((len(m) for m in markers), default=0), frozenset(m[0] for m in markers if m)
+
+
+def _held_suffix(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that could start one of ``markers``."""
+    if not text or not markers:
+        return 0
+    longest, firsts = _marker_info(markers)
+    if longest < 2:
+        return 0
+    tail = text[-(longest - 1) :]
+    for j, ch in enumerate(tail):
+        if ch in firsts:
+            rest = tail[j:]
+            if any(len(m) > len(rest) and m.startswith(rest) for m in markers):
+                return len(rest)
+    return 0
+
+
+def _markers(fmt: str) -> tuple[str, ...]:
+    spec = SPECS.get(fmt)
+    out = list(START_MARKERS.get(fmt, ()))
+    if spec is not None:
+        out += [r[0] for r in spec.regions] + list(spec.strip) + list(spec.held)
+        if spec.think is not None:
+            out += [m for m in spec.think if m]
+    else:
+        out += list(THINK)
+    if fmt == "hermes":
+        out += [r[0] for r in _HERMES_REGIONS] + ["```"]  # a fence may wrap a call
+    return tuple(dict.fromkeys(m for m in out if m))
+
+
+class StreamParser:
+    """Incremental :func:`parse`: feed text deltas, get content/reasoning/tool-call deltas.
+
+    The aggregate of the deltas equals ``parse(all_text)``: content and reasoning
+    texts concatenate to the parsed ones, each call's argument fragments join to
+    its JSON arguments, and the call ids are the same as in :attr:`result`.
+    """
+
+    def __init__(
+        self,
+        fmt: str,
+        *,
+        reasoning: bool | None = None,
+        think_open: bool = False,
+        id_prefix: str = "call_",
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        prefill: str = "",
+        analysis: TemplateAnalysis | None = None,
+    ) -> None:
+        _check_fmt(fmt, analysis)
+        self._analysis = analysis
+        self.fmt = fmt
+        self.reasoning = reasoning
+        self.think_open = think_open
+        self.id_prefix = id_prefix
+        self._opts = Options.make(reasoning, think_open, tools, prefill)
+        self._buf = ""
+        self._sent_content = 0
+        self._sent_reasoning = 0
+        self._calls_done = 0  # calls sent (each in one chunk)
+        self._ids: list[str] = []
+        self._result: ParsedOutput | None = None
+        self._markers = (
+            _markers(fmt) if analysis is None else tuple(m for m in analysis.markers if m)
+        )
+        think = _think_markers(fmt) if fmt not in ("gpt_oss", "auto") else None
+        self._think_end = tuple(m for m in (think or ()) if m)
+
+    @property
+    def result(self) -> ParsedOutput:
+        if self._result is None:
+            raise RuntimeError("call finish() first")
+        return self._result
+
+    def _id(self, n: int, own: str | None) -> str:
+        while len(self._ids) <= n:
+            self._ids.append("")
+        if not self._ids[n]:
+            self._ids[n] = own or (self.id_prefix + uuid.uuid4().hex[:24])
+        return self._ids[n]
+
+    def feed(self, delta: str) -> list[StreamDelta]:
+        self._buf += delta
+        try:
+            sc = _scan(self._buf, self.fmt, self._opts, final=False, analysis=self._analysis)
+            return self._emit(sc, final=False)
+        except Exception:  # model output must never crash a request: finish() decides
+            logger.exception("tool-call parser failed on partial model output")
+            return []
+
+    def _emit(self, sc: _Scan, final: bool) -> list[StreamDelta]:
+        out: list[StreamDelta] = []
+        if sc.reasoning is not None:
+            text = sc.reasoning.lstrip()
+            if final:
+                keep = len(text.rstrip())
+            else:
+                keep = len(text) - _held_suffix(text, (*self._think_end, *self._markers))
+                keep = len(text[:keep].rstrip())
+            if keep > self._sent_reasoning:
+                out.append(StreamDelta("reasoning", text[self._sent_reasoning : keep]))
+                self._sent_reasoning = keep
+        content = sc.content.lstrip()
+        if final:
+            keep = len(content.rstrip())
+        else:
+            keep = len(content) - _held_suffix(content, self._markers)
+            keep = min(keep, len(content[:keep].rstrip()))
+            if self.fmt in _WHOLE_OUTPUT and not sc.settled:
+                keep = min(keep, self._sent_content)
+        if keep > self._sent_content:
+            out.append(StreamDelta("content", content[self._sent_content : keep]))
+            self._sent_content = keep
+        for n, c in enumerate(sc.calls):
+            # a call is sent whole (id, name and arguments in one chunk) once it can no
+            # longer change: LangChain reads merged chunks as calls, so a name sent ahead
+            # or a cut-off call's JSON would show as a valid-looking call
+            if n < self._calls_done or not (c.complete or final):
+                continue
+            if n > self._calls_done:  # an earlier call is still being written
+                break
+            checked(c)
+            valid = c.error is None and c.name and c.args is not None
+            args = json.dumps(c.args, ensure_ascii=False) if valid else invalid_args(c)
+            out.append(
+                StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name, args=args)
+            )
+            self._calls_done = n + 1
+        return out
+
+    def finish(self) -> list[StreamDelta]:
+        """End of generation: settle everything still held back."""
+        try:
+            sc = _scan(self._buf, self.fmt, self._opts, final=True, analysis=self._analysis)
+        except Exception:
+            logger.exception("tool-call parser failed on model output; returning it as content")
+            sc = _Scan(None, self._buf, [], True)
+        try:
+            out = self._emit(sc, final=True)
+        except Exception:
+            logger.exception("tool-call parser failed to emit its result")
+            sc, out = _Scan(None, self._buf, [], True), []
+        ids = [self._id(n, c.id) for n, c in enumerate(sc.calls)]
+        good, bad = _finish_calls(sc.calls, ids)
+        self._result = ParsedOutput(
+            content=sc.content.strip(),
+            reasoning=sc.reasoning.strip() if sc.reasoning is not None else None,
+            tool_calls=good,
+            invalid_tool_calls=bad,
+        )
+        return out

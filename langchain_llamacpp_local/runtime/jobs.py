@@ -1,0 +1,60 @@
+"""What a caller hands the worker: one chat request and its reply channel.
+
+Kept apart from :mod:`worker` so that :mod:`prompts` (which reads a job) and the
+worker (which runs it) both import it without importing each other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_llamacpp_local.errors import RequestCancelledError
+from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.runtime.channel import Channel
+
+
+@dataclass
+class ChatJob:
+    """One chat request, as handed to the worker."""
+
+    messages: list[dict[str, Any]]
+    sampling: SamplingParams
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning: bool | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    cache_prompt: bool = True
+    #: "ngram" (prompt lookup) or "draft" (the worker's draft model); None: off
+    speculative: str | None = None
+    speculative_max_draft: int = 8
+    #: LoRA adapters applied, ((name, scale), ...) (lora.request_key); None: the model
+    #: has none configured
+    lora: tuple[tuple[str, float], ...] | None = None
+    deadline: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    channel: Channel = field(default_factory=Channel)
+
+    def cancelled(self) -> bool:
+        if self.cancel.is_set():
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.cancel.set()
+            return True
+        return False
+
+
+def cancel_error(job: ChatJob) -> BaseException:
+    """The error a cancelled ``job`` ends with: a timeout or a cancellation."""
+    if job.deadline is not None and time.monotonic() >= job.deadline:
+        return TimeoutError("the request timed out")
+    return RequestCancelledError("the request was cancelled")

@@ -1,0 +1,962 @@
+"""One worker thread per loaded model: it owns the engine and serves requests in order.
+
+Callers put a :class:`ChatJob` on the worker's queue and read replies from the
+job's :class:`~langchain_llamacpp_local.runtime.channel.Channel`. The thread renders the
+prompt, reuses the longest cached prefix (restoring a state checkpoint where the
+memory cannot be trimmed), decodes only the new suffix, samples, parses, and
+streams :class:`~langchain_llamacpp_local.formats.StreamDelta` items back.
+
+Models are shared: :mod:`~langchain_llamacpp_local.runtime.registry` keeps one worker per
+:class:`~langchain_llamacpp_local.llama.engine.LoadConfig` (keep-alive, loaded-model budget).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_llamacpp_local.cache.chunking import (
+    balanced_groups,
+    fast_piece_end,
+    marker_cuts,
+    piece_end,
+)
+from langchain_llamacpp_local.cache.slot_memory import PARTIAL_ONLY, CacheOptions, SlotPolicy
+from langchain_llamacpp_local.cache.slots import Slot
+from langchain_llamacpp_local.chat import prompts
+from langchain_llamacpp_local.chat.logprobs import logprob_entry
+from langchain_llamacpp_local.errors import (
+    ContextOverflowError,
+    DecodeError,
+    RequestCancelledError,
+    WorkerDeadError,
+)
+from langchain_llamacpp_local.formats import StreamDelta
+from langchain_llamacpp_local.llama.engine import Engine, LoadConfig, MemoryKind
+from langchain_llamacpp_local.llama.sampling import Sampler, StopMatcher, Utf8Decoder
+from langchain_llamacpp_local.runtime.channel import Channel
+from langchain_llamacpp_local.runtime.jobs import ChatJob, cancel_error
+from langchain_llamacpp_local.runtime.lora import activate, key_tokens, plan_adapter_groups
+from langchain_llamacpp_local.runtime.speculative import DraftController, NgramProposer, Proposer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Done:
+    """Final reply item: why generation ended, usage and timings."""
+
+    finish_reason: str
+    usage: dict[str, Any]
+    timings: dict[str, float]
+    model_name: str
+    logprobs: list[dict[str, Any]] | None = None
+    parsed: Any = None  # the parser's final ParsedOutput, when tools or reasoning were parsed
+    speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
+    lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
+
+
+@dataclass
+class ModelInfo:
+    """What callers may want to know about the loaded model (read once after load)."""
+
+    model_name: str
+    n_ctx: int
+    n_ctx_train: int
+    n_vocab: int
+    n_slots: int
+    memory_kind: str
+    metadata: dict[str, str]
+    template_origin: str
+    tool_format: str
+    #: MiB of weights per buffer type, as llama.cpp reported the load (CPU_REPACK, AMX...)
+    weight_buffers: dict[str, float] = field(default_factory=dict)
+
+
+_STOP = object()
+
+
+class ModelWorker:
+    """The thread that owns one :class:`Engine` (see module docstring)."""
+
+    def __init__(
+        self,
+        config: LoadConfig,
+        cache: CacheOptions,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._dead: BaseException | None = None
+        self.info: ModelInfo | None = None
+        state = _WorkerState(config, cache, progress)
+        self._thread = threading.Thread(
+            target=_thread_main,
+            args=(state, self._queue, self._ready, weakref.ref(self)),
+            name=f"llamacpp-worker:{config.model_path}",
+            daemon=True,
+        )
+        self._thread.start()
+        self._ready.wait()
+        if state.load_error is not None:
+            raise state.load_error
+        self.info = state.info
+        # Stop the thread when the last user drops this worker.
+        self._finalizer = weakref.finalize(self, self._queue.put, _STOP)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self._dead is None
+
+    def submit(self, job: ChatJob) -> Channel:
+        if not self.alive:
+            raise WorkerDeadError(
+                f"the worker for {self.config.model_path} has stopped"
+                + (f": {self._dead!r}" if self._dead else "")
+            )
+        self._queue.put(job)
+        return job.channel
+
+    def call(self, fn: Callable[[_WorkerState], Any]) -> Any:
+        """Run ``fn(state)`` on the worker thread and return its result (tests, tools)."""
+        ch = Channel()
+        if not self.alive:
+            raise WorkerDeadError(f"the worker for {self.config.model_path} has stopped")
+        self._queue.put((fn, ch))
+        kind, value = ch.get()
+        if kind == "error":
+            raise value
+        return value
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        self._finalizer()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def _mark_dead(self, exc: BaseException) -> None:
+        self._dead = exc
+
+
+# --------------------------------------------------------------------------- thread
+
+
+def _thread_main(
+    state: _WorkerState,
+    q: queue.SimpleQueue[Any],
+    ready: threading.Event,
+    owner: weakref.ref[ModelWorker],
+) -> None:
+    try:
+        state.load()
+    except BaseException as exc:  # reported to the constructor
+        state.load_error = exc
+        try:  # what loaded before the failure (the engine, when the draft model fails)
+            state.close()
+        except BaseException:
+            logger.exception("freeing a failed load failed")
+        ready.set()
+        return
+    ready.set()
+    try:
+        state.run(q)
+    except BaseException as exc:  # llama.cpp itself failed: fail everything fast
+        logger.exception("llama.cpp worker died")
+        w = owner()
+        if w is not None:
+            w._mark_dead(exc)
+        state.fail_all(WorkerDeadError(f"the model worker died: {exc!r}"))
+        _drain(q, WorkerDeadError(f"the model worker died: {exc!r}"))
+    finally:
+        state.close()
+        _drain(q, RequestCancelledError("the model was closed"))
+
+
+def _drain(q: queue.SimpleQueue[Any], exc: BaseException) -> None:
+    while True:
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            return
+        if isinstance(item, ChatJob):
+            item.channel.put(("error", exc))
+        elif isinstance(item, tuple):
+            item[1].put(("error", exc))
+
+
+@dataclass
+class _Waiting:
+    """A queued request; its prompt is prepared once, the first time it is considered."""
+
+    job: ChatJob
+    prepared: prompts.PreparedPrompt | None = None
+    max_new: int = 0
+
+
+@dataclass
+class _Speculation:
+    """A speculating request's proposer, draft-length controller and token history."""
+
+    kind: str
+    proposer: Proposer | None  # None: speculation is off for this request (see limit)
+    controller: DraftController
+    limit: int  # most draft tokens per verify step (exactness, n_batch)
+    history: list[int]  # text tokens of the sequence (after its last image), pending last
+    drafted: int = 0  # totals reported in the metadata
+    accepted: int = 0
+
+
+@dataclass
+class _Active:
+    """A request that owns a slot: reading its prompt or generating."""
+
+    job: ChatJob
+    prepared: prompts.PreparedPrompt
+    slot: Slot
+    n_keep: int
+    max_new: int
+    targets: list[int]
+    keep: frozenset[int]
+    sampler: Sampler
+    parser: prompts.OutputParser
+    decoder: Utf8Decoder = field(default_factory=Utf8Decoder)
+    stopper: StopMatcher = field(default_factory=lambda: StopMatcher([]))
+    logprobs: list[dict[str, Any]] | None = None
+    marks: list[int] = field(default_factory=list)  # chunking.marker_cuts of the prompt
+    n_gen: int = 0
+    pending: int | None = None  # sampled token to decode in the next step
+    t_start: float = field(default_factory=time.perf_counter)
+    t_prefill: float = 0.0
+    retried: bool = False
+    streamed: bool = False
+    spec: _Speculation | None = None
+
+    @property
+    def tokens(self) -> list[Any]:
+        return self.prepared.tokens
+
+    @property
+    def prefilling(self) -> bool:
+        return self.slot.n_past < len(self.prepared.tokens)
+
+    @property
+    def media_spans(self) -> list[tuple[int, int]]:
+        return [(p, m.n_pos) for p, m in self.prepared.media.items()]
+
+    @property
+    def reserved(self) -> int:
+        """KV positions this request may occupy until it ends (unified-cache admission)."""
+        return len(self.prepared.tokens) + self.max_new
+
+
+class _WorkerState:
+    """Everything that lives on the worker thread: the scheduler over a :class:`SlotPolicy`.
+
+    Each loop iteration admits queued requests into free slots, then decodes one
+    step: the next token of every generating request in one ``llama_decode``, and
+    one piece (see :mod:`chunking`) of the oldest request still reading its prompt
+    in another. In deterministic mode pieces lie on a fixed grid, are never mixed
+    with other sequences and generation steps share a call only in groups the
+    kernels keep exact, so a request computes the same logits whatever runs beside it.
+
+    Anything that goes wrong while preparing, sampling, parsing or streaming one
+    request becomes that request's error; only a failure of llama.cpp itself (an
+    exception out of the engine other than a decode error) stops the worker.
+    """
+
+    def __init__(
+        self,
+        config: LoadConfig,
+        cache: CacheOptions,
+        progress: Callable[[float], None] | None,
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.progress = progress
+        self.engine: Engine | None = None
+        self.policy: SlotPolicy | None = None
+        self.load_error: BaseException | None = None
+        self.info: ModelInfo | None = None
+        self.format: prompts.ChatFormat | None = None
+        # token sequences prompts are cut after (chunking marks: message boundaries)
+        self.markers: tuple[tuple[int, ...], ...] = ()
+        self.pending: deque[_Waiting] = deque()
+        self.active: list[_Active] = []
+        self.prepare_count = 0  # prompts prepared (tests: a waiting request is prepared once)
+        self.proposers: dict[str, Proposer] = {}
+        self.lora_turn = 0  # steps so far: rotates which adapter group decodes first
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def load(self) -> None:
+        eng = Engine(self.config, self.progress)
+        self.engine = eng
+        self.format = prompts.ChatFormat.from_engine(eng)
+        self.markers = prompts.chunk_markers(self.format.template, eng)
+        self.policy = SlotPolicy(eng, self.cache)
+        self.proposers["ngram"] = NgramProposer()
+        if self.config.draft_model_path:
+            from langchain_llamacpp_local.llama.draft import DraftModel
+
+            self.proposers["draft"] = DraftModel(self.config, eng)
+        name = eng.metadata.get("general.name") or self.config.model_path.rsplit("/", 1)[-1]
+        self.info = ModelInfo(
+            model_name=name,
+            n_ctx=eng.n_ctx,
+            n_ctx_train=eng.n_ctx_train,
+            n_vocab=eng.n_vocab,
+            n_slots=eng.n_seq_max,
+            memory_kind=eng.memory_kind.value,
+            metadata=dict(eng.metadata),
+            template_origin=self.format.template.origin,
+            tool_format=self.format.call_format,
+            weight_buffers=dict(eng.weight_buffers),
+        )
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.policy.slots if self.policy is not None else []
+
+    @property
+    def ram(self) -> Any:
+        assert self.policy is not None
+        return self.policy.ram
+
+    def close(self) -> None:
+        self.fail_all(RequestCancelledError("the model was closed"))
+        for proposer in self.proposers.values():
+            try:
+                proposer.close()
+            except Exception:
+                logger.exception("closing a draft proposer failed")
+        self.proposers.clear()
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def fail_all(self, exc: BaseException) -> None:
+        for act in self.active:
+            act.sampler.close()
+            act.job.channel.put(("error", exc))
+        self.active.clear()
+        while self.pending:
+            self.pending.popleft().job.channel.put(("error", exc))
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self, q: queue.SimpleQueue[Any]) -> None:
+        """Serve until told to stop: admit requests into free slots, then step them all."""
+        while True:
+            idle = not self.active and not self.pending
+            try:
+                item = q.get() if idle else q.get_nowait()
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item is _STOP:
+                    return
+                if isinstance(item, tuple):
+                    fn, ch = item
+                    try:
+                        ch.put(("ok", fn(self)))
+                    except Exception as exc:
+                        ch.put(("error", exc))
+                else:
+                    self.pending.append(_Waiting(item))
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    item = None
+            self._admit()
+            if self.active:
+                self._step()
+            if self.policy is not None and self.policy.checking:
+                self.policy.check()
+
+    def _busy(self) -> set[int]:
+        return {a.slot.seq_id for a in self.active}
+
+    def _stopped(self, job: ChatJob) -> BaseException | None:
+        """The error ``job`` must end with now (cancelled, timed out, broken), or None."""
+        try:
+            return cancel_error(job) if job.cancelled() else None
+        except Exception as exc:  # a broken job object is that request's problem only
+            logger.debug("a request's cancel check failed", exc_info=True)
+            return exc
+
+    def _admit(self) -> None:
+        """Start queued requests, in arrival order, while a slot (and KV room) is free."""
+        while self.pending:
+            w = self.pending[0]
+            err = self._stopped(w.job)
+            if err is not None:  # the caller is gone: skip, don't run
+                self.pending.popleft()
+                w.job.channel.put(("error", err))
+                continue
+            busy = self._busy()
+            if len(busy) >= len(self.slots):
+                return
+            try:
+                if w.prepared is None:
+                    self._prepare(w)
+                act = self._start(w, busy)
+            except Exception as exc:
+                self.pending.popleft()
+                w.job.channel.put(("error", exc))
+                continue
+            if act is None:  # unified cache: running requests hold the room it needs
+                return
+            self.pending.popleft()
+            self.active.append(act)
+
+    # ------------------------------------------------------------------ starting a request
+
+    def _prepare(self, w: _Waiting) -> None:
+        """Render and tokenize once; a request too long for the window fails here."""
+        eng = self.engine
+        assert eng is not None and self.format is not None
+        self.prepare_count += 1
+        prepared = prompts.prepare(self.format, w.job, eng)
+        if w.job.lora:  # LoRA hook: the adapter set is part of the prefix's identity
+            eng.check_lora(w.job.lora)
+            # an activated LoRA: off before its invocation, off without one
+            w.job.lora, prepared.lora_start = activate(w.job.lora, eng.alora, prepared.tokens)
+            prepared.tokens = key_tokens(prepared.tokens, w.job.lora, prepared.lora_start)
+        n_prompt = len(prepared.tokens)
+        if n_prompt == 0:
+            raise ValueError("the rendered prompt is empty")
+        job = w.job
+        budget = eng.n_ctx - n_prompt
+        if budget <= 0 or (job.max_tokens is not None and job.max_tokens > budget):
+            raise ContextOverflowError(
+                f"prompt of {n_prompt} tokens"
+                + (f" plus max_tokens={job.max_tokens}" if job.max_tokens is not None else "")
+                + f" does not fit the context window of {eng.n_ctx} tokens"
+                " (raise n_ctx, lower max_tokens or shorten the conversation)"
+            )
+        w.max_new = budget if job.max_tokens is None else job.max_tokens
+        w.prepared = prepared
+
+    def _start(self, w: _Waiting, busy: set[int]) -> _Active | None:
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None and w.prepared is not None
+        prepared = w.prepared
+        job = w.job
+        tokens = prepared.tokens
+        spans = [(p, m.n_pos) for p, m in prepared.media.items()]
+        spec = self._speculation(job, prepared)  # first: it may refuse the job
+        marks = marker_cuts(tokens, self.markers)
+        slot, n_keep = policy.acquire(
+            tokens, spans, busy, cache_prompt=job.cache_prompt, marks=marks
+        )
+        if eng.kv_unified:
+            # Streams give each slot its own n_ctx window; a unified cache is shared, so
+            # a request starts only when what running requests may still need leaves room.
+            reserved = sum(a.reserved for a in self.active)
+            if not policy.make_room(len(tokens) + w.max_new, reserved, busy, slot):
+                if not self.active:
+                    raise ContextOverflowError(
+                        f"the request needs {len(tokens) + w.max_new} positions of the "
+                        f"{eng.n_ctx_total}-position unified cache"
+                    )
+                return None
+        targets = policy.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot, marks)
+        sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
+        try:
+            parser = prepared.make_parser()
+            stopper = StopMatcher(prepared.stop)
+        except BaseException:
+            sampler.close()
+            raise
+        if n_keep == 0:
+            for proposer in self.proposers.values():
+                proposer.forget(slot.seq_id)
+        return _Active(
+            job=job,
+            prepared=prepared,
+            slot=slot,
+            n_keep=n_keep,
+            max_new=w.max_new,
+            targets=targets,
+            keep=frozenset(targets),
+            marks=marks,
+            sampler=sampler,
+            parser=parser,
+            stopper=stopper,
+            logprobs=[] if job.logprobs else None,
+            spec=spec,
+        )
+
+    def _speculation(self, job: ChatJob, prepared: prompts.PreparedPrompt) -> _Speculation | None:
+        """How ``job`` speculates, or None when it does not ask to."""
+        kind = job.speculative
+        if kind is None:
+            return None
+        eng = self.engine
+        assert eng is not None
+        proposer = self.proposers.get(kind)
+        if proposer is None:
+            raise ValueError(
+                f"speculative={kind!r} is not available for this model"
+                + (" (load it with draft_model_path=...)" if kind == "draft" else "")
+            )
+        limit = min(job.speculative_max_draft, eng.n_batch - 1)
+        if self.config.deterministic:
+            # a verify step longer than the probed limit would change the logits
+            limit = min(limit, eng.exact_verify_rows - 1)
+            if limit < 1:
+                logger.debug(
+                    "speculation off: this model's kernels give a multi-token verify step "
+                    "different logits (exact_verify_rows=%d); deterministic=False allows it",
+                    eng.exact_verify_rows,
+                )
+        start = max((p + m.n_pos for p, m in prepared.media.items()), default=0)
+        history = [int(t) for t in prepared.tokens[start:]]
+        return _Speculation(
+            kind=kind,
+            proposer=proposer if limit >= 1 else None,
+            controller=DraftController(n_max=max(1, limit)),
+            limit=max(0, limit),
+            history=history,
+        )
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self) -> None:
+        """Decode the generating requests' next tokens, then one prompt piece."""
+        for act in list(self.active):
+            err = self._stopped(act.job)
+            if err is not None:
+                self._finish_error(act, err)
+        gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
+        eng = self.engine
+        assert eng is not None
+        drafts: list[tuple[_Active, list[int]]] = []
+        for act in gen:
+            draft = self._draft(act)
+            if draft:
+                drafts.append((act, draft))
+        if drafts:  # a verify step is its own decode call (see _decode_verify)
+            drafting = {id(a) for a, _ in drafts}
+            gen = [a for a in gen if id(a) not in drafting]
+        if eng.kv_unified or not self.config.deterministic:
+            limit = max(1, len(gen))
+        else:  # no more rows per call than the kernels keep bit-identical (probed at load)
+            limit = eng.exact_rows
+        self.lora_turn += 1
+        # LoRA hook: adapters are set per context, so each adapter set decodes apart
+        for part in plan_adapter_groups(gen, _lora_of, self.lora_turn):
+            for group in balanced_groups(part, limit):
+                members = [a for a in group if a in self.active]
+                if members:
+                    self._decode_generation(members)
+        for act, draft in drafts:
+            if act in self.active:
+                self._decode_verify(act, draft)
+        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
+        if reading is not None:
+            self._decode_prompt_piece(reading)
+
+    def _decode_generation(self, gen: list[_Active]) -> None:
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None
+        toks = [a.pending for a in gen]
+        try:
+            eng.set_lora(_lora_of(gen[0]))  # LoRA hook: one adapter set per group
+            eng.decode_batch(
+                toks,  # type: ignore[arg-type]
+                [a.slot.n_past for a in gen],
+                [a.slot.seq_id for a in gen],
+                [True] * len(gen),
+            )
+        except (RequestCancelledError, DecodeError) as exc:
+            self._after_failed_decode(gen, exc)
+            return
+        for i, act in enumerate(gen):
+            policy.record(act.slot, [act.pending], exact=False)
+            act.pending = None
+            self._guarded(act, self._sample, act, i)
+
+    # ------------------------------------------------------------------ speculation
+
+    def _draft(self, act: _Active) -> list[int]:
+        """Draft tokens to verify after ``act``'s pending token this step ([]: none)."""
+        sp = act.spec
+        if sp is None or sp.proposer is None:
+            return []
+        eng = self.engine
+        assert eng is not None
+        # every verified row is a generated token and a KV position: stay within both
+        room = min(act.max_new - act.n_gen - 1, eng.n_ctx - act.slot.n_past - 1)
+        n = min(sp.limit, room)
+        if n < 1:
+            return []
+        n = min(n, sp.controller.want())
+        if n < 1:
+            return []
+        try:
+            draft = sp.proposer.propose(act.slot.seq_id, sp.history, n)
+        except Exception:  # a failing proposer costs speed, never the request
+            logger.warning(
+                "the %s proposer failed; speculation off for the request", sp.kind, exc_info=True
+            )
+            sp.proposer = None
+            return []
+        return [int(t) for t in draft[:n]]
+
+    def _rollback_mode(self, act: _Active, n_rows: int) -> bool:
+        """True if rejected positions of a verify step need a state restore (not seq_rm).
+
+        Recurrent/hybrid memory cannot be trimmed; a sliding-window cache prunes
+        positions that left the window while the draft was decoded, unless the whole
+        sequence still fits in half a window (any SWA type).
+        """
+        eng = self.engine
+        assert eng is not None
+        kind = eng.memory_kind
+        if kind is MemoryKind.PARTIAL:
+            return False
+        if kind is MemoryKind.SWA:
+            return act.slot.n_past + n_rows >= eng.n_swa // 2
+        return True
+
+    def _decode_verify(self, act: _Active, draft: list[int]) -> None:
+        """Decode [pending, *draft] of one request in one call and keep what its sampler
+        agrees with (llama.cpp's ``common_sampler_sample_and_accept_n``)."""
+        eng = self.engine
+        assert eng is not None and act.pending is not None
+        slot = act.slot
+        batch = [act.pending, *draft]
+        n_past = slot.n_past
+        saved = (
+            eng.state_get(slot.seq_id, PARTIAL_ONLY)
+            if self._rollback_mode(act, len(batch))
+            else None
+        )
+        try:
+            eng.set_lora(_lora_of(act))  # LoRA hook
+            eng.decode_batch(
+                batch,
+                range(n_past, n_past + len(batch)),
+                [slot.seq_id] * len(batch),
+                [True] * len(batch),
+            )
+        except (RequestCancelledError, DecodeError) as exc:
+            if saved is not None:
+                eng.state_set(saved, slot.seq_id, PARTIAL_ONLY)
+            self._after_failed_decode([act], exc)
+            return
+        act.pending = None
+        self._guarded(act, self._accept_draft, act, batch, saved)
+
+    def _accept_draft(self, act: _Active, batch: list[int], saved: bytes | None) -> None:
+        """Sample the verify rows in order until the sampler disagrees with the draft."""
+        eng = self.engine
+        assert eng is not None and act.spec is not None
+        n_draft = len(batch) - 1
+        used = 0  # rows whose input token stays in the sequence
+        accepted = 0
+        sp = act.spec
+        sp.drafted += n_draft
+        try:
+            for i in range(len(batch)):
+                used = i + 1
+                tok = act.sampler.sample(eng.ctx, i)
+                match = i < n_draft and tok == batch[i + 1]
+                if match:  # counted first: the request may finish on this token
+                    accepted += 1
+                    sp.accepted += 1
+                if not self._take(act, i, tok):
+                    break  # finished (end of generation, stop string, length)
+                if not match:
+                    act.pending = tok
+                    break
+        finally:
+            act.spec.controller.update(n_draft, accepted)
+            self._keep_rows(act, batch, used, saved)
+
+    def _keep_rows(self, act: _Active, batch: list[int], used: int, saved: bytes | None) -> None:
+        """Leave the first ``used`` rows of a verify step in the sequence, drop the rest."""
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None
+        slot = act.slot
+        seq = slot.seq_id
+        n_past = slot.n_past
+        if used == len(batch):
+            policy.record(slot, batch, exact=False)
+            return
+        if saved is None:
+            if eng.seq_rm(seq, n_past + used, -1):
+                policy.record(slot, batch[:used], exact=False)
+                return
+        elif eng.state_set(saved, seq, PARTIAL_ONLY) and eng.seq_rm(seq, n_past, -1):
+            try:  # back to before the step: decode the kept rows again
+                eng.set_lora(_lora_of(act))  # LoRA hook
+                eng.decode_batch(
+                    batch[:used], range(n_past, n_past + used), [seq] * used, [False] * used
+                )
+            except (RequestCancelledError, DecodeError):
+                policy.sync(slot)
+                raise
+            policy.record(slot, batch[:used], exact=False)
+            return
+        policy.reset(slot)  # the memory is unknown now: nothing of it may be reused
+        raise DecodeError("rolling back the rejected draft tokens failed")
+
+    def _decode_prompt_piece(self, act: _Active) -> None:
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None
+        media = act.prepared.media
+        slot = act.slot
+        try:
+            while act.prefilling and slot.n_past in media:
+                self._eval_media(act, media[slot.n_past])
+        except DecodeError as exc:
+            self._finish_error(act, exc)
+            return
+        except Exception as exc:
+            self._finish_error(act, exc)
+            return
+        start = slot.n_past
+        n_prompt = len(act.tokens)
+        lora_start = act.prepared.lora_start  # an aLoRA piece never spans its activation
+        stops = [*act.targets, *media, *([lora_start] if lora_start > start else [])]
+        if self.config.deterministic:
+            end = piece_end(
+                start,
+                n_prompt,
+                min(eng.n_batch, eng.n_ubatch),
+                policy.align,
+                stops=stops,
+                marks=act.marks,
+            )
+        else:
+            end = fast_piece_end(start, n_prompt, eng.n_batch, stops=stops)
+        chunk = act.tokens[start:end]
+        job = act.job
+        try:
+            eng.set_lora(_lora_of(act) if start >= lora_start else ())  # LoRA hook
+            eng.decode_batch(
+                chunk,
+                range(start, end),
+                [slot.seq_id] * len(chunk),
+                [i == n_prompt - 1 for i in range(start, end)],
+                cancel=job.cancelled if len(chunk) > 1 else None,
+            )
+        except (RequestCancelledError, DecodeError) as exc:
+            self._after_failed_decode([act], exc)
+            return
+        policy.record(slot, chunk, exact=True)
+        if act.prefilling:
+            if act.targets and slot.n_past == act.targets[0]:
+                act.targets.pop(0)
+                policy.save_checkpoint(slot, act.keep)
+            return
+        policy.seal_prompt(slot, n_prompt, act.marks)
+        act.t_prefill = time.perf_counter()
+        self._guarded(act, self._sample, act, len(chunk) - 1)
+
+    def _eval_media(self, act: _Active, media: Any) -> None:
+        """Encode and decode one image of a prompt (its own decode calls)."""
+        eng = self.engine
+        policy = self.policy
+        assert eng is not None and policy is not None
+        slot = act.slot
+        start = slot.n_past
+        try:
+            eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
+            eng.eval_media(media, start, slot.seq_id)
+        except DecodeError:
+            policy.sync(slot)
+            raise
+        policy.record(slot, act.tokens[start : start + media.n_pos], exact=True)
+        if not act.prefilling:  # an image at the very end of the prompt
+            raise DecodeError("a prompt cannot end with an image: add text after it")
+
+    def _after_failed_decode(self, plan: list[_Active], exc: BaseException) -> None:
+        """Keep each slot's entries equal to what the memory still holds, then recover."""
+        policy = self.policy
+        assert policy is not None
+        for act in plan:
+            slot = act.slot
+            policy.sync(slot)
+            err = self._stopped(act.job)
+            if err is not None:
+                self._finish_error(act, err)
+            elif isinstance(exc, DecodeError) and act.n_gen == 0 and not act.retried:
+                # reading the prompt failed (e.g. a reused prefix): start over once, from scratch
+                logger.warning("decode failed (%s); retrying the request from scratch", exc)
+                policy.reset(slot)
+                act.retried = True
+                act.n_keep = 0
+                act.targets = sorted(t for t in act.keep if t > 0)
+            else:
+                self._finish_error(act, exc)
+
+    # ------------------------------------------------------------------ the request boundary
+
+    def _guarded(self, act: _Active, fn: Callable[..., None], *args: Any) -> None:
+        """Run per-request work; any exception in it ends that request only."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            logger.debug("request failed while handling model output", exc_info=True)
+            if act in self.active:
+                self._finish_error(act, exc)
+
+    # ------------------------------------------------------------------ sampling
+
+    def _sample(self, act: _Active, idx: int) -> None:
+        eng = self.engine
+        assert eng is not None
+        tok = act.sampler.sample(eng.ctx, idx)
+        if self._take(act, idx, tok):
+            act.pending = tok
+
+    def _take(self, act: _Active, idx: int, tok: int) -> bool:
+        """Handle one sampled token (logprobs, end of generation, stop strings, length);
+        False once the request has finished."""
+        eng = self.engine
+        assert eng is not None
+        if act.logprobs is not None:
+            act.logprobs.append(_logprob_entry(eng, idx, tok, act.job.top_logprobs))
+        if eng.is_eog(tok):
+            self._finish(act, "stop")
+            return False
+        act.n_gen += 1
+        if act.spec is not None:
+            act.spec.history.append(tok)
+        if self._emit(act, act.decoder.feed(eng.token_piece(tok))):
+            self._finish(act, "stop", stopped=True)
+        elif act.n_gen >= act.max_new:
+            self._finish(act, "length")
+        else:
+            return True
+        return False
+
+    def _emit(self, act: _Active, text: str) -> bool:
+        """Stream ``text`` through stop strings and the output parser; True if a stop matched."""
+        if not text:
+            return False
+        out, stopped = act.stopper.feed(text)
+        if out:
+            for d in act.parser.feed(out):
+                act.streamed = True
+                act.job.channel.put(("delta", d))
+        return stopped
+
+    def _finish(self, act: _Active, reason: str, *, stopped: bool = False) -> None:
+        put = act.job.channel.put
+        if not stopped:
+            if self._emit(act, act.decoder.flush()):
+                reason = "stop"
+            else:
+                rest = act.stopper.flush()
+                if rest:
+                    for d in act.parser.feed(rest):
+                        put(("delta", d))
+        for d in act.parser.finish():
+            put(("delta", d))
+        now = time.perf_counter()
+        t_prefill = act.t_prefill or now
+        n_prompt = len(act.tokens)
+        n_decoded = n_prompt - act.n_keep
+        prompt_ms = (t_prefill - act.t_start) * 1000
+        gen_ms = (now - t_prefill) * 1000
+        usage = {
+            "input_tokens": n_prompt,
+            "output_tokens": act.n_gen,
+            "total_tokens": n_prompt + act.n_gen,
+            "input_token_details": {"cache_read": act.n_keep},
+        }
+        timings = {
+            "prompt_n": float(n_decoded),
+            "prompt_ms": prompt_ms,
+            "prompt_per_second": n_decoded / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
+            "predicted_n": float(act.n_gen),
+            "predicted_ms": gen_ms,
+            "predicted_per_second": act.n_gen / (gen_ms / 1000) if gen_ms > 0 else 0.0,
+        }
+        spec = None
+        if act.spec is not None:
+            sp = act.spec
+            spec = {"type": sp.kind, "drafted": sp.drafted, "accepted": sp.accepted}
+            timings["draft_n"] = float(sp.drafted)
+            timings["draft_n_accepted"] = float(sp.accepted)
+        assert self.info is not None
+        parsed = getattr(act.parser, "result", None)
+        self._release(act)
+        self._persist(act)
+        put(
+            (
+                "done",
+                Done(
+                    reason,
+                    usage,
+                    timings,
+                    self.info.model_name,
+                    act.logprobs,
+                    parsed,
+                    spec,
+                    None if act.job.lora is None else dict(act.job.lora),
+                ),
+            )
+        )
+
+    def _persist(self, act: _Active) -> None:
+        """Hand the finished conversation to the disk cache: its state is copied before
+        the reply's last message (so a program may exit right after it: the file is
+        written at exit), the file written by a background thread."""
+        if self.policy is None or self.policy.disk is None:
+            return
+        try:
+            self.policy.persist(act.slot)
+        except Exception:  # the cache is an optimisation: never fail the worker for it
+            logger.warning("prompt cache: could not save a conversation", exc_info=True)
+
+    def _finish_error(self, act: _Active, exc: BaseException) -> None:
+        self._release(act)
+        act.job.channel.put(("error", exc))
+
+    def _release(self, act: _Active) -> None:
+        if act in self.active:
+            self.active.remove(act)
+        try:
+            act.sampler.close()
+        except Exception:
+            logger.exception("closing a sampler failed")
+
+
+def _lora_of(act: _Active) -> tuple[tuple[str, float], ...]:
+    """The adapter set ``act`` decodes with (``()``: the base model)."""
+    return act.job.lora or ()
+
+
+def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:
+    def piece(t: int) -> str:
+        return eng.token_piece(t).decode("utf-8", errors="replace")
+
+    return logprob_entry(eng.logits(idx), tok, top, piece)
+
+
+__all__ = [
+    "CacheOptions",
+    "ChatJob",
+    "Done",
+    "ModelInfo",
+    "ModelWorker",
+    "StreamDelta",
+]
