@@ -1,7 +1,7 @@
 """Ten calls through ``configurable_fields``: model loads and time, before/after keep-alive.
 
 LangChain's ``configurable_fields`` builds a new ``ChatLlamaCpp`` for every call. Before
-the registry kept models (issue 15), the model was freed with that instance, so each
+the registry kept models, the model was freed with that instance, so each
 call loaded the GGUF again and started with an empty cache; ``before`` reproduces that
 by unloading after every call. ``after`` is the default (``keep_alive`` 5 minutes).
 

@@ -242,7 +242,7 @@ print("bye")
 def test_a_parser_failure_fails_its_request_only(
     tiny_llama: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 12 #2/#15: an exception while parsing model output is that request's error."""
+    """An exception while parsing model output is that request's error."""
     from langchain_llamacpp_local.chat import prompts
 
     # bit for bit beside a failing request: the deterministic mode's guarantee

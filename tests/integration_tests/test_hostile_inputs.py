@@ -1,4 +1,4 @@
-"""Issue 12: hostile or unlucky inputs give clear errors; the process and the worker live.
+"""Hostile or unlucky inputs give clear errors; the process and the worker live.
 
 Each test drives the real request path (llama.cpp on generated GGUFs). Cases that
 used to kill the process run in a subprocess, so a regression shows as a failed
@@ -33,7 +33,7 @@ TEMPLATES = ROOT / "tests" / "data" / "llama_cpp_templates"
 @pytest.fixture(autouse=True)
 def _collect_garbage() -> None:
     """Collect cycles between tests: a worker collected while another model loads can
-    deadlock the registry until helper "models" fixes it (issue 12 #3)."""
+    deadlock the registry."""
     gc.collect()
 
 
@@ -59,7 +59,7 @@ def _patch_u32(path: Path, key: str, value: int) -> None:
     path.write_bytes(bytes(data))
 
 
-# --------------------------------------------------------------------------- #13 crafted GGUF
+# --------------------------------------------------------------------------- crafted GGUF
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_crafted_gguf_header_is_a_load_error_not_an_abort(
     assert "MODEL_LOAD_ERROR" in proc.stdout and message in proc.stdout, proc.stdout
 
 
-# --------------------------------------------------------------------------- #14 FIFO model path
+# --------------------------------------------------------------------------- FIFO model path
 
 
 def _finishes(fn: Any, timeout: float = 20) -> Any:
@@ -128,7 +128,7 @@ def test_fifo_or_device_model_path_does_not_hang(tmp_path: Path) -> None:
         assert "not a file" in str(out["error"])
 
 
-# --------------------------------------------------------------------------- #1 grammar size
+# --------------------------------------------------------------------------- grammar size
 
 
 class _Long(BaseModel):
@@ -138,7 +138,7 @@ class _Long(BaseModel):
 
 
 def test_huge_schema_bounds_never_crash_the_process(tiny_llama: str) -> None:
-    """maxLength 20 000 (and friends) used to overflow llama.cpp's grammar parser stack."""
+    """MaxLength 20 000 (and friends) used to overflow llama.cpp's grammar parser stack."""
     proc = _run_isolated(
         f"""
         from pydantic import BaseModel, Field
@@ -172,7 +172,7 @@ def test_unenforceable_bound_is_a_clear_error_naming_the_field(tiny_llama: str) 
     assert llm.invoke("hi").response_metadata["finish_reason"] in ("stop", "length")
 
 
-# --------------------------------------------------------------------------- #15 lazy grammar
+# --------------------------------------------------------------------------- lazy grammar
 
 
 def test_lazy_tool_grammar_survives_many_overrunning_tokens(tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_lazy_tool_grammar_survives_many_overrunning_tokens(tmp_path: Path) -> N
     assert llm.invoke("hi").content.startswith("<tool_call>x0")  # the worker still serves
 
 
-# --------------------------------------------------------------------------- #12 penalty_last_n
+# --------------------------------------------------------------------------- penalty_last_n
 
 
 @pytest.mark.parametrize("n", [-1, 0, 1, 2**31 - 1])
@@ -241,7 +241,7 @@ def test_penalty_whole_context_differs_from_off(tmp_path: Path) -> None:
     assert whole.invoke("a").content != "aaaaaa"
 
 
-# --------------------------------------------------------------------------- #16 config aborts
+# --------------------------------------------------------------------------- config aborts
 
 
 @pytest.mark.parametrize(
@@ -284,7 +284,7 @@ def test_smallest_valid_configs_load_and_run(tiny_llama: str) -> None:
     assert proc.stdout.count("OK") == 4
 
 
-# --------------------------------------------------------------------------- #9 event loop
+# --------------------------------------------------------------------------- event loop
 
 
 def test_first_ainvoke_does_not_block_the_event_loop(gemma: str) -> None:
@@ -317,7 +317,7 @@ def test_first_ainvoke_does_not_block_the_event_loop(gemma: str) -> None:
 
 
 def test_mtmd_clip_log_goes_through_logging(tmp_path: Path) -> None:
-    """mtmd/clip have their own logger in llama.cpp; it used to print to stderr."""
+    """Mtmd/clip have their own logger in llama.cpp; it used to print to stderr."""
     proc = _run_isolated(
         f"""
         import logging
@@ -403,7 +403,7 @@ def test_image_decoding_does_not_block_the_event_loop(tmp_path: Path, tiny_llama
 def test_close_during_embed_rerank_and_chat_never_kills_the_process(
     tmp_path: Path, tiny_llama: str
 ) -> None:
-    """close() on one thread while others embed, rerank and chat: every call ends with a
+    """Close() on one thread while others embed, rerank and chat: every call ends with a
     result or a clear RequestCancelledError, and nothing is freed under a running call
     (a crash or abort kills the child, which fails the test)."""
     proc = _run_isolated(

@@ -1,6 +1,6 @@
-"""Prompt tokenization on real llama.cpp: message content never becomes control tokens
-(issue 12 #19), oversized prompts fail before tokenizing (#7), hostile templates and
-template-name typos reach the caller as errors while the worker keeps serving (#6, #18)."""
+"""Prompt tokenization on real llama.cpp: message content never becomes control tokens,
+oversized prompts fail before tokenizing, hostile templates and
+template-name typos reach the caller as errors while the worker keeps serving."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The model registry on real tiny GGUFs: keep-alive, the loaded-model budget, per-call
-models, and loads that are interrupted or race the garbage collector (issue 12 #3, #8)."""
+models, and loads that are interrupted or race the garbage collector."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_per_call_model_override(models: Path) -> None:
 
 
 def test_gc_of_a_model_in_a_cycle_during_another_load_does_not_hang(models: Path) -> None:
-    """Issue 12 #3: collecting a ChatLlamaCpp (and a stream it left open) inside a load
+    """Collecting a ChatLlamaCpp (and a stream it left open) inside a load
     used to run a weakref callback that took the lock the load was holding."""
     a = ChatLlamaCpp(model="alpha", models_dir=str(models), **FAST)
     b = ChatLlamaCpp(model="beta", models_dir=str(models), **FAST)
@@ -198,7 +198,7 @@ def test_gc_of_a_model_in_a_cycle_during_another_load_does_not_hang(models: Path
 
 
 def test_an_interrupted_load_is_registered_and_reused(models: Path) -> None:
-    """Issue 12 #8: Ctrl-C while a model loads leaves it registered (reused, or freed
+    """Ctrl-C while a model loads leaves it registered (reused, or freed
     after keep_alive), never loaded on a thread nobody can stop."""
     llm = ChatLlamaCpp(
         model="alpha", models_dir=str(models), n_ctx=384, temperature=0, max_tokens=4

@@ -125,7 +125,7 @@ async def test_concurrent_async_streams_interleave(tiny_llama: str) -> None:
 
 
 def test_concurrent_streams_each_get_their_own_window(tiny_llama: str) -> None:
-    """Two streams whose max_tokens together exceed n_ctx both finish (issue 12 #5)."""
+    """Two streams whose max_tokens together exceed n_ctx both finish."""
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=256, n_slots=2, **_GREEDY)
     results: list[Any] = [None, None]
 
@@ -143,7 +143,7 @@ def test_concurrent_streams_each_get_their_own_window(tiny_llama: str) -> None:
 
 
 def test_sequential_requests_never_run_out_of_room(tiny_llama: str) -> None:
-    """Issue 12 #11: X, Y at 200 then X at 300 on n_ctx=512 with two slots; four slots."""
+    """X, Y at 200 then X at 300 on n_ctx=512 with two slots; four slots."""
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=512, n_slots=2, **_GREEDY)
     llm.invoke("conversation X", max_tokens=200)
     llm.invoke("conversation Y", max_tokens=200)
@@ -178,7 +178,7 @@ def test_unified_cache_queues_instead_of_failing_midstream(tiny_llama: str) -> N
 
 
 def test_a_waiting_request_is_prepared_once(tiny_llama: str) -> None:
-    """Issue 12 #17: a request queued behind another is rendered/tokenized only once."""
+    """A request queued behind another is rendered/tokenized only once."""
     llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **_GREEDY)
     llm.load()
     worker = llm._worker
@@ -196,7 +196,7 @@ def test_a_waiting_request_is_prepared_once(tiny_llama: str) -> None:
 
 
 def test_parking_cannot_evict_the_entry_being_restored(tiny_llama: str) -> None:
-    """Issue 12 #4: a host-RAM cache that holds about one conversation, one slot, three
+    """A host-RAM cache that holds about one conversation, one slot, three
     conversations in turn: every restore either works or falls back, never desyncs."""
     probe = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, max_tokens=4, **_GREEDY)
     probe.invoke(_convo("p", 1))

@@ -1,4 +1,4 @@
-"""Seeded fuzz/soak test (issue 12): nothing a caller sends may crash, hang or
+"""Seeded fuzz/soak test: nothing a caller sends may crash, hang or
 desynchronise the worker.
 
 A plain seeded loop keeps 6 concurrent operations in flight on the tiny llama (with a
@@ -70,7 +70,7 @@ PROMPTS = [
 
 
 def _template_limits_present() -> bool:
-    """Whether chat templates run with limits (helper "templates", issue 12 #6).
+    """Whether chat templates run with limits.
 
     Probed with a big string multiplication: cheap either way (``|length`` keeps the
     output small) and refused once the limits exist.

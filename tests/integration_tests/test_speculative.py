@@ -1,4 +1,4 @@
-"""Speculative decoding (#16) on real llama.cpp: same output as without it, drafts accepted
+"""Speculative decoding on real llama.cpp: same output as without it, drafts accepted
 where text repeats, rejected positions rolled back (seq_rm or a state restore).
 
 The suite runs with ``LLAMACPP_LOCAL_CHECK_KV=1``: after every step the worker asserts

@@ -1,4 +1,4 @@
-"""langchain-tests' standard integration suite against Gemma 3 270M (a tiny base model).
+"""Langchain-tests' standard integration suite against Gemma 3 270M (a tiny base model).
 
 Capabilities are declared honestly. Tests that need the model to *choose* well
 (what a 270M base model cannot do) are marked xfail with the reason; the code
@@ -35,7 +35,7 @@ class TestChatLlamaCppStandard(ChatModelIntegrationTests):
     @property
     def standard_chat_model_params(self) -> dict[str, Any]:
         # A local model has no API key and no network calls to retry; unknown
-        # constructor arguments raise (issue 12 #10), so these are not passed.
+        # constructor arguments raise, so these are not passed.
         params = dict(super().standard_chat_model_params)
         params.pop("api_key", None)
         params.pop("max_retries", None)

@@ -1,4 +1,4 @@
-"""langchain-tests' standard unit suite: construction is cheap and loads nothing."""
+"""Langchain-tests' standard unit suite: construction is cheap and loads nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class TestChatLlamaCppUnit(ChatModelUnitTests):
     @property
     def standard_chat_model_params(self) -> dict[str, Any]:
         # A local model has no API key and no network calls to retry; unknown
-        # constructor arguments raise (issue 12 #10), so these are not passed.
+        # constructor arguments raise, so these are not passed.
         params = dict(super().standard_chat_model_params)
         params.pop("api_key", None)
         params.pop("max_retries", None)

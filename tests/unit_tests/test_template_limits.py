@@ -1,4 +1,4 @@
-"""Hostile or runaway templates stop at a limit with a ChatTemplateError naming it (issue 12 #6)."""
+"""Hostile or runaway templates stop at a limit with a ChatTemplateError naming it."""
 
 from __future__ import annotations
 

@@ -249,7 +249,7 @@ def test_reasoning_modes() -> None:
     ],
 )
 def test_pythonic_values_that_are_not_json_give_an_invalid_call(text: str) -> None:
-    """Issue 12 #2: ``ast.literal_eval`` output that JSON cannot carry never raises."""
+    """``ast.literal_eval`` output that JSON cannot carry never raises."""
     for fmt in ("pythonic",):
         out = parse(text, fmt)
         assert out.tool_calls == [] and len(out.invalid_tool_calls) == 1
@@ -553,7 +553,7 @@ _py_values = st.recursive(
     st.booleans(),
 )
 def test_pythonic_calls_with_any_python_literal_never_raise(args: dict, streamed: bool) -> None:
-    """Issue 12 #2: whatever literal the model writes, the result is a JSON-safe call or an invalid one."""
+    """Whatever literal the model writes, the result is a JSON-safe call or an invalid one."""
     text = "[f(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")]"
     if streamed:
         sp = StreamParser("pythonic")

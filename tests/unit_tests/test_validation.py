@@ -1,4 +1,4 @@
-"""Issue 12: settings, per-call options, GGUF headers and grammar bounds are checked
+"""Settings, per-call options, GGUF headers and grammar bounds are checked
 before they reach llama.cpp, with errors that name the problem."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from langchain_llamacpp_local.validation import (
 )
 from tests.gguf_models import write_tiny_llama
 
-# --------------------------------------------------------------------------- #10 typos
+# --------------------------------------------------------------------------- typos
 
 
 def test_unknown_constructor_arguments_raise_naming_the_closest_field(tmp_path: Path) -> None:
@@ -62,7 +62,7 @@ def test_closest_name() -> None:
     assert closest_name("zzz", ["n_gpu_layers", "n_ctx"]) is None
 
 
-# --------------------------------------------------------------------------- #18 call options
+# --------------------------------------------------------------------------- call options
 
 
 def test_a_single_stop_string_is_one_stop() -> None:
@@ -140,7 +140,7 @@ def test_booleans_and_fractions_are_not_numbers(kwargs: dict[str, Any], name: st
         ChatLlamaCpp(model_path="m.gguf", **kwargs)
 
 
-# --------------------------------------------------------------------------- #16 load settings
+# --------------------------------------------------------------------------- load settings
 
 
 @pytest.mark.parametrize(
@@ -178,7 +178,7 @@ def test_load_settings_minimums_are_accepted() -> None:
     check_load_settings({"n_gpu_layers": -1, "type_k": "Q8_0"})
 
 
-# --------------------------------------------------------------------------- #12 penalty window
+# --------------------------------------------------------------------------- penalty window
 
 
 def test_penalty_window_maps_to_llama_cpp_semantics() -> None:
@@ -193,7 +193,7 @@ def test_penalty_window_maps_to_llama_cpp_semantics() -> None:
             SamplingParams(penalty_last_n=bad)
 
 
-# --------------------------------------------------------------------------- #13 GGUF header
+# --------------------------------------------------------------------------- GGUF header
 
 
 @pytest.mark.parametrize(
@@ -238,7 +238,7 @@ def test_check_hparams_accepts_real_headers(tmp_path: Path) -> None:
     )
 
 
-# --------------------------------------------------------------------------- #1 grammar bounds
+# --------------------------------------------------------------------------- grammar bounds
 
 
 class _Vocab:
