@@ -222,10 +222,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _quiet_llama_cpp() -> None:
     """Silence llama.cpp's own log (llama-cpp-python's Llama re-sets it per instance)."""
-    from langchain_llamacpp_local.llama import engine
+    from langchain_llamacpp_local.llama import backend
 
-    engine._init_backend()
-    assert isinstance(engine._log_callback, ctypes._CFuncPtr)
+    backend.init_backend()
+    assert isinstance(backend.log_callback, ctypes._CFuncPtr)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from langchain_llamacpp_local.errors import RequestCancelledError
 from langchain_llamacpp_local.formats import StreamDelta
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, check_load_settings
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
 from langchain_llamacpp_local.runtime.model_resolution import (
@@ -68,18 +69,15 @@ from langchain_llamacpp_local.templates.chat_template import convert_messages
 from langchain_llamacpp_local.validation import (
     check_argument_names,
     check_call_options,
-    check_load_settings,
     check_max_tokens,
     check_speculative,
     check_timeout,
-    keep_alive_seconds,
     normalize_stop,
     unknown_names_error,
 )
 
 logger = logging.getLogger(__name__)
 
-_DEFAULT_MAX_CTX = 8192
 _PARSED_KEY = "_llamacpp_parsed"
 _SAMPLING_FIELDS = (
     "temperature",
@@ -428,7 +426,7 @@ class ChatLlamaCpp(BaseChatModel):
             try:
                 meta = read_gguf_metadata(local, ["*.context_length"])
                 trained = next(iter(meta.values()), None)
-                n_ctx = min(int(trained), _DEFAULT_MAX_CTX) if trained else None
+                n_ctx = min(int(trained), DEFAULT_MAX_CTX) if trained else None
             except (OSError, ValueError):
                 n_ctx = None
         profile: ModelProfile = {
@@ -1118,9 +1116,9 @@ def _duration_seconds(value: Any) -> Any:
         m = _DURATION.match(value)
         if m is None:
             raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
-        return keep_alive_seconds(float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+        return registry.keep_alive_seconds(float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
     if isinstance(value, (int, float)):
-        return keep_alive_seconds(value)  # nan refused; inf or past ten years: forever
+        return registry.keep_alive_seconds(value)  # nan refused; inf or past ten years: forever
     return value
 
 

@@ -20,7 +20,8 @@ from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 from typing_extensions import Self
 
-from langchain_llamacpp_local.llama.embedding import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.validation import check_argument_names
 
 logger = logging.getLogger(__name__)

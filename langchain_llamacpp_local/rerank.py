@@ -25,7 +25,8 @@ from typing_extensions import Self
 
 from langchain_llamacpp_local.embeddings import check_texts, encodable
 from langchain_llamacpp_local.errors import ContextOverflowError
-from langchain_llamacpp_local.llama.embedding import MAX_SEQ, EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.validation import check_argument_names
 
 _PLACEHOLDER = re.compile(r"(\{query\}|\{document\})")

@@ -86,10 +86,10 @@ def smollm2() -> str:
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_llama_log() -> None:
     """llama.cpp logs through :mod:`logging`; make sure it is initialised once."""
-    from langchain_llamacpp_local.llama import engine
+    from langchain_llamacpp_local.llama import backend
 
-    engine._init_backend()
-    assert isinstance(engine._log_callback, ctypes._CFuncPtr)
+    backend.init_backend()
+    assert isinstance(backend.log_callback, ctypes._CFuncPtr)
 
 
 @pytest.fixture(autouse=True)

@@ -35,11 +35,11 @@ from langchain_llamacpp_local.cache.chunking import (
 )
 from langchain_llamacpp_local.cache.host_ram import CachedPrompt, PromptCache
 from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
-from langchain_llamacpp_local.llama.engine import Engine, MemoryKind, build_info
+from langchain_llamacpp_local.llama.backend import build_info
+from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, MemoryKind
 
 logger = logging.getLogger(__name__)
 
-PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 CHECK_ENV = "LLAMACPP_LOCAL_CHECK_KV"
 
 

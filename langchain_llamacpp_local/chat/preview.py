@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.llama.vocab_model import VocabModel
 
 
 @dataclass(frozen=True)
@@ -52,60 +49,6 @@ def from_prepared(prepared: Any) -> RenderedPrompt:
         grammar=getattr(sampling, "grammar", None),
         tool_format=prepared.parse_format if prepared.tools else None,
     )
-
-
-class VocabModel:
-    """A ``vocab_only`` llama.cpp model: what :func:`prompts.prepare` reads of an engine."""
-
-    def __init__(self, path: str) -> None:
-        import llama_cpp.llama_cpp as C
-
-        from langchain_llamacpp_local.llama import engine
-
-        engine._init_backend()
-        engine.check_gguf_file(path)
-        params = C.llama_model_default_params()
-        params.vocab_only = True
-        model = C.llama_model_load_from_file(path.encode(), params)
-        if not model:
-            raise ModelLoadError(f"llama.cpp could not read the vocabulary of {path}")
-        self.model = model
-        self._finalizer = weakref.finalize(self, C.llama_model_free, model)
-        self.vocab = C.llama_model_get_vocab(model)
-        self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
-        self.n_ctx_train = int(C.llama_model_n_ctx_train(model))
-        self.metadata = engine.Engine._read_metadata(self)  # type: ignore[arg-type]
-        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
-        self.bos_id = int(C.llama_vocab_bos(self.vocab))
-        self.eos_id = int(C.llama_vocab_eos(self.vocab))
-        # no window to overflow when only counting; no checkpoints to place
-        self.n_ctx = sys.maxsize
-        self.memory_kind = engine.MemoryKind.PARTIAL
-        self.lock = threading.Lock()
-
-    # the Engine's own tokenizer methods (they read only ``self.vocab``)
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
-        from langchain_llamacpp_local.llama.engine import Engine
-
-        return Engine.tokenize(self, text, add_special=add_special, parse_special=parse_special)  # type: ignore[arg-type]
-
-    def token_piece(self, token: int, *, special: bool = True) -> bytes:
-        from langchain_llamacpp_local.llama.engine import Engine
-
-        return Engine.token_piece(self, token, special=special)  # type: ignore[arg-type]
-
-    def token_text(self, token: int) -> str:
-        from langchain_llamacpp_local.llama.engine import Engine
-
-        return Engine.token_text(self, token)  # type: ignore[arg-type]
-
-    def is_control(self, token: int) -> bool:
-        from langchain_llamacpp_local.llama.engine import Engine
-
-        return Engine.is_control(self, token)  # type: ignore[arg-type]
-
-    def tokenize_multimodal(self, *args: Any, **kwargs: Any) -> Any:
-        raise ValueError("a prompt with images is prepared by the loaded model")
 
 
 @functools.lru_cache(maxsize=8)

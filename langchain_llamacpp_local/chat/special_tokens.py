@@ -25,10 +25,10 @@ import re
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from langchain_llamacpp_local.errors import ContextOverflowError
+from langchain_llamacpp_local.llama.vocab import SpecialToken, VocabInfo, longest_piece, scan_vocab
 
 if TYPE_CHECKING:
     from langchain_llamacpp_local.llama.engine import Engine
@@ -42,58 +42,6 @@ __all__ = [
     "vocab_info",
 ]
 
-_ATTR_UNKNOWN = 1 << 0
-_ATTR_CONTROL = 1 << 3
-_ATTR_USER_DEFINED = 1 << 4
-_ATTR_LSTRIP = 1 << 7
-_ATTR_RSTRIP = 1 << 8
-_VOCAB_SPM, _VOCAB_BPE = 1, 2
-
-
-@dataclass(frozen=True)
-class SpecialToken:
-    text: str
-    id: int
-    lstrip: bool
-    rstrip: bool
-
-
-@dataclass(frozen=True)
-class VocabInfo:
-    """What prompt tokenization needs from a vocabulary, computed once per model."""
-
-    specials: tuple[SpecialToken, ...]
-    """llama.cpp's special-token cache (control, user-defined, unknown), longest first."""
-    control_texts: frozenset[str]
-    """Texts that ``parse_special=True`` turns into control tokens and plain text does not."""
-    bound_exact: bool
-    """Whether the byte bound holds (SPM and BPE vocabularies; others normalize text)."""
-
-    def __post_init__(self) -> None:
-        heads = "".join(sorted({re.escape(t[0]) for t in self.control_texts}))
-        lengths = sorted({len(t) for t in self.control_texts}, reverse=True)
-        object.__setattr__(self, "_head_re", re.compile(f"[{heads}]") if heads else None)
-        object.__setattr__(self, "_lengths", lengths)
-
-    def find_control(self, text: str) -> list[str]:
-        """Control-token texts occurring in ``text``: at each possible first character, one
-        set lookup per distinct control-text length (no scan over thousands of texts)."""
-        head_re: re.Pattern[str] | None = self._head_re  # type: ignore[attr-defined]
-        if head_re is None or not text:
-            return []
-        lengths: list[int] = self._lengths  # type: ignore[attr-defined]
-        controls = self.control_texts
-        found: set[str] = set()
-        for m in head_re.finditer(text):
-            i = m.start()
-            for n in lengths:
-                cand = text[i : i + n]
-                if cand in controls:
-                    found.add(cand)
-                    break
-        return sorted(found, key=len, reverse=True)
-
-
 _cache: weakref.WeakKeyDictionary[Any, VocabInfo] = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
 
@@ -103,37 +51,10 @@ def vocab_info(eng: Engine) -> VocabInfo:
     with _cache_lock:
         info = _cache.get(eng)
     if info is None:
-        info = _scan_vocab(eng)
+        info = scan_vocab(eng.vocab, eng.n_vocab)
         with _cache_lock:
             _cache[eng] = info
     return info
-
-
-def _scan_vocab(eng: Engine) -> VocabInfo:
-    import llama_cpp.llama_cpp as C  # local: keeps this module importable without llama.cpp
-
-    vocab = eng.vocab
-    specials: list[SpecialToken] = []
-    control: set[str] = set()
-    get_attr = C.llama_vocab_get_attr
-    wanted = _ATTR_CONTROL | _ATTR_USER_DEFINED | _ATTR_UNKNOWN
-    for tok in range(eng.n_vocab):  # one cheap call per token; texts only for specials
-        attr = get_attr(vocab, tok)
-        if attr & wanted:
-            text = (C.llama_vocab_get_text(vocab, tok) or b"").decode("utf-8", errors="replace")
-            if not text:
-                continue
-            specials.append(
-                SpecialToken(text, tok, bool(attr & _ATTR_LSTRIP), bool(attr & _ATTR_RSTRIP))
-            )
-            if attr & (_ATTR_CONTROL | _ATTR_UNKNOWN):
-                control.add(text)
-    specials.sort(key=lambda s: len(s.text.encode("utf-8")), reverse=True)
-    return VocabInfo(
-        specials=tuple(specials),
-        control_texts=frozenset(control),
-        bound_exact=int(C.llama_vocab_type(vocab)) in (_VOCAB_SPM, _VOCAB_BPE),
-    )
 
 
 _piece_cache: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -148,11 +69,7 @@ def max_piece_bytes(eng: Engine) -> int:
     with _cache_lock:
         cached = _piece_cache.get(eng)
     if cached is None:
-        import llama_cpp.llama_cpp as C
-
-        get_text, vocab = C.llama_vocab_get_text, eng.vocab
-        cached = max(len(get_text(vocab, tok) or b"") for tok in range(eng.n_vocab))
-        cached = max(cached, 8)  # an unknown char may become one token
+        cached = max(longest_piece(eng.vocab, eng.n_vocab), 8)  # an unknown char: one token
         with _cache_lock:
             _piece_cache[eng] = cached
     return cached

@@ -28,7 +28,13 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 
 from langchain_llamacpp_local.errors import DecodeError, IncompatibleDraftModelError
-from langchain_llamacpp_local.llama.engine import Engine, LoadConfig, MemoryKind, load_model
+from langchain_llamacpp_local.llama.engine import (
+    PARTIAL_ONLY,
+    Engine,
+    LoadConfig,
+    MemoryKind,
+    load_model,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +46,6 @@ SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
 #: llama.cpp's draft samples with top-k 10 and reads the top token's probability
 #: among those candidates; ``p_min`` compares against the same figure.
 DRAFT_TOP_K = 10
-
-_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the non-trimmable state only
 
 
 def draft_config(target: LoadConfig, draft_path: str, *, n_ctx: int | None = None) -> LoadConfig:
@@ -205,7 +209,7 @@ class DraftModel:
             held = self._held.setdefault(seq_id, [])
             held.extend(new)
             if not self.trimmable:
-                self._checkpoint[seq_id] = (n_hist, eng.state_get(seq_id, _PARTIAL_ONLY))
+                self._checkpoint[seq_id] = (n_hist, eng.state_get(seq_id, PARTIAL_ONLY))
             return self._generate(seq_id, n_hist, n_max, held)
         except DecodeError:
             logger.debug("draft decode failed for sequence %d: no draft", seq_id, exc_info=True)
@@ -247,7 +251,7 @@ class DraftModel:
             del held[n_keep:]
             return n_keep
         ck = self._checkpoint.get(seq_id)
-        if ck is not None and ck[0] <= n_keep and eng.state_set(ck[1], seq_id, _PARTIAL_ONLY):
+        if ck is not None and ck[0] <= n_keep and eng.state_set(ck[1], seq_id, PARTIAL_ONLY):
             if eng.seq_rm(seq_id, ck[0], -1):
                 del held[ck[0] :]
                 return ck[0]

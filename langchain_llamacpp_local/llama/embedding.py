@@ -43,6 +43,8 @@ from langchain_llamacpp_local.errors import (
     RequestCancelledError,
 )
 from langchain_llamacpp_local.llama import engine as _engine
+from langchain_llamacpp_local.llama import vocab
+from langchain_llamacpp_local.llama.settings import MAX_SEQ
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +52,6 @@ logger = logging.getLogger(__name__)
 POOLING_TYPES: dict[str, int] = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 _POOLING_NAMES = {v: k for k, v in POOLING_TYPES.items()}
 
-#: llama.cpp's LLAMA_MAX_SEQ: the most sequences one context can hold.
-MAX_SEQ = 256
 
 #: Default longest text in tokens, as llama.cpp's server (its default n_ubatch).
 DEFAULT_MAX_TOKENS = 512
@@ -133,21 +133,6 @@ def pool(rows: np.ndarray, offsets: Sequence[int], pooling: str) -> np.ndarray:
     return out
 
 
-def _meta(model: object, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(256)
-    n = C.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-    return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
-
-
-def _meta_keys(model: object) -> list[str]:
-    buf = ctypes.create_string_buffer(512)
-    keys = []
-    for i in range(C.llama_model_meta_count(model)):
-        if C.llama_model_meta_key_by_index(model, i, buf, len(buf)) >= 0:
-            keys.append(buf.value.decode("utf-8", errors="replace"))
-    return keys
-
-
 _ggml_get_name = C._lib.ggml_get_name
 _ggml_get_name.restype = ctypes.c_char_p
 _ggml_get_name.argtypes = [ctypes.c_void_p]
@@ -200,13 +185,14 @@ class EmbeddingEngine:
         config = self.config
         model = self.model = self._model_ref.model
         self.vocab = C.llama_model_get_vocab(model)
-        self.arch = _meta(model, "general.architecture") or ""
-        self.name = _meta(model, "general.name") or os.path.basename(config.model_path)
+        meta = vocab.read_metadata(model)
+        self.arch = meta.get("general.architecture") or ""
+        self.name = meta.get("general.name") or os.path.basename(config.model_path)
         self.n_ctx_train = int(C.llama_model_n_ctx_train(model))
         self.n_embd = int(C.llama_model_n_embd_out(model))
         self.n_cls_out = int(C.llama_model_n_cls_out(model))
-        self.causal = (_meta(model, f"{self.arch}.attention.causal") or "true") != "false"
-        gguf_pool = _meta(model, f"{self.arch}.pooling_type")
+        self.causal = (meta.get(f"{self.arch}.attention.causal") or "true") != "false"
+        gguf_pool = meta.get(f"{self.arch}.pooling_type")
         self.gguf_pooling = _POOLING_NAMES.get(int(gguf_pool)) if gguf_pool else None
         self.pooling = config.pooling or (
             self.gguf_pooling if self.gguf_pooling not in (None, "none") else "mean"
@@ -228,7 +214,7 @@ class EmbeddingEngine:
             )
         # The fast path: causal models pool here, skipping the n_vocab output head;
         # not for models whose pooled vector goes through extra dense layers.
-        dense = any(".dense_2" in k or ".dense_3" in k for k in _meta_keys(model))
+        dense = any(".dense_2" in k or ".dense_3" in k for k in meta)
         int_embd = int(C.llama_model_n_embd(model))
         self.fast_pooling = (
             config.fast_pooling
@@ -317,17 +303,9 @@ class EmbeddingEngine:
             return self._tokenize(text, add_special, parse_special)
 
     def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        arr = (C.llama_token * cap)()
-        n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            arr = (C.llama_token * cap)()
-            n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
-            if n < 0:
-                raise ValueError("tokenization failed")
-        return list(arr[:n])
+        return vocab.tokenize(
+            self.vocab, text, add_special=add_special, parse_special=parse_special
+        )
 
     def fit(self, tokens: list[int], index: int, *, truncate: bool) -> list[int]:
         """``tokens`` if they fit ``n_ctx``; cut to fit with ``truncate`` (keeping a final EOS/SEP)."""

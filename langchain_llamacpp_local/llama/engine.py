@@ -10,7 +10,6 @@ An :class:`Engine` is not thread-safe: only its worker thread may use it.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -18,7 +17,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -28,50 +27,40 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 
 from langchain_llamacpp_local.errors import DecodeError, ModelLoadError, RequestCancelledError
-from langchain_llamacpp_local.llama import ggml_cpu
+from langchain_llamacpp_local.llama import ggml_cpu, model_handle, vocab
+from langchain_llamacpp_local.llama.adapters import check_adapter_file
+from langchain_llamacpp_local.llama.backend import (
+    aborting,
+    capture_log,
+    init_backend,
+    log_reasons,
+    route_mtmd_log,
+)
 from langchain_llamacpp_local.llama.gguf import (
     GGUFHeaderError,
     check_hparams,
     open_regular_file,
+    read_gguf_metadata,
     read_hparams,
     read_tensor_infos,
 )
 from langchain_llamacpp_local.llama.rpc import DevicePlacement
+from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, KV_TYPES, check_load_settings
 from langchain_llamacpp_local.llama.weights import (
     AMX,
     TensorInfo,
     WeightPlacement,
     plan_weight_placement,
 )
-from langchain_llamacpp_local.runtime import model_handle
 
 logger = logging.getLogger(__name__)
-native_logger = logging.getLogger("langchain_llamacpp_local.llama_cpp")
 
-#: KV cache types accepted by ``type_k``/``type_v`` by name.
-KV_TYPES: dict[str, int] = {
-    "f32": 0,
-    "f16": C.GGML_TYPE_F16,
-    "bf16": 30,
-    "q8_0": C.GGML_TYPE_Q8_0,
-    "q4_0": C.GGML_TYPE_Q4_0,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "iq4_nl": 20,
-}
-
-#: Default cap on ``n_ctx`` when the caller leaves it to the model's training length:
-#: a 128k-token KV cache would take gigabytes that a chat rarely needs.
-DEFAULT_MAX_CTX = 8192
 #: Longest verify step :meth:`Engine._probe_verify_rows` tries (cost: a few decodes per k).
 VERIFY_PROBE_MAX = 8
 #: Prefix lengths after which it tries them (kernels round alike or not depending on data).
 VERIFY_PROBE_PREFIXES = (37, 4, 20)
 
 _GGUF_MAGIC = b"GGUF"
-_backend_lock = threading.Lock()
-_backend_ready = False
 
 
 class MediaChunk:
@@ -92,6 +81,11 @@ class MediaChunk:
                 M.mtmd_input_chunk_free(chunk)
             except Exception:  # interpreter shutdown
                 pass
+
+
+#: ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``: a sequence's state without its trimmable KV
+#: (what a checkpoint of recurrent or sliding-window memory saves).
+PARTIAL_ONLY = 1
 
 
 class MemoryKind(str, Enum):
@@ -185,96 +179,6 @@ CONTEXT_FIELDS = frozenset(
 _PROBE_CACHE: dict[tuple[object, ...], tuple[int, int]] = {}
 
 
-# --------------------------------------------------------------------------- logging
-
-
-_LEVELS = {
-    1: logging.DEBUG,  # GGML_LOG_LEVEL_DEBUG
-    2: logging.DEBUG,  # INFO: llama.cpp is chatty; keep it below the default threshold
-    3: logging.INFO,  # WARN
-    4: logging.ERROR,  # ERROR
-}
-_last_level = logging.DEBUG
-
-
-class _AbortState:
-    """Set while a requested abort unwinds (the abort callback runs on ggml's threads)."""
-
-    active = False
-
-
-_aborting = _AbortState()
-
-
-class _Captured(threading.local):
-    """Lines llama.cpp logs on this thread while a load is watched (the loaders log from
-    the calling thread), with their :mod:`logging` level."""
-
-    lines: list[tuple[int, str]] | None = None
-
-
-_captured = _Captured()
-
-
-@contextlib.contextmanager
-def _capture_log() -> Iterator[list[tuple[int, str]]]:
-    """Collect what llama.cpp logs on this thread: the weight buffers a load reports, and
-    its reasons for a failed load (they go to the log, not to the caller)."""
-    lines: list[tuple[int, str]] = []
-    previous, _captured.lines = _captured.lines, lines
-    try:
-        yield lines
-    finally:
-        _captured.lines = previous
-
-
-def _reasons(lines: list[tuple[int, str]]) -> str:
-    """The warning and error lines of a capture, as one line."""
-    return " ".join(" ".join(text for lvl, text in lines if lvl >= logging.WARNING).split())
-
-
-@C.llama_log_callback
-def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    global _last_level
-    lvl = _last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)  # 5 = CONT
-    if _aborting.active:
-        lvl = logging.DEBUG  # llama.cpp reports a requested abort as an error: it is not one
-    _last_level = lvl
-    captured = _captured.lines
-    if captured is not None:
-        captured.append((lvl, text.decode("utf-8", errors="replace").rstrip("\n")))
-    if native_logger.isEnabledFor(lvl):
-        native_logger.log(lvl, text.decode("utf-8", errors="replace").rstrip("\n"))
-
-
-def _init_backend() -> None:
-    """Initialise llama.cpp once per process and route its log through :mod:`logging`."""
-    global _backend_ready
-    with _backend_lock:
-        if _backend_ready:
-            return
-        C.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        C.llama_backend_init()
-        _backend_ready = True
-
-
-_mtmd_log_routed = False
-
-
-def _route_mtmd_log() -> None:
-    """Send mtmd/clip's own log (a separate logger in llama.cpp) through :mod:`logging`
-    too; by default it prints to stderr."""
-    global _mtmd_log_routed
-    with _backend_lock:
-        if _mtmd_log_routed:
-            return
-        from llama_cpp import mtmd_cpp as M
-
-        M.mtmd_log_set(_log_callback, ctypes.c_void_p(0))
-        M.mtmd_helper_log_set(_log_callback, ctypes.c_void_p(0))
-        _mtmd_log_routed = True
-
-
 # --------------------------------------------------------------------------- engine
 
 
@@ -307,19 +211,8 @@ def check_gguf_file(path: str) -> None:
 
 def check_load_config(config: LoadConfig) -> None:
     """Refuse settings llama.cpp would abort on (also for direct :class:`Engine` use)."""
-    from langchain_llamacpp_local.validation import check_load_settings
-
     settings = {k: v for k, v in vars(config).items() if k != "n_seq_max"}
     check_load_settings({**settings, "n_slots": config.n_seq_max})
-
-
-def build_info() -> str:
-    """The llama.cpp build: llama-cpp-python's version and what ggml was compiled with
-    (a saved sequence state is only read back by the build that wrote it)."""
-    import llama_cpp
-
-    _init_backend()
-    return f"llama-cpp-python {llama_cpp.__version__}; {C.llama_print_system_info().decode()}"
 
 
 def _kv_type(name: str | None, field: str) -> int | None:
@@ -346,7 +239,7 @@ def load_model(
     when this call actually loads it. ``extra_bufts`` decides the weight placement as
     if the CPU back-end offered those buffer types (see :func:`plan_weights`).
     """
-    _init_backend()
+    init_backend()
     check_gguf_file(config.model_path)
 
     def load() -> object:
@@ -375,12 +268,12 @@ def load_model(
             mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
         if weights.avoided:
             logger.info("%s: %s", config.model_path, weights.reason)
-        with _capture_log() as lines:
+        with capture_log() as lines:
             model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
         del progress_cb, overrides  # kept alive until the load returns
         if not model:
             placement.release()
-            why = _reasons(lines)
+            why = log_reasons(lines)
             raise ModelLoadError(
                 f"llama.cpp could not load {config.model_path} (truncated, corrupt or an "
                 "unsupported architecture)" + (f": {why}" if why else "")
@@ -476,13 +369,10 @@ def _free_adapters(model: object) -> None:
 def load_adapter(model: object, model_path: str, path: str) -> object:
     """The ``llama_adapter_lora`` for ``path`` on ``model``, loaded once per model.
 
-    The file is checked first (lora.check_adapter_file: architecture, tensor names and
+    The file is checked first (:func:`adapters.check_adapter_file`: architecture, tensor names and
     shapes against the base model), so a wrong or corrupt adapter is a
     :class:`ModelLoadError` naming it, never an abort inside llama.cpp.
     """
-    from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
-    from langchain_llamacpp_local.runtime.lora import check_adapter_file
-
     with _adapters_lock:
         loaded = _adapters.setdefault(_address(model), {})
         adapter = loaded.get(path)
@@ -527,7 +417,7 @@ class Engine:
     """A loaded model with one persistent context (see module docstring)."""
 
     def __init__(self, config: LoadConfig, progress: Callable[[float], None] | None = None) -> None:
-        _init_backend()
+        init_backend()
         self.config = config
         check_load_config(config)
         check_gguf_file(config.model_path)
@@ -677,7 +567,7 @@ class Engine:
         path = self.config.mmproj_path
         assert path is not None
         check_gguf_file(path)
-        _route_mtmd_log()
+        route_mtmd_log()
         params = M.mtmd_context_params_default()
         params.use_gpu = self.config.n_gpu_layers != 0
         params.n_threads = threads
@@ -687,10 +577,10 @@ class Engine:
             params.image_min_tokens = self.config.image_min_tokens
         if self.config.image_max_tokens is not None:
             params.image_max_tokens = self.config.image_max_tokens
-        with _capture_log() as reasons:
+        with capture_log() as reasons:
             mctx = M.mtmd_init_from_file(path.encode(), self.model, params)
         if not mctx:
-            why = _reasons(reasons)
+            why = log_reasons(reasons)
             raise ModelLoadError(
                 f"llama.cpp could not load the projector {path} for this model"
                 + (f": {why}" if why else "")
@@ -780,28 +670,11 @@ class Engine:
     # ------------------------------------------------------------------ metadata
 
     def _read_metadata(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        buf_size = 1 << 16
-        buf = ctypes.create_string_buffer(buf_size)
-        for i in range(C.llama_model_meta_count(self.model)):
-            n = C.llama_model_meta_key_by_index(self.model, i, buf, buf_size)
-            if n < 0:
-                continue
-            key = buf.value.decode("utf-8", errors="replace")
-            n = C.llama_model_meta_val_str_by_index(self.model, i, buf, buf_size)
-            if n >= buf_size:  # long chat templates: retry with a buffer that fits
-                big = ctypes.create_string_buffer(n + 1)
-                C.llama_model_meta_val_str_by_index(self.model, i, big, n + 1)
-                out[key] = big.value.decode("utf-8", errors="replace")
-            elif n >= 0:
-                out[key] = buf.value.decode("utf-8", errors="replace")
-        return out
+        return vocab.read_metadata(self.model)
 
     def token_text(self, token: int) -> str:
         """The vocabulary's text of a special token (e.g. ``<bos>``), for templates."""
-        if token < 0:
-            return ""
-        return self.token_piece(token, special=True).decode("utf-8", errors="replace")
+        return vocab.token_text(self.vocab, token)
 
     # ------------------------------------------------------------------ memory probe
 
@@ -946,25 +819,12 @@ class Engine:
     # ------------------------------------------------------------------ tokens
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        arr = (C.llama_token * cap)()
-        n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            arr = (C.llama_token * cap)()
-            n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
-            if n < 0:
-                raise ValueError("tokenization failed")
-        return list(arr[:n])
+        return vocab.tokenize(
+            self.vocab, text, add_special=add_special, parse_special=parse_special
+        )
 
     def token_piece(self, token: int, *, special: bool = True) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = C.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
-        return buf.raw[:n]
+        return vocab.token_piece(self.vocab, token, special=special)
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
@@ -977,7 +837,7 @@ class Engine:
     def _should_abort(self, _data: ctypes.c_void_p) -> bool:
         flag = self._abort_flag
         if flag is not None and flag():
-            _aborting.active = True
+            aborting.active = True
             return True
         return False
 
@@ -1046,7 +906,7 @@ class Engine:
             rc = C.llama_decode(self.ctx, batch)
         finally:
             self._abort_flag = None
-            _aborting.active = False
+            aborting.active = False
         if rc == 2:
             raise RequestCancelledError("cancelled during decoding")
         if rc != 0:

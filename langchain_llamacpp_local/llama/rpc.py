@@ -36,6 +36,7 @@ from importlib import metadata
 import llama_cpp.llama_cpp as C
 
 from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.llama.backend import init_backend
 
 logger = logging.getLogger(__name__)
 
@@ -123,11 +124,7 @@ class _Ggml:
 
 @cache
 def _ggml() -> _Ggml:
-    from langchain_llamacpp_local.llama.engine import (  # routes ggml's log through logging first
-        _init_backend,
-    )
-
-    _init_backend()
+    init_backend()  # routes ggml's log through logging first
     return _Ggml(C._lib)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import queue
 import threading
@@ -36,7 +37,6 @@ from typing import Any
 
 from langchain_llamacpp_local.llama.engine import LoadConfig
 from langchain_llamacpp_local.runtime.worker import CacheOptions, ModelWorker
-from langchain_llamacpp_local.validation import keep_alive_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,27 @@ DEFAULT_KEEP_ALIVE = 300.0
 DEFAULT_MAX_LOADED_MODELS = 3
 
 Key = tuple[LoadConfig, CacheOptions]
+
+
+#: ``keep_alive`` past this (ten years, or ``inf``) means "forever", as a negative value
+#: does: a timestamp that far away overflows the clock functions that wait for it.
+MAX_KEEP_ALIVE = 10 * 365 * 24 * 3600.0
+
+
+def keep_alive_seconds(value: float) -> float:
+    """``keep_alive`` seconds bounded: negative, ``inf`` or past :data:`MAX_KEEP_ALIVE`
+    mean "stay loaded" (-1.0); ``nan`` is refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float: as good as forever
+        return -1.0
+    if math.isnan(seconds):
+        raise ValueError("keep_alive must be a number of seconds, not nan")
+    if seconds < 0 or seconds > MAX_KEEP_ALIVE:
+        return -1.0
+    return seconds
 
 
 def default_max_loaded_models() -> int:

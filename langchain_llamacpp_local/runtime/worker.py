@@ -28,7 +28,7 @@ from langchain_llamacpp_local.cache.chunking import (
     marker_cuts,
     piece_end,
 )
-from langchain_llamacpp_local.cache.slot_memory import PARTIAL_ONLY, CacheOptions, SlotPolicy
+from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotPolicy
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.chat import prompts
 from langchain_llamacpp_local.chat.logprobs import logprob_entry
@@ -39,7 +39,7 @@ from langchain_llamacpp_local.errors import (
     WorkerDeadError,
 )
 from langchain_llamacpp_local.formats import StreamDelta
-from langchain_llamacpp_local.llama.engine import Engine, LoadConfig, MemoryKind
+from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, LoadConfig, MemoryKind
 from langchain_llamacpp_local.llama.sampling import Sampler, StopMatcher, Utf8Decoder
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.jobs import ChatJob, cancel_error

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from langchain_llamacpp_local.errors import IncompatibleDraftModelError, ModelLoadError
+from langchain_llamacpp_local.llama import model_handle
 from langchain_llamacpp_local.llama.draft import DraftModel, draft_config
 from langchain_llamacpp_local.llama.engine import Engine, LoadConfig, MemoryKind
-from langchain_llamacpp_local.runtime import model_handle
 from langchain_llamacpp_local.runtime.speculative import Proposer
 from tests.gguf_models import (
     BOS_ID,
@@ -197,12 +197,12 @@ def test_incompatible_vocabulary_is_refused(
 ) -> None:
     name = "tiny-other-" + "-".join(f"{k}" for k in kwargs) + ".gguf"
     path = str(write_tiny_llama_vocab(models_dir / name, **kwargs))
-    loaded = model_handle.loaded_models()
+    loaded = model_handle.model_refcounts()
     with pytest.raises(IncompatibleDraftModelError, match=reason) as info:
         _draft(path, target)
     assert isinstance(info.value, ModelLoadError)
     assert path in str(info.value) and target.config.model_path in str(info.value)
-    assert model_handle.loaded_models() == loaded  # the draft's model was freed
+    assert model_handle.model_refcounts() == loaded  # the draft's model was freed
 
 
 def test_vocab_differences_below_the_checked_ids_are_accepted(

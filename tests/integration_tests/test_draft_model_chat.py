@@ -10,7 +10,7 @@ import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.errors import IncompatibleDraftModelError
-from langchain_llamacpp_local.runtime import model_handle
+from langchain_llamacpp_local.llama import model_handle
 from tests.compare import GREEDY, assert_identical, assert_same_greedy
 from tests.gguf_models import write_scripted_llama, write_tiny_llama_vocab
 
@@ -79,10 +79,10 @@ def test_incompatible_draft_fails_the_load_and_frees_everything(
     tiny_llama: str, models_dir: Path
 ) -> None:
     other = str(write_tiny_llama_vocab(models_dir / "tiny-chat-other.gguf", extra_tokens=200))
-    loaded = model_handle.loaded_models()
+    loaded = model_handle.model_refcounts()
     llm = _llm(tiny_llama, draft_model_path=other)
     with pytest.raises(IncompatibleDraftModelError, match="vocabulary sizes differ") as info:
         llm.load()
     assert other in str(info.value) and tiny_llama in str(info.value)
     llm.close()
-    assert model_handle.loaded_models() == loaded
+    assert model_handle.model_refcounts() == loaded

@@ -325,9 +325,9 @@ def test_shares_weights_with_chat_and_leaves_its_cache_alone() -> None:
     emb = LlamaCppEmbeddings(model_path=path)
     chat.load()
     emb.load()
-    keys = [k for k in model_handle.loaded_models() if dict(k)["model_path"] == path]
+    keys = [k for k in model_handle.model_refcounts() if dict(k)["model_path"] == path]
     assert len(keys) == 1  # one llama_model ...
-    assert model_handle.loaded_models()[keys[0]] >= 2  # ... used by both contexts
+    assert model_handle.model_refcounts()[keys[0]] >= 2  # ... used by both contexts
 
     prompt = "Tell me about the weather in the mountains today, please."
 

@@ -10,9 +10,9 @@ from pydantic import ValidationError
 
 from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
 from langchain_llamacpp_local.embeddings import PREFIXES, check_texts, postprocess
+from langchain_llamacpp_local.llama import model_handle
 from langchain_llamacpp_local.llama.embedding import pack, pool
 from langchain_llamacpp_local.llama.engine import LoadConfig
-from langchain_llamacpp_local.runtime import model_handle
 
 
 def test_pack_respects_token_and_sequence_budgets() -> None:
@@ -112,12 +112,12 @@ def test_model_handle_shares_one_load_and_frees_with_the_last_reference() -> Non
     r1 = model_handle.acquire("k-share", loads.load, loads.freed.append)
     r2 = model_handle.acquire("k-share", loads.load, loads.freed.append)
     assert r1.model is r2.model and len(loads.loaded) == 1
-    assert model_handle.loaded_models()["k-share"] == 2
+    assert model_handle.model_refcounts()["k-share"] == 2
     r1.release()
     r1.release()  # idempotent
-    assert loads.freed == [] and model_handle.loaded_models()["k-share"] == 1
+    assert loads.freed == [] and model_handle.model_refcounts()["k-share"] == 1
     r2.release()
-    assert loads.freed == loads.loaded and "k-share" not in model_handle.loaded_models()
+    assert loads.freed == loads.loaded and "k-share" not in model_handle.model_refcounts()
     r3 = model_handle.acquire("k-share", loads.load, loads.freed.append)  # loads again
     assert len(loads.loaded) == 2 and r3.model is loads.loaded[1]
     r3.release()
@@ -129,7 +129,7 @@ def test_model_handle_failed_load_leaves_nothing_and_can_retry() -> None:
 
     with pytest.raises(RuntimeError, match="corrupt"):
         model_handle.acquire("k-fail", fail, lambda _m: None)
-    assert "k-fail" not in model_handle.loaded_models()
+    assert "k-fail" not in model_handle.model_refcounts()
     loads = _Loads()
     ref = model_handle.acquire("k-fail", loads.load, loads.freed.append)
     assert ref.model is loads.loaded[0]

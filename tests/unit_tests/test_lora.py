@@ -9,12 +9,12 @@ import pytest
 
 from langchain_llamacpp_local.cache.slots import common_prefix_len
 from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.llama.adapters import check_adapter_file
 from langchain_llamacpp_local.runtime.lora import (
     AdapterSpec,
     KeyedToken,
     activate,
     alora_start,
-    check_adapter_file,
     key_tokens,
     parse_adapters,
     plan_adapter_groups,

@@ -25,9 +25,9 @@ from langchain_llamacpp_local.llama.sampling import (
     json_schema_to_grammar,
     penalty_window,
 )
+from langchain_llamacpp_local.llama.settings import check_load_settings
 from langchain_llamacpp_local.validation import (
     check_call_options,
-    check_load_settings,
     check_timeout,
     closest_name,
     normalize_stop,
@@ -245,9 +245,9 @@ class _Vocab:
     """The tiny llama's vocab (byte tokens: one token per ASCII character)."""
 
     def __init__(self, path: Path) -> None:
-        from langchain_llamacpp_local.llama.engine import _init_backend
+        from langchain_llamacpp_local.llama.backend import init_backend
 
-        _init_backend()
+        init_backend()
         params = C.llama_model_default_params()
         self.model = C.llama_model_load_from_file(str(path).encode(), params)
         assert self.model

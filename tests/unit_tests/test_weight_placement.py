@@ -14,6 +14,7 @@ import pytest
 from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
 from langchain_llamacpp_local.llama.draft import draft_config
 from langchain_llamacpp_local.llama.engine import LoadConfig
+from langchain_llamacpp_local.llama.settings import check_load_settings
 from langchain_llamacpp_local.llama.weights import (
     AMX,
     CPU_REPACK,
@@ -22,7 +23,6 @@ from langchain_llamacpp_local.llama.weights import (
     names_regex,
     plan_weight_placement,
 )
-from langchain_llamacpp_local.validation import check_load_settings
 
 Q4_K, Q6_K, F32 = 12, 14, 0
 

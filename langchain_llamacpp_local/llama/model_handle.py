@@ -20,7 +20,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-class _Entry:
+class _SharedModel:
     """A model slot: loaded once, freed when ``refs`` drops to zero."""
 
     def __init__(self, key: Hashable, free: Callable[[Any], None]) -> None:
@@ -31,15 +31,15 @@ class _Entry:
         self.load_lock = threading.Lock()  # one loader per key; others wait for it
 
 
-_entries: dict[Hashable, _Entry] = {}
+_entries: dict[Hashable, _SharedModel] = {}
 _lock = threading.Lock()
 
 
 class ModelRef:
     """A counted reference to a loaded model; :meth:`release` it exactly once."""
 
-    def __init__(self, entry: _Entry) -> None:
-        self._entry: _Entry | None = entry
+    def __init__(self, entry: _SharedModel) -> None:
+        self._entry: _SharedModel | None = entry
         self.model: Any = entry.model
         self.key = entry.key
 
@@ -75,7 +75,7 @@ def acquire(key: Hashable, load: Callable[[], Any], free: Callable[[Any], None])
     with _lock:
         entry = _entries.get(key)
         if entry is None:
-            entry = _entries[key] = _Entry(key, free)
+            entry = _entries[key] = _SharedModel(key, free)
         entry.refs += 1
     try:
         with entry.load_lock:
@@ -91,7 +91,7 @@ def acquire(key: Hashable, load: Callable[[], Any], free: Callable[[Any], None])
     return ModelRef(entry)
 
 
-def loaded_models() -> dict[Hashable, int]:
+def model_refcounts() -> dict[Hashable, int]:
     """The keys of the loaded models and their reference counts (diagnostics, tests)."""
     with _lock:
         return {k: e.refs for k, e in _entries.items() if e.model is not None}
