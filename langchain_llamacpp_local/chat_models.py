@@ -46,6 +46,7 @@ from langchain_llamacpp_local.chat.preview import RenderedPrompt
 from langchain_llamacpp_local.errors import RequestCancelledError
 from langchain_llamacpp_local.formats import StreamDelta
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
+from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, check_load_settings
 from langchain_llamacpp_local.runtime import registry
@@ -491,9 +492,7 @@ class ChatLlamaCpp(BaseChatModel):
         if resolved is None:
             resolved = self._resolve(None)
         return LoadConfig(
-            # absolute but not symlink-resolved: a split GGUF's parts are found by name
-            # beside the first (Hugging Face's cache links each name to a hashed blob)
-            model_path=os.path.abspath(Path(resolved.model_path).expanduser()),
+            model_path=model_file(resolved.model_path),
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
             n_ubatch=self.n_ubatch,
@@ -516,20 +515,12 @@ class ChatLlamaCpp(BaseChatModel):
             cpu_amx=self.cpu_amx,
             rope_freq_base=self.rope_freq_base,
             rope_freq_scale=self.rope_freq_scale,
-            mmproj_path=(
-                os.path.abspath(Path(resolved.mmproj_path).expanduser())
-                if resolved.mmproj_path
-                else None
-            ),
+            mmproj_path=(model_file(resolved.mmproj_path) if resolved.mmproj_path else None),
             image_min_tokens=self.image_min_tokens,
             image_max_tokens=self.image_max_tokens,
             rpc_servers=tuple(self.rpc_servers or ()),
             tensor_split=tuple(self.tensor_split) if self.tensor_split is not None else None,
-            draft_model_path=(
-                os.path.abspath(Path(self.draft_model_path).expanduser())
-                if self.draft_model_path
-                else None
-            ),
+            draft_model_path=(model_file(self.draft_model_path) if self.draft_model_path else None),
             lora_adapters=tuple(
                 (a.name, resolve_adapter_path(a.path, models_dir_from(self.models_dir)), a.scale)
                 for a in parse_adapters(self.lora_adapters)

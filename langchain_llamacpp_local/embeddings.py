@@ -11,7 +11,6 @@ import logging
 import threading
 import weakref
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, mode
 from typing_extensions import Self
 
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.validation import check_argument_names
 
@@ -174,7 +174,7 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
 
     def _config(self) -> EmbeddingConfig:
         return EmbeddingConfig(
-            model_path=str(Path(self.model_path).expanduser().resolve()),
+            model_path=model_file(self.model_path),
             pooling=self.pooling,
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,

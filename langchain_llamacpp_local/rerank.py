@@ -14,7 +14,6 @@ import re
 import threading
 import weakref
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +25,7 @@ from typing_extensions import Self
 from langchain_llamacpp_local.embeddings import check_texts, encodable
 from langchain_llamacpp_local.errors import ContextOverflowError
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
+from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.validation import check_argument_names
 
@@ -106,7 +106,7 @@ class LlamaCppRerank(BaseDocumentCompressor):
             if eng is None or eng.closed:
                 eng = EmbeddingEngine(
                     EmbeddingConfig(
-                        model_path=str(Path(self.model_path).expanduser().resolve()),
+                        model_path=model_file(self.model_path),
                         pooling="rank",
                         n_ctx=self.n_ctx,
                         n_batch=self.n_batch,

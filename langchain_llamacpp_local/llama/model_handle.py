@@ -13,11 +13,20 @@ reference counting is testable without llama.cpp.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+def model_file(path: str | os.PathLike[str]) -> str:
+    """The one spelling of a model file's path in every key (chat, embeddings, rerank,
+    draft, projector): absolute, ``~`` expanded, symlinks kept. Keeping links matters: a
+    split GGUF's parts are found by name beside the first, and Hugging Face's cache links
+    each name to a hashed blob, so resolving would lose the siblings."""
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
 
 
 class _SharedModel:

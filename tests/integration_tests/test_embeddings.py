@@ -26,13 +26,11 @@ from langchain_llamacpp_local import (
     LlamaCppEmbeddings,
 )
 from langchain_llamacpp_local.embeddings import postprocess
+from langchain_llamacpp_local.llama import model_handle
 from langchain_llamacpp_local.llama.embedding import (
     EmbeddingConfig,
     EmbeddingEngine,
     head_skips,
-)
-from langchain_llamacpp_local.runtime import (
-    model_handle,
 )
 from tests.gguf_models import BOS_ID, EOS_ID, write_tiny_bert, write_tiny_llama
 
@@ -317,6 +315,25 @@ async def test_async_forms_run_off_the_loop() -> None:
 
 def _cache_read(msg: Any) -> int:
     return msg.usage_metadata["input_token_details"]["cache_read"]
+
+
+def test_shares_weights_with_chat_through_a_symlink(tmp_path: Path) -> None:
+    """A model file reached through a link (as in Hugging Face's cache, where each name
+    links to a hashed blob) is one key for chat and embeddings alike: one set of weights."""
+    link = tmp_path / "linked.gguf"
+    link.symlink_to(tiny_llama_path())
+    chat = ChatLlamaCpp(model_path=str(link), n_slots=1, max_tokens=4, temperature=0)
+    emb = LlamaCppEmbeddings(model_path=str(link))
+    chat.load()
+    emb.load()
+    try:
+        keys = [k for k in model_handle.model_refcounts() if "linked" in dict(k)["model_path"]]
+        assert len(keys) == 1
+        assert model_handle.model_refcounts()[keys[0]] >= 2
+        assert emb.embed_query("hello") and chat.invoke("hi").content is not None
+    finally:
+        emb.close()
+        chat.close()
 
 
 def test_shares_weights_with_chat_and_leaves_its_cache_alone() -> None:
