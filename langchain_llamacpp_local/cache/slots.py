@@ -27,17 +27,6 @@ def common_prefix_len(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     return i
 
 
-def reusable_prefix(cached: Sequence[Hashable], prompt: Sequence[Hashable]) -> int:
-    """How many cached entries a request for ``prompt`` may keep.
-
-    The last prompt entry is always decoded again when everything matches, since
-    sampling needs fresh logits for it (llama.cpp server's ``n_past--``).
-    """
-    if not prompt:
-        return 0
-    return min(common_prefix_len(cached, prompt), len(prompt) - 1)
-
-
 @dataclass
 class Slot:
     """One cached conversation: a sequence id plus what its KV cache holds."""

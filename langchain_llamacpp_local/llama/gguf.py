@@ -260,11 +260,6 @@ def read_hparams(path: str | Path) -> dict[str, Any]:
     return read_gguf_metadata(path, _HPARAM_KEYS, arrays=True)
 
 
-def check_gguf_header(path: str | Path) -> None:
-    """Read ``path``'s header and run :func:`check_hparams` (``ValueError`` if bad)."""
-    check_hparams(read_hparams(path))
-
-
 _HPARAM_KEYS = (
     "general.architecture",
     "*.block_count",

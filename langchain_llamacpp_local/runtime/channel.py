@@ -13,8 +13,6 @@ import time
 from collections import deque
 from typing import Any
 
-_END = object()
-
 
 class Channel:
     """Single-producer, single-consumer queue of reply items."""

@@ -86,7 +86,7 @@ def default_max_loaded_models() -> int:
     return value
 
 
-class _Entry:
+class _LoadedWorker:
     """One model in the table: loading, loaded, or failed."""
 
     __slots__ = ("key", "worker", "loaded", "error", "active", "last_used", "keep_alive", "doomed")
@@ -117,7 +117,7 @@ class _Entry:
 
 _lock = threading.Lock()
 _cond = threading.Condition(_lock)
-_table: dict[Key, _Entry] = {}
+_table: dict[Key, _LoadedWorker] = {}
 _events: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _WAKE = ("wake",)
 _n_loads = 0  # models loaded successfully (guarded by _lock)
@@ -132,7 +132,7 @@ class Lease:
 
     __slots__ = ("_entry", "_keep_alive", "_once", "__weakref__")
 
-    def __init__(self, entry: _Entry, keep_alive: float) -> None:
+    def __init__(self, entry: _LoadedWorker, keep_alive: float) -> None:
         # Created with ``_lock`` held, right after the entry's count was raised: from
         # here on, however the caller unwinds, dropping the lease gives the count back.
         self._once = [True]
@@ -191,7 +191,7 @@ def _apply_pending() -> bool:
         changed = _apply(event) or changed
 
 
-def _take_expired(now: float) -> list[_Entry]:
+def _take_expired(now: float) -> list[_LoadedWorker]:
     """Remove (``_lock`` held) the entries to free now: idle past keep-alive, or dead."""
     out = []
     for key, e in list(_table.items()):
@@ -207,7 +207,7 @@ def _next_deadline() -> float | None:
     return min(times) if times else None
 
 
-def _free(entries: list[_Entry]) -> None:
+def _free(entries: list[_LoadedWorker]) -> None:
     """Stop the workers of removed entries (never with ``_lock`` held)."""
     for e in entries:
         if e.worker is not None:
@@ -278,7 +278,7 @@ def acquire(
     _ensure_reaper()
     key = (config, cache)
     budget = max_loaded_models or default_max_loaded_models()
-    victims: list[_Entry] = []
+    victims: list[_LoadedWorker] = []
     new = False
     warned = False
     t0 = time.monotonic()
@@ -307,7 +307,7 @@ def acquire(
                         "evicting idle %s (max_loaded_models=%d)", victim.key[0].model_path, budget
                     )
                 if len(_table) < budget:
-                    entry = _table[key] = _Entry(key, keep_alive)
+                    entry = _table[key] = _LoadedWorker(key, keep_alive)
                     entry.active = 1
                     lease = Lease(entry, keep_alive)
                     new = True
@@ -351,7 +351,7 @@ def acquire(
     return lease
 
 
-def _await_loaded(entry: _Entry, deadline: float | None) -> None:
+def _await_loaded(entry: _LoadedWorker, deadline: float | None) -> None:
     """Wait for ``entry`` to finish loading (short waits: Ctrl-C is seen promptly)."""
     while not entry.loaded.wait(0.25):
         if deadline is not None and time.monotonic() >= deadline:
@@ -364,7 +364,7 @@ def _await_loaded(entry: _Entry, deadline: float | None) -> None:
 
 
 def _load(
-    entry: _Entry,
+    entry: _LoadedWorker,
     config: LoadConfig,
     cache: CacheOptions,
     progress: Callable[[float], None] | None,

@@ -249,10 +249,6 @@ class _Active:
         return self.slot.n_past < len(self.prepared.tokens)
 
     @property
-    def media_spans(self) -> list[tuple[int, int]]:
-        return [(p, m.n_pos) for p, m in self.prepared.media.items()]
-
-    @property
     def reserved(self) -> int:
         """KV positions this request may occupy until it ends (unified-cache admission)."""
         return len(self.prepared.tokens) + self.max_new
@@ -291,7 +287,6 @@ class _WorkerState:
         self.markers: tuple[tuple[int, ...], ...] = ()
         self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
-        self.prepare_count = 0  # prompts prepared (tests: a waiting request is prepared once)
         self.proposers: dict[str, Proposer] = {}
         self.lora_turn = 0  # steps so far: rotates which adapter group decodes first
 
@@ -325,11 +320,6 @@ class _WorkerState:
     @property
     def slots(self) -> list[Slot]:
         return self.policy.slots if self.policy is not None else []
-
-    @property
-    def ram(self) -> Any:
-        assert self.policy is not None
-        return self.policy.ram
 
     def close(self) -> None:
         self.fail_all(RequestCancelledError("the model was closed"))
@@ -424,8 +414,8 @@ class _WorkerState:
         """Render and tokenize once; a request too long for the window fails here."""
         eng = self.engine
         assert eng is not None and self.format is not None
-        self.prepare_count += 1
         prepared = prompts.prepare(self.format, w.job, eng)
+        logger.debug("prepared a prompt of %d tokens", len(prepared.tokens))
         if w.job.lora:  # LoRA hook: the adapter set is part of the prefix's identity
             eng.check_lora(w.job.lora)
             # an activated LoRA: off before its invocation, off without one
@@ -724,10 +714,7 @@ class _WorkerState:
         try:
             while act.prefilling and slot.n_past in media:
                 self._eval_media(act, media[slot.n_past])
-        except DecodeError as exc:
-            self._finish_error(act, exc)
-            return
-        except Exception as exc:
+        except Exception as exc:  # a decode error or a bad image: this request's error
             self._finish_error(act, exc)
             return
         start = slot.n_past

@@ -7,9 +7,11 @@ deterministic mode (per-slot KV streams); test_fast_mode.py covers the default m
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
@@ -177,13 +179,13 @@ def test_unified_cache_queues_instead_of_failing_midstream(tiny_llama: str) -> N
     assert all(r is not None for r in results)
 
 
-def test_a_waiting_request_is_prepared_once(tiny_llama: str) -> None:
+def test_a_waiting_request_is_prepared_once(
+    tiny_llama: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A request queued behind another is rendered/tokenized only once."""
     llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **_GREEDY)
     llm.load()
-    worker = llm._worker
-    assert worker is not None
-    before = worker.call(lambda st: st.prepare_count)
+    caplog.set_level(logging.DEBUG, logger="langchain_llamacpp_local.runtime.worker")
     threads = [
         threading.Thread(target=llm.invoke, args=(f"queued {i}",), kwargs={"max_tokens": 60})
         for i in range(3)
@@ -192,7 +194,8 @@ def test_a_waiting_request_is_prepared_once(tiny_llama: str) -> None:
         t.start()
     for t in threads:
         t.join(300)
-    assert worker.call(lambda st: st.prepare_count) - before == 3
+    prepared = [r for r in caplog.records if r.getMessage().startswith("prepared a prompt")]
+    assert len(prepared) == 3
 
 
 def test_parking_cannot_evict_the_entry_being_restored(tiny_llama: str) -> None:

@@ -10,7 +10,7 @@ from langchain_llamacpp_local.cache.checkpoints import (
     CheckpointStore,
     checkpoint_targets,
 )
-from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len, reusable_prefix
+from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
 
 tokens = st.lists(st.integers(0, 5), max_size=700)
 
@@ -28,16 +28,6 @@ def test_common_prefix_long_block_path() -> None:
     b = list(range(777)) + [-1] + list(range(300))
     assert common_prefix_len(a, b) == 777
     assert common_prefix_len(a, a) == 1000
-
-
-def test_reusable_prefix_cases() -> None:
-    cached = [1, 2, 3, 4]
-    assert reusable_prefix(cached, [1, 2, 3, 4, 5, 6]) == 4  # extension
-    assert reusable_prefix(cached, [1, 2, 9, 9]) == 2  # divergence
-    assert reusable_prefix(cached, [1, 2, 3, 4]) == 3  # full match: last token again
-    assert reusable_prefix(cached, [1, 2]) == 1  # shrink inside the cache
-    assert reusable_prefix(cached, []) == 0
-    assert reusable_prefix([], [7]) == 0
 
 
 def _ck(n: int, size: int = 10) -> Checkpoint:
