@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Every worker started by the suite asserts after each step that its tracked cache
-# entries match llama.cpp's memory (slot_policy.SlotPolicy.check).
+# entries match llama.cpp's memory (cache.slot_memory.SlotMemory.check).
 os.environ.setdefault("LLAMACPP_LOCAL_CHECK_KV", "1")
 # A user's disk prompt cache must not warm (or receive) the suite's models.
 os.environ.pop("LLAMACPP_PROMPT_CACHE_DIR", None)

@@ -1,14 +1,14 @@
-"""Which slot a request uses and what its cache keeps: choose, park, restore, checkpoints.
+"""The slots' memory: the one mechanism that changes what a llama.cpp sequence holds.
 
-A :class:`SlotPolicy` owns the slots (one llama.cpp sequence each), the host-RAM
+A :class:`SlotMemory` owns the slots (one llama.cpp sequence each), the host-RAM
 prompt cache and the checkpoints. It is the only code that changes a sequence's
 memory, and every such change updates the slot's tracked entries in the same
 method, so the bookkeeping cannot drift from the KV cache. With
 ``LLAMACPP_LOCAL_CHECK_KV=1`` (read when the worker starts) :meth:`check` asserts
 that after every step.
 
-Slot choice follows llama.cpp's server (longest common prefix, similarity 0.1, a
-prefix copy when the best slot would lose most of what it holds, LRU otherwise);
+Which slot a request takes and how it is filled is decided by the pure functions of
+:mod:`~.slot_plan` (llama.cpp's server selection); this class applies their plans.
 by default a request reuses the whole common prefix, the previous reply included
 (as llama.cpp's server does); in deterministic mode reuse stops at the fixed decode
 grid of :mod:`chunking` so a warm request computes exactly what a fresh one would.
@@ -34,6 +34,14 @@ from langchain_llamacpp_local.cache.chunking import (
     resume_point,
 )
 from langchain_llamacpp_local.cache.host_ram import CachedPrompt, PromptCache
+from langchain_llamacpp_local.cache.slot_plan import (
+    DISK_MIN_ENTRIES,
+    SlotState,
+    choose_slot,
+    disk_beats,
+    plan_fill,
+    usable_cached,
+)
 from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
 from langchain_llamacpp_local.llama.backend import build_info
 from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, MemoryKind
@@ -60,8 +68,6 @@ class CacheOptions:
     prompt_cache_dir_bytes: int = disk_cache.DEFAULT_MAX_BYTES
 
 
-#: Shortest conversation worth a file in the disk cache (entries).
-DISK_MIN_ENTRIES = 32
 #: LoadConfig fields that do not change what a sequence's saved state holds.
 _STATE_NEUTRAL = frozenset(
     {"model_path", "n_seq_max", "use_mmap", "use_mlock", "draft_model_path", "mmproj_path"}
@@ -87,7 +93,7 @@ def check_enabled() -> bool:
     return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-class SlotPolicy:
+class SlotMemory:
     """Slots, host-RAM cache and checkpoints of one context (see module docstring)."""
 
     def __init__(self, engine: Engine, cache: CacheOptions) -> None:
@@ -152,52 +158,43 @@ class SlotPolicy:
         return slot
 
     def _choose(self, tokens: Sequence[Hashable], busy: set[int]) -> Slot:
-        """Pick the free slot for ``tokens`` (llama.cpp server's slot selection).
-
-        The free slot sharing the longest prefix wins when it keeps most of what it
-        holds; otherwise the request takes an empty or least recently used slot and
-        the shared prefix is copied from whichever slot has it. A conversation
-        pushed out of its slot is parked in the host-RAM cache, and one found there
-        is restored instead of being decoded again.
-        """
-        eng = self.engine
-        free = [s for s in self.slots if s.seq_id not in busy]
-        lcp = {s.seq_id: min(common_prefix_len(s.entries, tokens), s.exact) for s in self.slots}
-        best_free = max(free, key=lambda s: (lcp[s.seq_id], -s.last_used))
-        n_best = lcp[best_free.seq_id]
-        empty = [s for s in free if s.n_past == 0]
-        can_copy = eng.memory_kind is MemoryKind.PARTIAL
-        if can_copy and empty and 0 < n_best < best_free.n_past:
-            target = empty[0]  # fork: keep the other conversation whole, copy the prefix
-        elif n_best > 0 and (n_best * 10 >= len(tokens) or len(free) == 1):
-            target = best_free  # similar enough (llama.cpp's slot_prompt_similarity 0.1)
-            if n_best * 2 < target.n_past:
-                self.park(target)  # most of it is about to be trimmed: keep a copy
-        else:
-            target = empty[0] if empty else min(free, key=lambda s: s.last_used)
-        n_target = lcp[target.seq_id]
-
+        """Take the free slot :func:`~.slot_plan.choose_slot` picks for ``tokens`` and fill
+        it as :func:`~.slot_plan.plan_fill` says (park, restore, copy)."""
+        can_copy = self.engine.memory_kind is MemoryKind.PARTIAL
+        states = [
+            SlotState(
+                s.seq_id, s.n_past, s.last_used, min(common_prefix_len(s.entries, tokens), s.exact)
+            )
+            for s in self.slots
+        ]
+        choice = choose_slot(states, busy, len(tokens), can_copy=can_copy)
+        target = self.slots[choice.target]
+        if choice.park_first:
+            self.park(target)
+        best_slot = max(s.reusable for s in states)
         cached, n_cached = self.ram.best(tokens)
         if cached is not None:
-            n_cached = min(n_cached, cached.exact, len(tokens) - 1)
-            if n_cached * 4 < len(cached.entries):
-                cached, n_cached = None, 0  # most of it would be trimmed: not worth it
-        src = max(self.slots, key=lambda s: lcp[s.seq_id])
-        n_src = lcp[src.seq_id]
+            n_cached = usable_cached(n_cached, cached.exact, len(tokens), len(cached.entries))
+            if n_cached == 0:
+                cached = None
+        else:
+            n_cached = 0
         if self.disk is not None:  # a state saved by this or an earlier process
-            on_disk = self._from_disk(tokens, max(n_target, n_src, n_cached))
+            on_disk = self._from_disk(tokens, max(best_slot, n_cached))
             if on_disk is not None:
                 cached, n_cached = on_disk
-        if cached is not None and n_cached > max(n_target, n_src):
-            # Take it out first: parking the target below may evict cache entries
-            # (it could evict exactly this one).
+        plan = plan_fill(states, choice.target, n_cached if cached else 0, can_copy=can_copy)
+        if plan.action == "restore":
+            assert cached is not None
+            # Take it out first: parking the target may evict cache entries (this one too).
             self.ram.take(cached)
             self.park(target)
             self.restore(target, cached)
-        elif n_src > n_target and src is not target and can_copy:
+        elif plan.action == "copy":
+            assert plan.source is not None
             self.park(target)
-            self.copy(src, target, n_src)
-        elif target.n_past and n_target * 2 < target.n_past:
+            self.copy(self.slots[plan.source], target, plan.n_copy)
+        elif plan.action == "park":
             self.park(target)
         return self._touch(target)
 
@@ -209,7 +206,7 @@ class SlotPolicy:
         if entry is None:
             return None
         n = min(n, entry.exact, len(tokens) - 1)
-        if n <= beat or n < DISK_MIN_ENTRIES:
+        if not disk_beats(n, beat):
             return None
         item = self.disk.load(entry)
         if item is None:

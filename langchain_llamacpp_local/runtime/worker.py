@@ -28,7 +28,7 @@ from langchain_llamacpp_local.cache.chunking import (
     marker_cuts,
     piece_end,
 )
-from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotPolicy
+from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.chat import prompts
 from langchain_llamacpp_local.chat.logprobs import logprob_entry
@@ -255,7 +255,7 @@ class _Active:
 
 
 class _WorkerState:
-    """Everything that lives on the worker thread: the scheduler over a :class:`SlotPolicy`.
+    """Everything that lives on the worker thread: the scheduler over a :class:`SlotMemory`.
 
     Each loop iteration admits queued requests into free slots, then decodes one
     step: the next token of every generating request in one ``llama_decode``, and
@@ -279,7 +279,7 @@ class _WorkerState:
         self.cache = cache
         self.progress = progress
         self.engine: Engine | None = None
-        self.policy: SlotPolicy | None = None
+        self.memory: SlotMemory | None = None
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
         self.format: prompts.ChatFormat | None = None
@@ -297,7 +297,7 @@ class _WorkerState:
         self.engine = eng
         self.format = prompts.ChatFormat.from_engine(eng)
         self.markers = prompts.chunk_markers(self.format.template, eng)
-        self.policy = SlotPolicy(eng, self.cache)
+        self.memory = SlotMemory(eng, self.cache)
         self.proposers["ngram"] = NgramProposer()
         if self.config.draft_model_path:
             from langchain_llamacpp_local.llama.draft import DraftModel
@@ -319,7 +319,7 @@ class _WorkerState:
 
     @property
     def slots(self) -> list[Slot]:
-        return self.policy.slots if self.policy is not None else []
+        return self.memory.slots if self.memory is not None else []
 
     def close(self) -> None:
         self.fail_all(RequestCancelledError("the model was closed"))
@@ -369,8 +369,8 @@ class _WorkerState:
             self._admit()
             if self.active:
                 self._step()
-            if self.policy is not None and self.policy.checking:
-                self.policy.check()
+            if self.memory is not None and self.memory.checking:
+                self.memory.check()
 
     def _busy(self) -> set[int]:
         return {a.slot.seq_id for a in self.active}
@@ -438,29 +438,29 @@ class _WorkerState:
 
     def _start(self, w: _Waiting, busy: set[int]) -> _Active | None:
         eng = self.engine
-        policy = self.policy
-        assert eng is not None and policy is not None and w.prepared is not None
+        memory = self.memory
+        assert eng is not None and memory is not None and w.prepared is not None
         prepared = w.prepared
         job = w.job
         tokens = prepared.tokens
         spans = [(p, m.n_pos) for p, m in prepared.media.items()]
         spec = self._speculation(job, prepared)  # first: it may refuse the job
         marks = marker_cuts(tokens, self.markers)
-        slot, n_keep = policy.acquire(
+        slot, n_keep = memory.acquire(
             tokens, spans, busy, cache_prompt=job.cache_prompt, marks=marks
         )
         if eng.kv_unified:
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
             # a request starts only when what running requests may still need leaves room.
             reserved = sum(a.reserved for a in self.active)
-            if not policy.make_room(len(tokens) + w.max_new, reserved, busy, slot):
+            if not memory.make_room(len(tokens) + w.max_new, reserved, busy, slot):
                 if not self.active:
                     raise ContextOverflowError(
                         f"the request needs {len(tokens) + w.max_new} positions of the "
                         f"{eng.n_ctx_total}-position unified cache"
                     )
                 return None
-        targets = policy.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot, marks)
+        targets = memory.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot, marks)
         sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
         try:
             parser = prepared.make_parser()
@@ -559,8 +559,8 @@ class _WorkerState:
 
     def _decode_generation(self, gen: list[_Active]) -> None:
         eng = self.engine
-        policy = self.policy
-        assert eng is not None and policy is not None
+        memory = self.memory
+        assert eng is not None and memory is not None
         toks = [a.pending for a in gen]
         try:
             eng.set_lora(_lora_of(gen[0]))  # LoRA hook: one adapter set per group
@@ -574,7 +574,7 @@ class _WorkerState:
             self._after_failed_decode(gen, exc)
             return
         for i, act in enumerate(gen):
-            policy.record(act.slot, [act.pending], exact=False)
+            memory.record(act.slot, [act.pending], exact=False)
             act.pending = None
             self._guarded(act, self._sample, act, i)
 
@@ -679,17 +679,17 @@ class _WorkerState:
     def _keep_rows(self, act: _Active, batch: list[int], used: int, saved: bytes | None) -> None:
         """Leave the first ``used`` rows of a verify step in the sequence, drop the rest."""
         eng = self.engine
-        policy = self.policy
-        assert eng is not None and policy is not None
+        memory = self.memory
+        assert eng is not None and memory is not None
         slot = act.slot
         seq = slot.seq_id
         n_past = slot.n_past
         if used == len(batch):
-            policy.record(slot, batch, exact=False)
+            memory.record(slot, batch, exact=False)
             return
         if saved is None:
             if eng.seq_rm(seq, n_past + used, -1):
-                policy.record(slot, batch[:used], exact=False)
+                memory.record(slot, batch[:used], exact=False)
                 return
         elif eng.state_set(saved, seq, PARTIAL_ONLY) and eng.seq_rm(seq, n_past, -1):
             try:  # back to before the step: decode the kept rows again
@@ -698,17 +698,17 @@ class _WorkerState:
                     batch[:used], range(n_past, n_past + used), [seq] * used, [False] * used
                 )
             except (RequestCancelledError, DecodeError):
-                policy.sync(slot)
+                memory.sync(slot)
                 raise
-            policy.record(slot, batch[:used], exact=False)
+            memory.record(slot, batch[:used], exact=False)
             return
-        policy.reset(slot)  # the memory is unknown now: nothing of it may be reused
+        memory.reset(slot)  # the memory is unknown now: nothing of it may be reused
         raise DecodeError("rolling back the rejected draft tokens failed")
 
     def _decode_prompt_piece(self, act: _Active) -> None:
         eng = self.engine
-        policy = self.policy
-        assert eng is not None and policy is not None
+        memory = self.memory
+        assert eng is not None and memory is not None
         media = act.prepared.media
         slot = act.slot
         try:
@@ -726,7 +726,7 @@ class _WorkerState:
                 start,
                 n_prompt,
                 min(eng.n_batch, eng.n_ubatch),
-                policy.align,
+                memory.align,
                 stops=stops,
                 marks=act.marks,
             )
@@ -746,47 +746,47 @@ class _WorkerState:
         except (RequestCancelledError, DecodeError) as exc:
             self._after_failed_decode([act], exc)
             return
-        policy.record(slot, chunk, exact=True)
+        memory.record(slot, chunk, exact=True)
         if act.prefilling:
             if act.targets and slot.n_past == act.targets[0]:
                 act.targets.pop(0)
-                policy.save_checkpoint(slot, act.keep)
+                memory.save_checkpoint(slot, act.keep)
             return
-        policy.seal_prompt(slot, n_prompt, act.marks)
+        memory.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
         self._guarded(act, self._sample, act, len(chunk) - 1)
 
     def _eval_media(self, act: _Active, media: Any) -> None:
         """Encode and decode one image of a prompt (its own decode calls)."""
         eng = self.engine
-        policy = self.policy
-        assert eng is not None and policy is not None
+        memory = self.memory
+        assert eng is not None and memory is not None
         slot = act.slot
         start = slot.n_past
         try:
             eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
             eng.eval_media(media, start, slot.seq_id)
         except DecodeError:
-            policy.sync(slot)
+            memory.sync(slot)
             raise
-        policy.record(slot, act.tokens[start : start + media.n_pos], exact=True)
+        memory.record(slot, act.tokens[start : start + media.n_pos], exact=True)
         if not act.prefilling:  # an image at the very end of the prompt
             raise DecodeError("a prompt cannot end with an image: add text after it")
 
     def _after_failed_decode(self, plan: list[_Active], exc: BaseException) -> None:
         """Keep each slot's entries equal to what the memory still holds, then recover."""
-        policy = self.policy
-        assert policy is not None
+        memory = self.memory
+        assert memory is not None
         for act in plan:
             slot = act.slot
-            policy.sync(slot)
+            memory.sync(slot)
             err = self._stopped(act.job)
             if err is not None:
                 self._finish_error(act, err)
             elif isinstance(exc, DecodeError) and act.n_gen == 0 and not act.retried:
                 # reading the prompt failed (e.g. a reused prefix): start over once, from scratch
                 logger.warning("decode failed (%s); retrying the request from scratch", exc)
-                policy.reset(slot)
+                memory.reset(slot)
                 act.retried = True
                 act.n_keep = 0
                 act.targets = sorted(t for t in act.keep if t > 0)
@@ -907,10 +907,10 @@ class _WorkerState:
         """Hand the finished conversation to the disk cache: its state is copied before
         the reply's last message (so a program may exit right after it: the file is
         written at exit), the file written by a background thread."""
-        if self.policy is None or self.policy.disk is None:
+        if self.memory is None or self.memory.disk is None:
             return
         try:
-            self.policy.persist(act.slot)
+            self.memory.persist(act.slot)
         except Exception:  # the cache is an optimisation: never fail the worker for it
             logger.warning("prompt cache: could not save a conversation", exc_info=True)
 

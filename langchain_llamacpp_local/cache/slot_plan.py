@@ -1,0 +1,113 @@
+"""Which slot a request takes and how it is filled: the decision, as data.
+
+Pure functions over plain numbers (what each slot holds that the request can keep, how
+recently it was used), following llama.cpp's server slot selection: the free slot
+sharing the longest prefix wins when it is similar enough (``slot_prompt_similarity``
+0.1); a slot that would lose most of what it holds is parked in host RAM first; a
+shared prefix is copied from another slot, or a parked conversation restored, when
+that keeps more than the target slot holds. :class:`~.slot_memory.SlotMemory` applies
+the plans to llama.cpp's memory; these functions never touch it, so they are tested
+without a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence, Set
+from dataclasses import dataclass
+from typing import Literal
+
+#: Shortest conversation worth a file in the disk cache, and worth restoring from one.
+DISK_MIN_ENTRIES = 32
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as the decision sees it."""
+
+    seq_id: int
+    n_past: int
+    """Entries (tokens, image positions) its memory holds."""
+    last_used: int
+    """Logical clock of its last use (least recently used = smallest)."""
+    reusable: int
+    """Entries of it the request may keep: the common prefix, capped where the slot's
+    contents stop being exactly reproducible."""
+
+
+@dataclass(frozen=True)
+class SlotChoice:
+    """The slot a request takes."""
+
+    target: int
+    """Its sequence id."""
+    park_first: bool
+    """Save its conversation to host RAM before anything else: most of it is about to
+    be trimmed."""
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    """How the chosen slot gets the longest prefix the request can reuse.
+
+    ``restore``: park the target and load the cached conversation into it; ``copy``:
+    park the target and copy ``n_copy`` entries from slot ``source``; ``park``: keep
+    a copy of the target's conversation (most of it will be trimmed) and reuse what
+    it shares; ``keep``: reuse what the target shares as it is.
+    """
+
+    action: Literal["restore", "copy", "park", "keep"]
+    source: int | None = None
+    n_copy: int = 0
+
+
+def choose_slot(
+    slots: Sequence[SlotState], busy: Set[int], n_tokens: int, *, can_copy: bool
+) -> SlotChoice:
+    """The free slot for a request of ``n_tokens`` entries (llama.cpp server's choice).
+
+    ``can_copy``: the memory lets a prefix be copied between sequences (attention KV).
+    With a copy possible, a request whose best match would cut a longer conversation
+    short takes an empty slot instead ("fork"), keeping the other conversation whole.
+    """
+    free = [s for s in slots if s.seq_id not in busy]
+    if not free:
+        raise ValueError("no free slot: the scheduler admits a request only to a free one")
+    best = max(free, key=lambda s: (s.reusable, -s.last_used))
+    empty = [s for s in free if s.n_past == 0]
+    if can_copy and empty and 0 < best.reusable < best.n_past:
+        return SlotChoice(empty[0].seq_id, park_first=False)
+    if best.reusable > 0 and (best.reusable * 10 >= n_tokens or len(free) == 1):
+        return SlotChoice(best.seq_id, park_first=best.reusable * 2 < best.n_past)
+    target = empty[0] if empty else min(free, key=lambda s: s.last_used)
+    return SlotChoice(target.seq_id, park_first=False)
+
+
+def usable_cached(n_match: int, exact: int, n_tokens: int, n_entries: int) -> int:
+    """Entries a cached conversation can give a request: its common prefix, capped where
+    it stops being exact and before the prompt's last token (sampling needs that one's
+    logits); 0 when most of it would be trimmed (restoring it is not worth the copy)."""
+    n = min(n_match, exact, n_tokens - 1)
+    return 0 if n * 4 < n_entries else max(n, 0)
+
+
+def disk_beats(n_usable: int, best_elsewhere: int) -> bool:
+    """Whether a disk record is worth loading: it restores more than any slot or host-RAM
+    entry would give, and enough to beat decoding it."""
+    return n_usable > best_elsewhere and n_usable >= DISK_MIN_ENTRIES
+
+
+def plan_fill(
+    slots: Sequence[SlotState], target: int, n_cached: int, *, can_copy: bool
+) -> FillPlan:
+    """How slot ``target`` gets the longest reusable prefix; ``n_cached`` is what the best
+    parked conversation (host RAM or disk) would give, 0 for none."""
+    by_id = {s.seq_id: s for s in slots}
+    chosen = by_id[target]
+    source = max(slots, key=lambda s: s.reusable)
+    if n_cached > max(chosen.reusable, source.reusable):
+        return FillPlan("restore")
+    if source.reusable > chosen.reusable and source.seq_id != target and can_copy:
+        return FillPlan("copy", source.seq_id, source.reusable)
+    if chosen.n_past and chosen.reusable * 2 < chosen.n_past:
+        return FillPlan("park")
+    return FillPlan("keep")
