@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_llamacpp_local.cache.chunking import (
-    balanced_groups,
     fast_piece_end,
     marker_cuts,
     piece_end,
@@ -43,7 +42,8 @@ from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, LoadConf
 from langchain_llamacpp_local.llama.sampling import Sampler, StopMatcher, Utf8Decoder
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.jobs import ChatJob, cancel_error
-from langchain_llamacpp_local.runtime.lora import activate, key_tokens, plan_adapter_groups
+from langchain_llamacpp_local.runtime.lora import activate, key_tokens
+from langchain_llamacpp_local.runtime.scheduler import plan_step, row_limit
 from langchain_llamacpp_local.runtime.speculative import DraftController, NgramProposer, Proposer
 
 logger = logging.getLogger(__name__)
@@ -531,31 +531,34 @@ class _WorkerState:
         gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
         eng = self.engine
         assert eng is not None
-        drafts: list[tuple[_Active, list[int]]] = []
+        drafts: dict[int, list[int]] = {}
         for act in gen:
             draft = self._draft(act)
             if draft:
-                drafts.append((act, draft))
-        if drafts:  # a verify step is its own decode call (see _decode_verify)
-            drafting = {id(a) for a, _ in drafts}
-            gen = [a for a in gen if id(a) not in drafting]
-        if eng.kv_unified or not self.config.deterministic:
-            limit = max(1, len(gen))
-        else:  # no more rows per call than the kernels keep bit-identical (probed at load)
-            limit = eng.exact_rows
+                drafts[id(act)] = draft
         self.lora_turn += 1
-        # LoRA hook: adapters are set per context, so each adapter set decodes apart
-        for part in plan_adapter_groups(gen, _lora_of, self.lora_turn):
-            for group in balanced_groups(part, limit):
-                members = [a for a in group if a in self.active]
-                if members:
-                    self._decode_generation(members)
-        for act, draft in drafts:
+        plan = plan_step(
+            gen,
+            drafting=lambda a: id(a) in drafts,
+            reading=[a for a in self.active if a.pending is None and a.prefilling],
+            limit=row_limit(
+                len(gen) - len(drafts),
+                deterministic=self.config.deterministic,
+                kv_unified=eng.kv_unified,
+                exact_rows=eng.exact_rows,
+            ),
+            lora_of=_lora_of,
+            turn=self.lora_turn,
+        )
+        for group in plan.decode_groups:
+            members = [a for a in group if a in self.active]
+            if members:
+                self._decode_generation(members)
+        for act in plan.verify:  # a verify step is its own decode call (see _decode_verify)
             if act in self.active:
-                self._decode_verify(act, draft)
-        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
-        if reading is not None:
-            self._decode_prompt_piece(reading)
+                self._decode_verify(act, drafts[id(act)])
+        if plan.prompt_piece is not None and plan.prompt_piece in self.active:
+            self._decode_prompt_piece(plan.prompt_piece)
 
     def _decode_generation(self, gen: list[_Active]) -> None:
         eng = self.engine
