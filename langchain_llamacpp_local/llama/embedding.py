@@ -39,11 +39,11 @@ import numpy as np
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
-    ModelLoadError,
     RequestCancelledError,
 )
 from langchain_llamacpp_local.llama import engine as _engine
 from langchain_llamacpp_local.llama import vocab
+from langchain_llamacpp_local.llama.context import fill_batch, flash_attn_type, new_context
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 
 logger = logging.getLogger(__name__)
@@ -243,20 +243,12 @@ class EmbeddingEngine:
         cparams.n_threads_batch = threads
         cparams.no_perf = True
         if config.flash_attn is not None:
-            cparams.flash_attn_type = (
-                C.LLAMA_FLASH_ATTN_TYPE_ENABLED
-                if config.flash_attn
-                else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
+            cparams.flash_attn_type = flash_attn_type(config.flash_attn)
         if self.fast_pooling:
             cparams.cb_eval = _stop_after_t_embd
-        ctx = C.llama_init_from_model(model, cparams)
-        if not ctx:
-            raise ModelLoadError(
-                f"llama.cpp could not create an embedding context of {n_batch} tokens for "
-                f"{config.model_path} (out of memory or unsupported settings)"
-            )
-        self.ctx = ctx
+        self.ctx = ctx = new_context(
+            model, cparams, f"an embedding context of {n_batch} tokens for {config.model_path}"
+        )
         self.n_ctx = n_ctx
         self.n_batch = int(C.llama_n_batch(ctx))
         self.n_seq_max = int(C.llama_n_seq_max(ctx))
@@ -382,16 +374,11 @@ class EmbeddingEngine:
         """One ``llama_decode`` of the texts in ``group``, text ``s`` as sequence ``s``."""
         batch = self._batch
         assert batch is not None
-        n = 0
-        for s, tokens in enumerate(group):
-            for pos, tok in enumerate(tokens):
-                batch.token[n] = tok
-                batch.pos[n] = pos
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = s
-                batch.logits[n] = 1  # pooled embeddings need every token as an output
-                n += 1
-        batch.n_tokens = n
+        tokens = [tok for text in group for tok in text]
+        positions = [pos for text in group for pos in range(len(text))]
+        seq_ids = [s for s, text in enumerate(group) for _ in text]
+        # pooled embeddings need every token as an output
+        fill_batch(batch, tokens, positions, seq_ids, [True] * len(tokens))
         rc = C.llama_decode(self.ctx, batch)
         if rc != 0:
             self._clear()

@@ -36,6 +36,7 @@ from langchain_llamacpp_local.llama.backend import (
     log_reasons,
     route_mtmd_log,
 )
+from langchain_llamacpp_local.llama.context import fill_batch, flash_attn_type, new_context
 from langchain_llamacpp_local.llama.gguf import (
     GGUFHeaderError,
     check_hparams,
@@ -462,13 +463,7 @@ class Engine:
             flash = config.flash_attn
             if flash is None and config.deterministic:
                 flash = (config.type_v or "f16").lower() not in ("f16", "f32", "bf16")
-            cparams.flash_attn_type = (
-                C.LLAMA_FLASH_ATTN_TYPE_AUTO
-                if flash is None
-                else C.LLAMA_FLASH_ATTN_TYPE_ENABLED
-                if flash
-                else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
+            cparams.flash_attn_type = flash_attn_type(flash)
             if type_k is not None:
                 cparams.type_k = type_k
             if type_v is not None:
@@ -480,12 +475,9 @@ class Engine:
             self._abort_flag: Callable[[], bool] | None = None
             self._abort_cb = C.ggml_abort_callback(self._should_abort)
             cparams.abort_callback = self._abort_cb
-            ctx = C.llama_init_from_model(model, cparams)
-            if not ctx:
-                raise ModelLoadError(
-                    f"llama.cpp could not create a context of {n_ctx} tokens for "
-                    f"{config.model_path} (out of memory or unsupported settings)"
-                )
+            ctx = new_context(
+                model, cparams, f"a context of {n_ctx} tokens for {config.model_path}"
+            )
             self.ctx = ctx
             self.kv_unified = config.kv_unified
             self.n_ctx_total = int(C.llama_n_ctx(ctx))
@@ -894,13 +886,7 @@ class Engine:
             return
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
-        for i in range(n):
-            batch.token[i] = tokens[i]
-            batch.pos[i] = positions[i]
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq_ids[i]
-            batch.logits[i] = 1 if outputs[i] else 0
-        batch.n_tokens = n
+        fill_batch(batch, tokens, positions, seq_ids, outputs)
         self._abort_flag = cancel
         try:
             rc = C.llama_decode(self.ctx, batch)

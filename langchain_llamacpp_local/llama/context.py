@@ -1,0 +1,51 @@
+"""What every llama.cpp context of this package does the same way: its creation, its
+flash-attention setting and the filling of a ``llama_batch``.
+
+Shared by the chat context (:mod:`.engine`) and the embedding context (:mod:`.embedding`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp.llama_cpp as C
+
+from langchain_llamacpp_local.errors import ModelLoadError
+
+
+def flash_attn_type(flash: bool | None) -> int:
+    """llama.cpp's flash-attention setting: its own choice ("auto") for ``None``."""
+    if flash is None:
+        return int(C.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    return int(C.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else C.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+
+
+def new_context(model: Any, cparams: Any, what: str) -> Any:
+    """``llama_init_from_model``, or a :class:`ModelLoadError` saying which ``what``
+    (e.g. "a context of 4096 tokens for model.gguf") could not be created."""
+    ctx = C.llama_init_from_model(model, cparams)
+    if not ctx:
+        raise ModelLoadError(
+            f"llama.cpp could not create {what} (out of memory or unsupported settings)"
+        )
+    return ctx
+
+
+def fill_batch(
+    batch: Any,
+    tokens: Sequence[int],
+    positions: Sequence[int],
+    seq_ids: Sequence[int],
+    outputs: Sequence[bool],
+) -> None:
+    """Write one sequence id per token into ``batch`` (allocated for at least
+    ``len(tokens)`` tokens); ``outputs[i]`` asks for token ``i``'s logits or embedding."""
+    n = len(tokens)
+    for i in range(n):
+        batch.token[i] = tokens[i]
+        batch.pos[i] = positions[i]
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq_ids[i]
+        batch.logits[i] = 1 if outputs[i] else 0
+    batch.n_tokens = n
