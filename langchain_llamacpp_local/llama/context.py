@@ -49,3 +49,11 @@ def fill_batch(
         batch.seq_id[i][0] = seq_ids[i]
         batch.logits[i] = 1 if outputs[i] else 0
     batch.n_tokens = n
+
+
+def free_context(ctx: Any, batch: Any) -> None:
+    """Free a context and its batch (either may be ``None``: already freed)."""
+    if batch is not None:
+        C.llama_batch_free(batch)
+    if ctx:
+        C.llama_free(ctx)

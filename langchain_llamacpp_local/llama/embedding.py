@@ -43,7 +43,12 @@ from langchain_llamacpp_local.errors import (
 )
 from langchain_llamacpp_local.llama import engine as _engine
 from langchain_llamacpp_local.llama import vocab
-from langchain_llamacpp_local.llama.context import fill_batch, flash_attn_type, new_context
+from langchain_llamacpp_local.llama.context import (
+    fill_batch,
+    flash_attn_type,
+    free_context,
+    new_context,
+)
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 
 logger = logging.getLogger(__name__)
@@ -393,12 +398,8 @@ class EmbeddingEngine:
     def close(self) -> None:
         """Free the context; the model goes when its last user releases it. Idempotent."""
         with self.lock:
-            if self._batch is not None:
-                C.llama_batch_free(self._batch)
-                self._batch = None
-            if self.ctx:
-                C.llama_free(self.ctx)
-                self.ctx = None
+            free_context(self.ctx, self._batch)
+            self.ctx = self._batch = None
             self._model_ref.release()
 
     @property

@@ -36,7 +36,12 @@ from langchain_llamacpp_local.llama.backend import (
     log_reasons,
     route_mtmd_log,
 )
-from langchain_llamacpp_local.llama.context import fill_batch, flash_attn_type, new_context
+from langchain_llamacpp_local.llama.context import (
+    fill_batch,
+    flash_attn_type,
+    free_context,
+    new_context,
+)
 from langchain_llamacpp_local.llama.gguf import (
     GGUFHeaderError,
     check_hparams,
@@ -943,12 +948,8 @@ class Engine:
 
             M.mtmd_free(self.mtmd)
             self.mtmd = None
-        if self._batch is not None:
-            C.llama_batch_free(self._batch)
-            self._batch = None
-        if self.ctx:
-            C.llama_free(self.ctx)
-            self.ctx = None
+        free_context(self.ctx, self._batch)
+        self.ctx = self._batch = None
         self.model = None
         ref = getattr(self, "_model_ref", None)
         if ref is not None:
