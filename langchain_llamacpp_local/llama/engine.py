@@ -419,7 +419,7 @@ def alora_invocation_tokens(adapter: object) -> list[int]:
     return [int(ptr[i]) for i in range(n)] if ptr else []
 
 
-class Engine:
+class Engine(vocab.VocabMethods):
     """A loaded model with one persistent context (see module docstring)."""
 
     def __init__(self, config: LoadConfig, progress: Callable[[float], None] | None = None) -> None:
@@ -669,10 +669,6 @@ class Engine:
     def _read_metadata(self) -> dict[str, str]:
         return vocab.read_metadata(self.model)
 
-    def token_text(self, token: int) -> str:
-        """The vocabulary's text of a special token (e.g. ``<bos>``), for templates."""
-        return vocab.token_text(self.vocab, token)
-
     # ------------------------------------------------------------------ memory probe
 
     def _probe_memory(self) -> MemoryKind:
@@ -812,22 +808,6 @@ class Engine:
             if best < 2:
                 return 1
         return best
-
-    # ------------------------------------------------------------------ tokens
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
-        return vocab.tokenize(
-            self.vocab, text, add_special=add_special, parse_special=parse_special
-        )
-
-    def token_piece(self, token: int, *, special: bool = True) -> bytes:
-        return vocab.token_piece(self.vocab, token, special=special)
-
-    def is_eog(self, token: int) -> bool:
-        return bool(C.llama_vocab_is_eog(self.vocab, token))
-
-    def is_control(self, token: int) -> bool:
-        return bool(C.llama_vocab_is_control(self.vocab, token))
 
     # ------------------------------------------------------------------ decode
 

@@ -147,3 +147,26 @@ def read_metadata(model: Any) -> dict[str, str]:
         elif n >= 0:
             out[key] = buf.value.decode("utf-8", errors="replace")
     return out
+
+
+class VocabMethods:
+    """Token methods over ``self.vocab`` (a ``llama_vocab``), shared by every holder of
+    one: the chat context and the weights-free vocabulary model."""
+
+    vocab: Any
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        return tokenize(self.vocab, text, add_special=add_special, parse_special=parse_special)
+
+    def token_piece(self, token: int, *, special: bool = True) -> bytes:
+        return token_piece(self.vocab, token, special=special)
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text of a special token (e.g. ``<bos>``), for templates."""
+        return token_text(self.vocab, token)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def is_control(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_control(self.vocab, token))

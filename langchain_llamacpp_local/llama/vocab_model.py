@@ -16,7 +16,7 @@ from langchain_llamacpp_local.llama.backend import init_backend
 from langchain_llamacpp_local.llama.engine import MemoryKind, check_gguf_file
 
 
-class VocabModel:
+class VocabModel(vocab.VocabMethods):
     """The vocabulary and metadata of a GGUF, with the :class:`Engine` methods that read
     only those."""
 
@@ -41,20 +41,6 @@ class VocabModel:
         self.n_ctx = sys.maxsize
         self.memory_kind = MemoryKind.PARTIAL
         self.lock = threading.Lock()
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
-        return vocab.tokenize(
-            self.vocab, text, add_special=add_special, parse_special=parse_special
-        )
-
-    def token_piece(self, token: int, *, special: bool = True) -> bytes:
-        return vocab.token_piece(self.vocab, token, special=special)
-
-    def token_text(self, token: int) -> str:
-        return vocab.token_text(self.vocab, token)
-
-    def is_control(self, token: int) -> bool:
-        return bool(C.llama_vocab_is_control(self.vocab, token))
 
     def tokenize_multimodal(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError("a prompt with images is prepared by the loaded model")
