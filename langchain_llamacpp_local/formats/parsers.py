@@ -3,11 +3,12 @@
 ``parse`` and :class:`StreamParser` scan the whole text so far on every delta (as
 llama.cpp's server re-parses the whole generation) and emit only what can no longer
 change: a half-written marker, an unfinished call or a header still being written is
-held back. The classic formats (``hermes``, ``llama3_json``, ``pythonic``, ``granite``,
-``functionary_v3_2``, ``deepseek_r1``, ``generic``, ``content``) are read here; the
-families described by a :class:`~.families.Spec` (markers + body reader) in
-:mod:`.families`; ``gpt_oss`` (harmony messages) by :func:`_gpt_oss`; ``auto`` by the
-template analysis. Anything malformed becomes an ``invalid_tool_calls`` entry with the
+held back. Each format's record (:mod:`.registry`) says what to read: the classic
+formats (``hermes``, ``llama3_json``, ``pythonic``, ``granite``, ``functionary_v3_2``,
+``deepseek_r1``, ``generic``, ``content``, no spec) are read here; the families with a
+:class:`~.families.Spec` (markers + body readers from :mod:`.families`) by the region
+scanner; ``gpt_oss`` (harmony messages) by :func:`_gpt_oss`; ``auto`` by the template
+analysis. Anything malformed becomes an ``invalid_tool_calls`` entry with the
 raw text and a reason, never an exception.
 """
 
@@ -25,11 +26,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call
 
-from langchain_llamacpp_local.formats import families
+from langchain_llamacpp_local.formats.auto.parser import parse_with_analysis
 from langchain_llamacpp_local.formats.base import (
     Options,
     _Call,
     _call_from_obj,
+    _held_suffix,
     _json_prefix,
     _loads,
     _scan_regions,
@@ -37,11 +39,24 @@ from langchain_llamacpp_local.formats.base import (
     checked,
     invalid_args,
 )
-from langchain_llamacpp_local.formats.families import Spec, _py_literal
+from langchain_llamacpp_local.formats.families import (
+    Spec,
+    _py_literal,
+    apertus_body,
+    command_r_body,
+    deepseek_v3_1_body,
+    functionary_v3_1_body,
+    gemma4_body,
+    json_call_body,
+    json_lines_body,
+    json_list_body,
+    kimi_k2_body,
+    solar_body,
+)
 from langchain_llamacpp_local.formats.registry import FAMILIES
 
 if TYPE_CHECKING:
-    from langchain_llamacpp_local.formats.auto import TemplateAnalysis
+    from langchain_llamacpp_local.formats.auto.analyzer import TemplateAnalysis
 
 logger = logging.getLogger(__name__)
 
@@ -537,19 +552,19 @@ _STRING_SYNTAX.update(
             (
                 _hermes_json,
                 _hermes_fn,
-                families.json_list_body,
-                families.json_lines_body,
-                families.apertus_body,
-                families.deepseek_v3_1_body,
-                families.kimi_k2_body,
-                families.command_r_body,
-                families.json_call_body,
-                families.solar_body,
-                families.functionary_v3_1_body,
+                json_list_body,
+                json_lines_body,
+                apertus_body,
+                deepseek_v3_1_body,
+                kimi_k2_body,
+                command_r_body,
+                json_call_body,
+                solar_body,
+                functionary_v3_1_body,
             ),
             "json",
         ),
-        families.gemma4_body: "gemma",
+        gemma4_body: "gemma",
     }
 )
 
@@ -664,8 +679,6 @@ def _legacy_body(
 
 def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis) -> _Scan:
     """A format learned from the template (llama.cpp's auto-parser route)."""
-    from langchain_llamacpp_local.formats.auto import parse_with_analysis
-
     gen = analysis.reasoning_prefill(opts.prefill) or None
     out = parse_with_analysis(
         text,
@@ -677,8 +690,7 @@ def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis
         generation_prompt=gen,
     )
     content = out.content[: len(out.content) - out.held] if not final and out.held else out.content
-    calls = [_Call(c.name, c.args, c.raw, c.id, c.error, c.complete) for c in out.calls]
-    return _Scan(out.reasoning, content, calls, out.settled)
+    return _Scan(out.reasoning, content, out.calls, out.settled)
 
 
 def _scan(
@@ -953,27 +965,6 @@ def parse(
         tool_calls=good,
         invalid_tool_calls=bad,
     )
-
-
-@functools.lru_cache(maxsize=256)
-def _marker_info(markers: tuple[str, ...]) -> tuple[int, frozenset[str]]:
-    return max((len(m) for m in markers), default=0), frozenset(m[0] for m in markers if m)
-
-
-def _held_suffix(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that could start one of ``markers``."""
-    if not text or not markers:
-        return 0
-    longest, firsts = _marker_info(markers)
-    if longest < 2:
-        return 0
-    tail = text[-(longest - 1) :]
-    for j, ch in enumerate(tail):
-        if ch in firsts:
-            rest = tail[j:]
-            if any(len(m) > len(rest) and m.startswith(rest) for m in markers):
-                return len(rest)
-    return 0
 
 
 def _markers(fmt: str) -> tuple[str, ...]:
