@@ -243,18 +243,26 @@ _JSON_TYPES = {
 }
 
 
+_PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
 def typed_value(raw: str, types: set[str] | None) -> Any:
     """A tagged argument's text as the schema wants it (llama.cpp's schema-aware typing).
 
     A ``string``-only parameter keeps its text verbatim; a non-string one is read as JSON;
     a union tries JSON for its non-string types first and falls back to the text.
-    Without a schema, JSON if it parses, else the text.
+    Without a schema, JSON if it parses, else the text. A value that cannot be a string
+    may also be written as a Python literal (``True``, ``None``: a template that prints
+    the value instead of ``tojson``).
     """
     if types is not None and types <= {"string"}:
         return raw
     try:
         value = json.loads(raw)
     except ValueError:
+        literal = raw.strip()
+        if literal in _PY_LITERALS and (types is None or "string" not in types):
+            return _PY_LITERALS[literal]
         return raw
     if types is None:
         return value

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from langchain_llamacpp_local.formats import FORMATS, StreamParser, detect_format
+from langchain_llamacpp_local.formats import FORMATS, StreamParser, detect_format, parse
+from langchain_llamacpp_local.formats.auto import analyze_template
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
 from langchain_llamacpp_local.formats.registry import FAMILIES, JsonCalls, Markup
 from langchain_llamacpp_local.llama.sampling import check_grammar
@@ -98,3 +99,29 @@ def test_parser_holds_back_a_half_written_trigger(name: str, trigger: str) -> No
         deltas = sp.feed("Hello. " + trigger[:k])
         streamed = "".join(d.text for d in deltas if d.kind == "content")
         assert trigger[:k] not in streamed, (k, streamed)
+
+
+def test_learned_and_hand_written_parsers_type_arguments_alike() -> None:
+    # one typing rule for tagged values: Seed-OSS read by its own parser and by the
+    # auto-parser (which learns the same syntax from the template) give the same arguments
+    source = (DATA / "llama_cpp_templates" / "ByteDance-Seed-OSS.jinja").read_text(encoding="utf-8")
+    analysis = analyze_template(source)
+    assert analysis is not None and analysis.tool_format == "tag_tagged"
+    props = {
+        "n": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+        "q": {"type": ["string", "null"]},
+        "flag": {"type": "boolean"},
+        "word": {"type": "string"},
+        "free": {},
+    }
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": props}}}]
+    values = {"n": "5", "q": '"x"', "flag": "True", "word": "007", "free": "None"}
+    text = (
+        "<seed:tool_call>\n<function=f>\n"
+        + "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in values.items())
+        + "</function>\n</seed:tool_call>"
+    )
+    own = parse(text, "seed_oss", tools=tools).tool_calls
+    learned = parse(text, "auto", tools=tools, analysis=analysis).tool_calls
+    assert [c["args"] for c in learned] == [c["args"] for c in own]
+    assert own[0]["args"] == {"n": 5, "q": "x", "flag": True, "word": "007", "free": None}

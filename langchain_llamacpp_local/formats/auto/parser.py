@@ -16,7 +16,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_llamacpp_local.formats.auto.analyzer import TemplateAnalysis
-from langchain_llamacpp_local.formats.base import _Call, _held_suffix, _json_args, tool_schemas
+from langchain_llamacpp_local.formats.base import (
+    _Call,
+    _held_suffix,
+    _json_args,
+    _schema_types,
+    tool_schemas,
+    typed_value,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,44 +75,6 @@ def _tool_properties(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dic
         props = params.get("properties") if isinstance(params, Mapping) else None
         out[name] = dict(props) if isinstance(props, Mapping) else {}
     return out
-
-
-def _may_be_string(schema: Any) -> bool:
-    if not isinstance(schema, Mapping):
-        return False
-    t = schema.get("type")
-    if t == "string" or (isinstance(t, list) and "string" in t):
-        return True
-    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
-        return True
-    for key in ("anyOf", "oneOf"):
-        if any(_may_be_string(s) for s in schema.get(key) or ()):
-            return True
-    return False
-
-
-_PY_LITERALS = {"True": True, "False": False, "None": None}
-
-
-def _typed_value(text: str, schema: Any, has_schema: bool) -> Any:
-    """A tagged argument value: verbatim for string parameters, else JSON (or the text)."""
-    if has_schema and _may_be_string(schema):
-        t = schema.get("type") if isinstance(schema, Mapping) else None
-        if t == "string" or t is None:
-            return text
-        try:  # a union including string: a valid non-string JSON value wins
-            val = json.loads(text)
-        except ValueError:
-            return text
-        return val if not isinstance(val, str) else text
-    s = text.strip()
-    try:
-        return json.loads(s)
-    except ValueError:
-        pass
-    if s in _PY_LITERALS:
-        return _PY_LITERALS[s]
-    return text
 
 
 def _get_path(obj: Any, path: str) -> Any:
@@ -311,7 +280,7 @@ class _CallScanner:
                 raw = raw[1:]
             if a.arg_value_suffix.startswith("\n") and raw.endswith("\n"):
                 raw = raw[:-1]
-            args[key] = _typed_value(raw, schema.get(key), has_schema)
+            args[key] = typed_value(raw, _schema_types(schema.get(key)) if has_schema else None)
             pos = ve.end()
 
     def call(self, pos: int) -> tuple[_Call, int]:
