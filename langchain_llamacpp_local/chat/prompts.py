@@ -24,13 +24,12 @@ from langchain_llamacpp_local.chat.special_tokens import (
 )
 from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
+from langchain_llamacpp_local.formats.grammars import tool_call_grammar
+from langchain_llamacpp_local.formats.registry import FAMILIES
 from langchain_llamacpp_local.llama.sampling import (
     JSON_OBJECT_GRAMMAR,
-    MARKUP_CALL_FORMATS,
-    WRAPPED_JSON_FORMATS,
     SamplingParams,
     json_schema_to_grammar,
-    tool_call_grammar,
 )
 from langchain_llamacpp_local.templates.chat_template import (
     ChatTemplate,
@@ -154,34 +153,24 @@ class PreparedPrompt:
         )
 
 
-#: Formats whose tool calls start with a marker our grammar also writes: with
-#: ``tool_choice="auto"`` the grammar switches on at that marker (llama.cpp's lazy grammar).
-_LAZY_TRIGGERS: dict[str, tuple[str, ...]] = {
-    "hermes": ("<tool_call>",),
-    "mistral": ("[TOOL_CALLS]",),
-    **{fmt: (spec[0],) for fmt, spec in WRAPPED_JSON_FORMATS.items()},
-    **MARKUP_CALL_FORMATS,
-}
-
-#: Formats whose output carries channel/turn markup even in plain chat: they are always
-#: parsed (reasoning extracted) so the markup never reaches ``content``.
-_MARKUP_FORMATS = frozenset(
-    {
-        "gpt_oss",
-        "ministral_3",
-        "command_r7b",
-        "cohere2moe",
-        "gemma4",
-        "kimi_k3",
-        "muse_glimmer",
-        "solar_open",
-        "apriel",
-    }
-)
 #: Formats that are not a family's own call syntax (no template-taught markup to parse).
 _NO_OWN_SYNTAX = frozenset({"hermes", "generic", "content", "auto"})
 #: How much of the rendered prompt's end the parser sees (generation prompts are short).
 _PREFILL_CHARS = 256
+
+
+def _lazy_triggers(fmt: str | None) -> tuple[str, ...]:
+    """The markers where ``fmt``'s calls start and its lazy grammar switches on (none:
+    the format has no grammar our parser reads back from a marker)."""
+    family = FAMILIES.get(fmt or "")
+    return family.triggers if family is not None else ()
+
+
+def _channel_markup(fmt: str | None) -> bool:
+    """Whether ``fmt``'s output carries channel/turn markup even in plain chat: it is then
+    always parsed (reasoning extracted) so the markup never reaches ``content``."""
+    family = FAMILIES.get(fmt or "")
+    return family is not None and family.channel_markup
 
 
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
@@ -330,13 +319,13 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
             name=name,
             prefill=text[-_PREFILL_CHARS:],
         )
-    elif use_tools and choice is None and parse_format in _LAZY_TRIGGERS:
+    elif use_tools and choice is None and _lazy_triggers(parse_format):
         # "auto": free text, but once the model starts a call it must be a valid one
         grammar, used = tool_call_grammar(
             tools, parse_format, parallel=job.parallel_tool_calls is True
         )
         if used == parse_format:
-            lazy = _LAZY_TRIGGERS[parse_format]
+            lazy = _lazy_triggers(parse_format)
         else:  # no grammar in the model's own syntax for these tools: calls stay free
             grammar = None
     elif job.response_format is not None and not use_tools:
@@ -346,9 +335,9 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 
     reasoning = job.reasoning
-    if parse_format is None and tool_format in _MARKUP_FORMATS:
+    if parse_format is None and _channel_markup(tool_format):
         parse_format = tool_format
-    if reasoning is None and parse_format in _MARKUP_FORMATS:
+    if reasoning is None and _channel_markup(parse_format):
         reasoning = False  # extract what the model thinks uninvited; never leak markup
     return PreparedPrompt(
         text=text,

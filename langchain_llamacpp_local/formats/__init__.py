@@ -16,7 +16,6 @@ entry with the raw text and a reason.
 from langchain_llamacpp_local.formats.detect import detect_format, detect_handler
 from langchain_llamacpp_local.formats.parsers import (
     FORMATS,
-    START_MARKERS,
     ParsedOutput,
     StreamDelta,
     StreamParser,
@@ -26,7 +25,6 @@ from langchain_llamacpp_local.formats.parsers import (
 
 __all__ = [
     "FORMATS",
-    "START_MARKERS",
     "ParsedOutput",
     "StreamDelta",
     "StreamParser",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -16,6 +17,8 @@ from langchain_core.utils.json import parse_partial_json
 
 @dataclass
 class _Call:
+    """One call read from model output (the hand-written parsers' and the auto-parser's)."""
+
     name: str | None
     args: dict[str, Any] | None
     raw: str
@@ -129,6 +132,29 @@ def _scan_regions(
         pos = j + len(end)
 
 
+@functools.lru_cache(maxsize=256)
+def _marker_info(markers: tuple[str, ...]) -> tuple[int, frozenset[str]]:
+    return max((len(m) for m in markers), default=0), frozenset(m[0] for m in markers if m)
+
+
+def _held_suffix(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that could start one of ``markers``: what a
+    stream holds back, as it may be a half-written marker."""
+    if not text or not markers:
+        return 0
+    markers = tuple(markers)
+    longest, firsts = _marker_info(markers)
+    if longest < 2:
+        return 0
+    tail = text[-(longest - 1) :]
+    for j, ch in enumerate(tail):
+        if ch in firsts:
+            rest = tail[j:]
+            if any(len(m) > len(rest) and m.startswith(rest) for m in markers):
+                return len(rest)
+    return 0
+
+
 # --------------------------------------------------------------------------- options
 
 
@@ -156,12 +182,7 @@ class Options:
         tools: Sequence[Mapping[str, Any]] | None,
         prefill: str,
     ) -> Options:
-        schemas: dict[str, Any] = {}
-        for t in tools or ():
-            fn = t.get("function", t) if isinstance(t, Mapping) else None
-            if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-                schemas[fn["name"]] = fn.get("parameters") or {}
-        return cls(reasoning, think_open, schemas, prefill or "")
+        return cls(reasoning, think_open, tool_schemas(tools), prefill or "")
 
     def opened(self, marker: str) -> bool:
         """Whether the prompt ends inside ``marker`` (e.g. a prefilled ``<think>``)."""
@@ -176,6 +197,16 @@ class Options:
         if not isinstance(props, Mapping) or param not in props:
             return None
         return _schema_types(props[param])
+
+
+def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """Tool name -> its parameters' JSON schema (OpenAI tool dicts or bare functions)."""
+    schemas: dict[str, Any] = {}
+    for t in tools or ():
+        fn = t.get("function", t) if isinstance(t, Mapping) else None
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            schemas[fn["name"]] = fn.get("parameters") or {}
+    return schemas
 
 
 def _schema_types(schema: Any) -> set[str] | None:
@@ -212,18 +243,26 @@ _JSON_TYPES = {
 }
 
 
+_PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
 def typed_value(raw: str, types: set[str] | None) -> Any:
     """A tagged argument's text as the schema wants it (llama.cpp's schema-aware typing).
 
     A ``string``-only parameter keeps its text verbatim; a non-string one is read as JSON;
     a union tries JSON for its non-string types first and falls back to the text.
-    Without a schema, JSON if it parses, else the text.
+    Without a schema, JSON if it parses, else the text. A value that cannot be a string
+    may also be written as a Python literal (``True``, ``None``: a template that prints
+    the value instead of ``tojson``).
     """
     if types is not None and types <= {"string"}:
         return raw
     try:
         value = json.loads(raw)
     except ValueError:
+        literal = raw.strip()
+        if literal in _PY_LITERALS and (types is None or "string" not in types):
+            return _PY_LITERALS[literal]
         return raw
     if types is None:
         return value

@@ -11,25 +11,16 @@ the template writes (the hand-written families of llama.cpp's legacy detection o
 
 from __future__ import annotations
 
+from langchain_llamacpp_local.formats.registry import FAMILIES
+
 #: llama.cpp's specialized handler -> our format of the same syntax.
-_SPECIALIZED_FORMAT = {
-    "ministral_3": "ministral_3",
-    "gpt_oss": "gpt_oss",
-    "muse_glimmer": "muse_glimmer",
-    "functionary_v3_2": "functionary_v3_2",
-    "kimi_k2": "kimi_k2",
-    "kimi_k3": "kimi_k3",
-    "ling3": "glm45",
-    "cohere2moe": "cohere2moe",
-    "lfm2": "pythonic",
-    "lfm2_5": "pythonic",
-    "gigachat_v3": "gigachat_v3",
-    "minimax_m3": "minimax_m3",
-    "deepseek_v3_2": "deepseek_v3_2",
-    "gemma4": "gemma4",
-    "minicpm5": "minicpm5",
-    "qwen3_coder": "qwen3_coder",
-}
+_SPECIALIZED_FORMAT = {h: f.name for f in FAMILIES.values() for h in f.handlers}
+
+#: The auto-parser route's clues, in llama.cpp's legacy detection order.
+_CLUES = sorted(
+    ((rank, needles, f.name) for f in FAMILIES.values() for rank, needles in f.clues),
+    key=lambda clue: clue[0],
+)
 
 
 def detect_handler(chat_template: str) -> str:
@@ -84,62 +75,18 @@ def detect_handler(chat_template: str) -> str:
 def _autoparser_format(s: str) -> str:
     """The syntax llama.cpp's auto-parser finds in a template no specialized handler took.
 
-    Recognised from the markers the template writes, in llama.cpp's legacy detection
-    order (``chat.cpp`` @34df42f7b), which its auto-parser tests reproduce.
+    Recognised from the markers the template writes (each family's ``clues``), in
+    llama.cpp's legacy detection order (``chat.cpp`` @34df42f7b), which its auto-parser
+    tests reproduce.
     """
-    if "<｜tool▁calls▁begin｜>" in s or "tool▁calls▁begin" in s:
-        if "message['prefix'] is defined and message['prefix'] and thinking" in s:
-            return "deepseek_v3_1"
-        return "deepseek_r1"
-    if "<|END_THINKING|><|START_ACTION|>" in s or "<|START_ACTION|>" in s:
-        return "command_r7b"
-    if "<|CHATBOT_TOKEN|>" in s and "Action:" in s:
-        return "command_r_plus"
-    if "<|tool_call|>" in s:
-        return "granite"
-    if "<arg_key>" in s:
-        return "glm45"
-    if "<seed:tool_call>" in s or "<seed:think>" in s:
-        return "seed_oss"
-    if "<tool_call>" in s and "<function=" in s and "<parameter=" in s:
-        return "qwen3_coder"
-    if "<minimax:tool_call>" in s:
-        return "minimax_m2"
-    if "<TOOLCALL>" in s:
-        return "nemotron_v2"
-    if "<|tools_prefix|>" in s:
-        return "apertus"
-    if "<tool_calls>[" in s or "<tool_calls>" in s and "<|begin_assistant|>" in s:
-        return "apriel"
-    if "<tool_calls" in s and "HYTK" in s:
-        return "hy3"
-    if "<|tool_call:begin|>" in s:
-        return "solar_open"
-    if "<tool_calls>" in s and "ai name=assistant" in s:
-        return "minimax_m1"
-    if "<|function_call|>" in s and "<|role_sep|>" in s:
-        return "gigachat_v3_1"
-    if "<tool_call>" in s:
-        return "hermes"
-    if " functools[" in s:
-        return "firefunction_v2"
-    if "<|start_header_id|>" in s and "<function=" in s:
-        return "functionary_v3_1"
-    if "<|start_header_id|>ipython<|end_header_id|>" in s or "<|python_tag|>" in s:
-        return "llama3_json"
-    if "[THINK]" in s:
-        return "ministral_3"
-    if "[TOOL_CALLS]" in s:
-        return "mistral"
-    if "<|tool_call_start|>" in s or "[func_name1(" in s or "func_name1(params_name1" in s:
-        return "pythonic"
-    if "<|start_header_id|>" in s and "tools" in s:
-        return "llama3_json"
+    for _rank, needles, name in _CLUES:
+        if all(n in s for n in needles):
+            return name
     return "generic"
 
 
 def detect_format(chat_template: str) -> str:
-    """The output format (one of :data:`~.core.FORMATS`) to parse for a chat template."""
+    """The output format (one of :data:`~.parsers.FORMATS`) to parse for a chat template."""
     handler = detect_handler(chat_template)
     if handler != "autoparser":
         return _SPECIALIZED_FORMAT[handler]

@@ -1,9 +1,10 @@
-"""Call syntaxes of the model families beyond the classic ones (GLM, Kimi, DeepSeek V3.x, ...).
+"""Body readers of the tool-call syntaxes beyond the classic ones (GLM, Kimi, DeepSeek V3.x, ...).
 
 Each body function reads the inside of one tool-call region (between the family's start
-and end markers) into call records; :data:`SPECS` says, per format, which markers open
-reasoning and tool calls and which wrapper markers are dropped from content. The syntaxes
-follow llama.cpp 0.3.36's parsers (``common/parsers/*.cpp`` and the auto-parser's tests).
+and end markers) into call records; a :class:`Spec` says which markers open reasoning and
+tool calls and which wrapper markers are dropped from content. The specs themselves are
+part of each family's record (:mod:`.registry`). The syntaxes follow llama.cpp 0.3.36's
+parsers (``common/parsers/*.cpp`` and the auto-parser's tests).
 """
 
 from __future__ import annotations
@@ -565,6 +566,46 @@ def solar_body(region: str, final: bool, opts: Options) -> list[_Call]:
     return calls
 
 
+# --------------------------------------------------------------------------- Mistral
+
+
+def _mistral_segment(region: str, final: bool) -> list[_Call]:
+    """One ``[TOOL_CALLS]`` segment: a JSON list, or ``name[CALL_ID]id[ARGS]{...}``."""
+    s = region.strip()
+    if s.startswith("[") or s.startswith("{") or not final:
+        if not final:
+            return []
+        parsed = _json_prefix(s)
+        if parsed is None:
+            return [_Call(None, None, s, error="invalid JSON in [TOOL_CALLS]")]
+        obj, _end = parsed
+        items = obj if isinstance(obj, list) else [obj]
+        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
+    m = re.match(r"^([\w.\-]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\](.*)$", s, re.S)
+    if not m:
+        return [_Call(None, None, s, error="cannot read [TOOL_CALLS] name[ARGS]{...}")]
+    args, err = _loads(m.group(3).strip())
+    if err or not isinstance(args, dict):
+        return [_Call(m.group(1), None, s, error=err or "arguments are not a JSON object")]
+    return [_Call(m.group(1), args, s, id=m.group(2) or None)]
+
+
+def mistral_body(region: str, final: bool, opts: Options) -> list[_Call]:
+    """Everything after the first ``[TOOL_CALLS]``: a JSON list, or ``name[CALL_ID]id[ARGS]{...}`` segments."""
+    calls: list[_Call] = []
+    for seg in region.split("[TOOL_CALLS]"):
+        if final:
+            calls.extend(_mistral_segment(seg, True))
+            continue
+        m = re.match(r"\s*([\w.\-]+)(?:\[CALL_ID\]([^\[]*)\[ARGS\]|\[ARGS\])", seg)
+        calls.append(
+            _Call(
+                m.group(1) if m else None, None, seg, id=m.group(2) if m else None, complete=False
+            )
+        )
+    return calls
+
+
 # --------------------------------------------------------------------------- specs
 
 
@@ -573,127 +614,3 @@ def rewrap(prefix: str, suffix: str, body: Body) -> Body:
     return lambda region, final, opts: body(
         prefix + region + (suffix if final else ""), final, opts
     )
-
-
-_CMD = ("<|START_THINKING|>", "<|END_THINKING|>")
-
-SPECS: dict[str, Spec] = {
-    "qwen3_coder": Spec(
-        regions=(
-            ("<tool_call>", "</tool_call>", qwen3_coder_body),
-            ("<function=", "</function>", rewrap("<function=", "</function>", qwen3_coder_body)),
-        ),
-        strip=("</tool_call>",),
-        think_stops=("<tool_call>",),
-    ),
-    "seed_oss": Spec(
-        think=("<seed:think>", "</seed:think>"),
-        regions=(("<seed:tool_call>", "</seed:tool_call>", seed_oss_body),),
-    ),
-    "glm45": Spec(
-        regions=(("<tool_call>", "</tool_call>", glm_body),),
-        strip=("<|role_end|>",),
-        # a call written before the think block is closed ends the reasoning (Ling 3.0)
-        think_stops=("<tool_call>",),
-    ),
-    "minimax_m2": Spec(regions=(("<minimax:tool_call>", "</minimax:tool_call>", minimax_body),)),
-    "deepseek_v3_1": Spec(
-        regions=(("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", deepseek_v3_1_body),),
-        held=("<｜tool▁calls▁begin｜>",),
-    ),
-    "deepseek_v3_2": Spec(
-        regions=(
-            (f"<{_DSML}function_calls>", f"</{_DSML}function_calls>", dsml_body),
-            (f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>", dsml_body),
-        ),
-        think_stops=(f"<{_DSML}function_calls>", f"<{_DSML}tool_calls>"),
-    ),
-    "kimi_k2": Spec(
-        regions=(
-            ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", kimi_k2_body),
-            ("<|tool_call_begin|>", None, rewrap("<|tool_call_begin|>", "", kimi_k2_body)),
-        ),
-        strip=("<|tool_calls_section_end|>",),
-        think_stops=("<|tool_calls_section_begin|>", "<|tool_call_begin|>"),
-    ),
-    "nemotron_v2": Spec(regions=(("<TOOLCALL>", "</TOOLCALL>", json_list_body),)),
-    "apertus": Spec(
-        think=("<|inner_prefix|>", "<|inner_suffix|>"),
-        regions=(("<|tools_prefix|>", "<|tools_suffix|>", apertus_body),),
-    ),
-    "apriel": Spec(
-        think=("", "[BEGIN FINAL RESPONSE]"),
-        reasoning_lead="Here are my reasoning steps:\n",
-        regions=(("<tool_calls>", "</tool_calls>", json_list_body),),
-    ),
-    "firefunction_v2": Spec(
-        think=None, regions=(("functools[", None, rewrap("[", "", json_list_body)),)
-    ),
-    "functionary_v3_1": Spec(
-        think=None,
-        regions=(("<function=", "</function>", functionary_v3_1_body),),
-    ),
-    "cohere2moe": Spec(
-        think=_CMD,
-        regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
-        strip=("<|START_TEXT|>", "<|END_TEXT|>"),
-    ),
-    "command_r7b": Spec(
-        think=_CMD,
-        regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
-        strip=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
-    ),
-    "command_r_plus": Spec(
-        think=None,
-        regions=(("Action:", None, command_r_body),),
-        strip=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
-    ),
-    "minimax_m1": Spec(regions=(("<tool_calls>", "</tool_calls>", json_lines_body),)),
-    "gemma4": Spec(
-        think=("<|channel>thought", "<channel|>"),
-        regions=(("<|tool_call>", "<tool_call|>", gemma4_body),),
-        # stray channel markup a model writes around its answer never reaches content
-        strip=(
-            "<|channel>thought\n<channel|>",
-            "<|channel>thought<channel|>",
-            "<channel|>",
-            "<|channel>",
-        ),
-    ),
-    "minimax_m3": Spec(
-        think=("<mm:think>", "</mm:think>"),
-        think_implicit=True,
-        regions=((_MM + "<tool_call>", _MM + "</tool_call>", minimax_m3_body),),
-        held=(_MM,),
-    ),
-    "kimi_k3": Spec(
-        think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
-        regions=(("<|open|>tools<|sep|>", "<|close|>tools<|sep|>", kimi_k3_body),),
-        think_stops=("<|open|>response<|sep|>", "<|open|>tools<|sep|>"),
-        strip=("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>"),
-    ),
-    "gigachat_v3": Spec(
-        think=None,
-        regions=(("<|message_sep|>\n\nfunction call<|role_sep|>\n", None, json_call_body),),
-    ),
-    "gigachat_v3_1": Spec(think=None, regions=(("<|function_call|>", None, json_call_body),)),
-    "muse_glimmer": Spec(
-        think=(" to=self<|message|>", "<|eom|>"),
-        regions=(("<atem:function_calls>", "</atem:function_calls>", muse_body),),
-        strip=("<|eot|>", "<|eom|>"),
-        held=("to=",),
-        strip_re=r"(?:<\|start\|>assistant)?(?: to=[^<\s]*)?<\|message\|>",
-    ),
-    "hy3": Spec(
-        think=(f"<think{_HY}>", f"</think{_HY}>"),
-        regions=((f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", hy3_body),),
-    ),
-    "solar_open": Spec(
-        think=("<|think|>", "<|end|>"),
-        regions=(("<|tool_call:begin|>", "<|tool_call:end|>", solar_body),),
-        strip=("<|begin|>assistant", "<|content|>", "<|end|>", "<|tool_calls|>", "<|calls|>"),
-    ),
-    "minicpm5": Spec(
-        regions=(("<function", "</function>", rewrap("", "</function>", minicpm5_body)),)
-    ),
-}

@@ -3,11 +3,12 @@
 ``parse`` and :class:`StreamParser` scan the whole text so far on every delta (as
 llama.cpp's server re-parses the whole generation) and emit only what can no longer
 change: a half-written marker, an unfinished call or a header still being written is
-held back. The classic formats (``hermes``, ``llama3_json``, ``pythonic``, ``granite``,
-``functionary_v3_2``, ``deepseek_r1``, ``generic``, ``content``) are read here; the
-families described by a :class:`~.families.Spec` (markers + body reader) in
-:mod:`.families`; ``gpt_oss`` (harmony messages) by :func:`_gpt_oss`; ``auto`` by the
-template analysis. Anything malformed becomes an ``invalid_tool_calls`` entry with the
+held back. Each format's record (:mod:`.registry`) says what to read: the classic
+formats (``hermes``, ``llama3_json``, ``pythonic``, ``granite``, ``functionary_v3_2``,
+``deepseek_r1``, ``generic``, ``content``, no spec) are read here; the families with a
+:class:`~.families.Spec` (markers + body readers from :mod:`.families`) by the region
+scanner; ``gpt_oss`` (harmony messages) by :func:`_gpt_oss`; ``auto`` by the template
+analysis. Anything malformed becomes an ``invalid_tool_calls`` entry with the
 raw text and a reason, never an exception.
 """
 
@@ -25,11 +26,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call
 
-from langchain_llamacpp_local.formats import families
+from langchain_llamacpp_local.formats.auto.parser import parse_with_analysis
 from langchain_llamacpp_local.formats.base import (
     Options,
     _Call,
     _call_from_obj,
+    _held_suffix,
     _json_prefix,
     _loads,
     _scan_regions,
@@ -37,30 +39,30 @@ from langchain_llamacpp_local.formats.base import (
     checked,
     invalid_args,
 )
-from langchain_llamacpp_local.formats.families import SPECS, Spec, _py_literal
+from langchain_llamacpp_local.formats.families import (
+    Spec,
+    _py_literal,
+    apertus_body,
+    command_r_body,
+    deepseek_v3_1_body,
+    functionary_v3_1_body,
+    gemma4_body,
+    json_call_body,
+    json_lines_body,
+    json_list_body,
+    kimi_k2_body,
+    solar_body,
+)
+from langchain_llamacpp_local.formats.registry import FAMILIES
 
 if TYPE_CHECKING:
-    from langchain_llamacpp_local.formats.auto import TemplateAnalysis
+    from langchain_llamacpp_local.formats.auto.analyzer import TemplateAnalysis
 
 logger = logging.getLogger(__name__)
 
-FORMATS: tuple[str, ...] = (
-    "hermes",
-    "qwen3_coder",
-    "llama3_json",
-    "mistral",
-    "pythonic",
-    "granite",
-    "functionary_v3_2",
-    "deepseek_r1",
-    "command_r7b",
-    "gpt_oss",
-    "generic",
-    "content",
-    "ministral_3",
-    *(f for f in SPECS if f not in ("qwen3_coder", "command_r7b")),
-    "auto",  # learned from the template by template_analysis (needs ``analysis=``)
-)
+#: Every format :func:`parse` reads: the families' records, and ``auto`` (learned from the
+#: template by :mod:`.auto`, needs ``analysis=``).
+FORMATS: tuple[str, ...] = (*FAMILIES, "auto")
 
 THINK = ("<think>", "</think>")
 _DS = {
@@ -71,35 +73,6 @@ _DS = {
     "sep": "<｜tool▁sep｜>",
 }
 _DS_CALLS = "<｜tool▁calls｜>"
-#: Markers that open a tool-call region or are removed from content, per format
-#: (held back while half-written so they never leak into streamed content).
-START_MARKERS: dict[str, tuple[str, ...]] = {
-    "hermes": ("<tool_call>", "<function="),
-    "qwen3_coder": ("<tool_call>", "<function="),
-    "llama3_json": ("<|python_tag|>",),
-    "mistral": ("[TOOL_CALLS]",),
-    "pythonic": ("<|tool_call_start|>",),
-    "granite": ("<|tool_call|>", "<response>", "</response>"),
-    "functionary_v3_2": (">>>",),
-    "deepseek_r1": (_DS["calls_begin"], _DS["call_begin"], _DS["calls_end"], "<｜tool▁calls｜>"),
-    "command_r7b": (
-        "<|START_ACTION|>",
-        "<|START_RESPONSE|>",
-        "<|END_RESPONSE|>",
-        "<|START_THINKING|>",
-    ),
-    "gpt_oss": (
-        "<|channel|>",
-        "<|start|>",
-        "<|end|>",
-        "<|call|>",
-        "<|return|>",
-        "<|message|>",
-        "to=",
-    ),
-    "generic": (),
-    "content": (),
-}
 #: Formats whose tool calls are the whole output (a JSON/list document): their
 #: content cannot be streamed until it is clear the output is not a call.
 _WHOLE_OUTPUT = {"llama3_json", "pythonic", "generic"}
@@ -164,34 +137,6 @@ def _hermes_body(region: str, final: bool) -> list[_Call]:
     return [_call_from_obj(obj, region.strip())]
 
 
-def _parse_value(text: str) -> Any:
-    t = text.strip("\n")
-    try:
-        return json.loads(t)
-    except ValueError:
-        return t
-
-
-def _qwen3_coder_body(region: str, final: bool) -> list[_Call]:
-    s = region.strip()
-    out: list[_Call] = []
-    for m in re.finditer(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", s, re.S):
-        name, inner = m.group(1).strip(), m.group(2)
-        args: dict[str, Any] = {}
-        for p in re.finditer(
-            r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", inner, re.S
-        ):
-            args[p.group(1).strip()] = _parse_value(p.group(2))
-        closed = "</function>" in m.group(0)
-        if not closed and final:
-            out.append(_Call(name, None, m.group(0), error="unterminated <function> block"))
-        else:
-            out.append(_Call(name, args if closed else None, m.group(0), complete=closed))
-    if not out:
-        return _hermes_body(region, final)
-    return out
-
-
 def _list_body(
     region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")
 ) -> list[_Call]:
@@ -203,26 +148,6 @@ def _list_body(
         return [_Call(None, None, s, error=err)]
     items = obj if isinstance(obj, list) else [obj]
     return [_call_from_obj(o, json.dumps(o, ensure_ascii=False), keys) for o in items]
-
-
-def _mistral_body(region: str, final: bool) -> list[_Call]:
-    s = region.strip()
-    if s.startswith("[") or s.startswith("{") or not final:
-        if not final:
-            return []
-        parsed = _json_prefix(s)
-        if parsed is None:
-            return [_Call(None, None, s, error="invalid JSON in [TOOL_CALLS]")]
-        obj, _end = parsed
-        items = obj if isinstance(obj, list) else [obj]
-        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
-    m = re.match(r"^([\w.\-]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\](.*)$", s, re.S)
-    if not m:
-        return [_Call(None, None, s, error="cannot read [TOOL_CALLS] name[ARGS]{...}")]
-    args, err = _loads(m.group(3).strip())
-    if err or not isinstance(args, dict):
-        return [_Call(m.group(1), None, s, error=err or "arguments are not a JSON object")]
-    return [_Call(m.group(1), args, s, id=m.group(2) or None)]
 
 
 def _pythonic_calls(text: str) -> list[_Call] | None:
@@ -391,27 +316,6 @@ def _deepseek_body(region: str, final: bool) -> list[_Call]:
     return out
 
 
-def _command_r7b_body(region: str, final: bool) -> list[_Call]:
-    if not final:
-        return []
-    obj, err = _loads(region.strip())
-    if err:
-        return [_Call(None, None, region.strip(), error=err)]
-    items = obj if isinstance(obj, list) else [obj]
-    calls = []
-    for o in items:
-        if isinstance(o, dict) and "tool_name" in o:
-            o = {
-                "name": o.get("tool_name"),
-                "parameters": o.get("parameters", {}),
-                "id": o.get("tool_call_id"),
-            }
-        calls.append(
-            _call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments"))
-        )
-    return calls
-
-
 # --------------------------------------------------------------------------- core parse
 
 
@@ -433,8 +337,14 @@ class _Reasoning:
     stopped: bool = False  # ended by a call written inside it, not by its end marker
 
 
+def _spec(fmt: str) -> Spec | None:
+    """The format's markers and body readers (None: the classic formats, read here)."""
+    family = FAMILIES.get(fmt)
+    return family.spec if family is not None else None
+
+
 def _think_markers(fmt: str) -> tuple[str, str] | None:
-    spec = SPECS.get(fmt)
+    spec = _spec(fmt)
     return spec.think if spec is not None else THINK
 
 
@@ -444,7 +354,9 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     if markers is None:
         return _Reasoning(None, "", text, True)
     start, end = markers
-    lead = SPECS[fmt].reasoning_lead if fmt in SPECS else ""
+    spec = _spec(fmt)
+    lead = spec.reasoning_lead if spec is not None else ""
+    think_stops = spec.think_stops if spec is not None else ()
     opened = opts.think_open or (opts.opened(start) if start else bool(lead) and opts.opened(lead))
     if opened:
         body_start = 0
@@ -458,13 +370,13 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
             raw_open = ""
         elif start and not final and stripped and start.startswith(stripped):
             return _Reasoning("", "", "", False, held=True)
-        elif fmt in SPECS and SPECS[fmt].think_implicit and end in text:
+        elif spec is not None and spec.think_implicit and end in text:
             body_start, raw_open = 0, ""
         else:
             return _Reasoning(None, "", text, True)
     j = text.find(end, body_start)
     end_len = len(end)
-    for stop in SPECS[fmt].think_stops if fmt in SPECS else ():
+    for stop in think_stops:
         k = text.find(stop, body_start)
         if k >= 0 and (j < 0 or k < j):
             j, end_len = k, 0
@@ -482,7 +394,7 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     if opts.reasoning is None:
         settled_body = body
         if not done and not final:  # the end (or a stop marker) may be half-written
-            stops = (end, *(SPECS[fmt].think_stops if fmt in SPECS else ()))
+            stops = (end, *think_stops)
             settled_body = body[: len(body) - _held_suffix(body, stops)]
             if raw_open and len(stops) > 1:
                 # ended by a call, the block leaves out the prompt's opener: not yet known
@@ -583,7 +495,8 @@ def _scan_multi(
 
 
 def _scan_spec(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, list[_Call], bool]:
-    spec = SPECS[fmt]
+    spec = FAMILIES[fmt].spec
+    assert spec is not None
     calls: list[_Call] = []
     if fmt == "functionary_v3_1" and "<|python_tag|>" in rest:
         i = rest.index("<|python_tag|>")
@@ -639,19 +552,19 @@ _STRING_SYNTAX.update(
             (
                 _hermes_json,
                 _hermes_fn,
-                families.json_list_body,
-                families.json_lines_body,
-                families.apertus_body,
-                families.deepseek_v3_1_body,
-                families.kimi_k2_body,
-                families.command_r_body,
-                families.json_call_body,
-                families.solar_body,
-                families.functionary_v3_1_body,
+                json_list_body,
+                json_lines_body,
+                apertus_body,
+                deepseek_v3_1_body,
+                kimi_k2_body,
+                command_r_body,
+                json_call_body,
+                solar_body,
+                functionary_v3_1_body,
             ),
             "json",
         ),
-        families.gemma4_body: "gemma",
+        gemma4_body: "gemma",
     }
 )
 
@@ -675,28 +588,6 @@ def _bare_call(text: str) -> list[_Call] | None:
     ):
         return None
     return [_call_from_obj(obj, s)]
-
-
-def _mistral_region(region: str, final: bool, opts: Options) -> list[_Call]:
-    """Everything after the first ``[TOOL_CALLS]``: a JSON list, or ``name[CALL_ID]id[ARGS]{...}`` segments."""
-    calls: list[_Call] = []
-    for seg in region.split("[TOOL_CALLS]"):
-        if final:
-            calls.extend(_mistral_body(seg, True))
-            continue
-        m = re.match(r"\s*([\w.\-]+)(?:\[CALL_ID\]([^\[]*)\[ARGS\]|\[ARGS\])", seg)
-        calls.append(
-            _Call(
-                m.group(1) if m else None, None, seg, id=m.group(2) if m else None, complete=False
-            )
-        )
-    return calls
-
-
-SPECS["mistral"] = Spec(think=None, regions=(("[TOOL_CALLS]", None, _mistral_region),))
-SPECS["ministral_3"] = Spec(
-    think=("[THINK]", "[/THINK]"), regions=(("[TOOL_CALLS]", None, _mistral_region),)
-)
 
 
 _EMPTY_FENCE = re.compile(r"```(?:xml|json|JSON)?[ \t]*\n\s*```[ \t]*\n?")
@@ -788,8 +679,6 @@ def _legacy_body(
 
 def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis) -> _Scan:
     """A format learned from the template (llama.cpp's auto-parser route)."""
-    from langchain_llamacpp_local.formats.auto import parse_with_analysis
-
     gen = analysis.reasoning_prefill(opts.prefill) or None
     out = parse_with_analysis(
         text,
@@ -801,8 +690,7 @@ def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis
         generation_prompt=gen,
     )
     content = out.content[: len(out.content) - out.held] if not final and out.held else out.content
-    calls = [_Call(c.name, c.args, c.raw, c.id, c.error, c.complete) for c in out.calls]
-    return _Scan(out.reasoning, content, calls, out.settled)
+    return _Scan(out.reasoning, content, out.calls, out.settled)
 
 
 def _scan(
@@ -838,7 +726,7 @@ def _scan(
             content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
             if not final:
                 content, settled = "", False
-    elif fmt in SPECS:
+    elif _spec(fmt) is not None:
         content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
     else:
         body = _legacy_body(r.rest, fmt, opts, final)
@@ -887,7 +775,7 @@ def _muse(text: str, opts: Options, final: bool) -> _Scan:
     llama.cpp's Muse parser reads them). The generation prompt ends with
     ``<|start|>assistant``, so the output starts at `` to=``.
     """
-    regions = SPECS["muse_glimmer"].regions
+    regions = FAMILIES["muse_glimmer"].spec.regions  # type: ignore[union-attr]
     content: list[str] = []
     thought: list[str] = []
     calls: list[_Call] = []
@@ -1079,30 +967,9 @@ def parse(
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _marker_info(markers: tuple[str, ...]) -> tuple[int, frozenset[str]]:
-    return max((len(m) for m in markers), default=0), frozenset(m[0] for m in markers if m)
-
-
-def _held_suffix(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that could start one of ``markers``."""
-    if not text or not markers:
-        return 0
-    longest, firsts = _marker_info(markers)
-    if longest < 2:
-        return 0
-    tail = text[-(longest - 1) :]
-    for j, ch in enumerate(tail):
-        if ch in firsts:
-            rest = tail[j:]
-            if any(len(m) > len(rest) and m.startswith(rest) for m in markers):
-                return len(rest)
-    return 0
-
-
 def _markers(fmt: str) -> tuple[str, ...]:
-    spec = SPECS.get(fmt)
-    out = list(START_MARKERS.get(fmt, ()))
+    spec = _spec(fmt)
+    out = list(FAMILIES[fmt].markers)
     if spec is not None:
         out += [r[0] for r in spec.regions] + list(spec.strip) + list(spec.held)
         if spec.think is not None:

@@ -4,9 +4,9 @@
   request; :class:`Sampler` turns it into a llama.cpp sampler chain.
 * :class:`StopMatcher` and :class:`Utf8Decoder` make streaming safe: a stop string
   is never partly emitted and a character split over tokens is emitted once whole.
-* :func:`json_schema_to_grammar`, :data:`JSON_OBJECT_GRAMMAR` and
-  :func:`tool_call_grammar` build GBNF grammars for structured output and forced
-  tool calls, on top of llama-cpp-python's JSON-schema converter.
+* :func:`json_schema_to_grammar` and :data:`JSON_OBJECT_GRAMMAR` build GBNF grammars
+  for structured output on top of llama-cpp-python's JSON-schema converter (the
+  tool-call grammars of :mod:`~langchain_llamacpp_local.formats.grammars` use it too).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import codecs
 import copy
 import ctypes
 import dataclasses
-import json
 import math
 import re
 import types
@@ -30,8 +29,6 @@ from llama_cpp import llama_grammar as G
 
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
-    "MARKUP_CALL_FORMATS",
-    "TOOL_CALL_FORMATS",
     "GrammarTooLargeError",
     "InvalidSamplingParams",
     "Sampler",
@@ -41,7 +38,6 @@ __all__ = [
     "Utf8Decoder",
     "json_schema_to_grammar",
     "penalty_window",
-    "tool_call_grammar",
 ]
 
 # --------------------------------------------------------------------------- params
@@ -951,192 +947,3 @@ def json_schema_to_grammar(schema: dict[str, Any]) -> str:
     defs: dict[str, Any] = {}
     body = _relocate(schema, "ref-", defs)
     return _convert(body, defs)
-
-
-# --------------------------------------------------------------------------- tool calls
-
-#: Formats whose calls are JSON after an opening marker: (opening, closing, shape).
-#: ``list``: a JSON list of calls; ``object``: one call object per opening marker;
-#: ``lines``: call objects one per line. The opening text is also the lazy-grammar
-#: trigger (``tool_choice="auto"``), so it starts the grammar.
-WRAPPED_JSON_FORMATS: dict[str, tuple[str, str, str]] = {
-    "nemotron_v2": ("<TOOLCALL>", "</TOOLCALL>", "list"),
-    "apriel": ("<tool_calls>", "</tool_calls>", "list"),
-    "granite": ("<|tool_call|>", "", "list"),
-    "firefunction_v2": ("functools", "", "list"),
-    "gigachat_v3_1": ("<|function_call|>", "", "object"),
-    "minimax_m1": ("<tool_calls>\n", "\n</tool_calls>", "lines"),
-    "apertus": ("<|tools_prefix|>", "<|tools_suffix|>", "list"),
-    "command_r7b": ("<|START_ACTION|>", "<|END_ACTION|>", "list"),
-    "cohere2moe": ("<|START_ACTION|>", "<|END_ACTION|>", "list"),
-}
-
-#: Formats whose calls are the model's own markup around each argument (or a name marker
-#: before a JSON object), with the markers that switch their lazy grammar on; the
-#: grammars are built by :mod:`.markup_grammars`.
-MARKUP_CALL_FORMATS: dict[str, tuple[str, ...]] = {
-    "qwen3_coder": ("<tool_call>",),
-    "seed_oss": ("<seed:tool_call>",),
-    "glm45": ("<tool_call>",),
-    "minimax_m2": ("<minimax:tool_call>",),
-    "deepseek_v3_2": ("<｜DSML｜function_calls>", "<｜DSML｜tool_calls>"),
-    "kimi_k2": ("<|tool_calls_section_begin|>",),
-    "gemma4": ("<|tool_call>",),
-    "ministral_3": ("[TOOL_CALLS]",),
-    "deepseek_v3_1": ("<｜tool▁calls▁begin｜>",),
-    "solar_open": ("<|tool_call:begin|>",),
-    "hy3": ("<tool_calls:opensource>",),
-    "minicpm5": ('<function name="',),
-}
-
-#: Wire formats :func:`tool_call_grammar` can force (and the parser understands).
-TOOL_CALL_FORMATS = (
-    "hermes",
-    "llama3_json",
-    "mistral",
-    "generic",
-    *WRAPPED_JSON_FORMATS,
-    *MARKUP_CALL_FORMATS,
-)
-
-
-def _tool_function(tool: Any) -> dict[str, Any]:
-    if not isinstance(tool, dict):
-        raise ValueError(f"a tool must be a dict, got {type(tool).__name__}")
-    fn = tool.get("function", tool) if tool.get("type", "function") == "function" else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise ValueError(f"not an OpenAI function tool: {tool!r}")
-    return fn
-
-
-def _tool_parameters(fn: dict[str, Any]) -> Any:
-    params = fn.get("parameters")
-    if params is None or params == {}:
-        return {"type": "object", "properties": {}}
-    if (
-        isinstance(params, dict)
-        and "properties" not in params
-        and not params.get("additionalProperties")
-        and params.get("type", "object") == "object"
-        and not any(k in params for k in ("anyOf", "oneOf", "allOf", "$ref"))
-    ):
-        # {"type": "object"} alone: the tool takes no arguments.
-        return {**params, "properties": {}}
-    return params
-
-
-def tool_call_grammar(
-    tools: Sequence[dict[str, Any]],
-    fmt: str,
-    *,
-    parallel: bool = True,
-    name: str | None = None,
-    prefill: str = "",
-) -> tuple[str, str]:
-    """GBNF forcing a valid call (or several, if ``parallel``) of one of ``tools``
-    (OpenAI tool dicts), restricted to ``name`` if given, in wire format ``fmt``.
-
-    Returns ``(grammar, fmt_used)``; formats other than :data:`TOOL_CALL_FORMATS`
-    fall back to ``"generic"``, which the caller must then parse. ``prefill`` (the end
-    of the prompt) lets a :data:`MARKUP_CALL_FORMATS` grammar close a think block the
-    prompt left open.
-    """
-    fmt_used = fmt if fmt in TOOL_CALL_FORMATS else "generic"
-    if fmt in MARKUP_CALL_FORMATS:
-        from langchain_llamacpp_local.formats.markup_grammars import (  # built on this
-            NotTagShaped,
-            markup_tool_call_grammar,
-        )
-
-        try:
-            grammar = markup_tool_call_grammar(
-                tools, fmt, parallel=parallel, name=name, prefill=prefill
-            )
-            return grammar, fmt
-        except NotTagShaped:  # e.g. free-form ``additionalProperties`` arguments
-            fmt_used = "generic"
-    fns = [_tool_function(t) for t in tools]
-    if name is not None:
-        fns = [f for f in fns if f["name"] == name]
-        if not fns:
-            raise ValueError(f"tool_choice names tool {name!r}, which is not among the tools")
-    if not fns:
-        raise ValueError("tool_call_grammar needs at least one tool")
-
-    args_key = (
-        "parameters" if fmt_used in ("llama3_json", "command_r7b", "cohere2moe") else "arguments"
-    )
-    defs: dict[str, Any] = {}
-    alternatives = []
-    seen: set[str] = set()
-    for i, fn in enumerate(fns):
-        if fn["name"] in seen:
-            continue
-        seen.add(fn["name"])
-        try:
-            params = _relocate(_tool_parameters(fn), f"t{i}-", defs)
-        except ValueError as exc:
-            raise ValueError(f"tool {fn['name']!r}: {exc}") from exc
-        if fmt_used == "apertus":  # {"NAME": {arguments}}
-            alternatives.append(
-                {"type": "object", "properties": {fn["name"]: params}, "required": [fn["name"]]}
-            )
-        elif fmt_used in ("command_r7b", "cohere2moe"):
-            alternatives.append(
-                {
-                    "type": "object",
-                    "properties": {
-                        "tool_call_id": {"enum": [str(i) for i in range(10)]},
-                        "tool_name": {"const": fn["name"]},
-                        "parameters": params,
-                    },
-                    "required": ["tool_call_id", "tool_name", "parameters"],
-                }
-            )
-        else:
-            alternatives.append(
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": fn["name"]}, args_key: params},
-                    "required": ["name", args_key],
-                }
-            )
-    call: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
-
-    if fmt_used == "generic":
-        key = "tool_calls" if parallel else "tool_call"
-        value = {"type": "array", "items": call, "minItems": 1} if parallel else call
-        doc = {"type": "object", "properties": {key: value}, "required": [key]}
-        return _convert(doc, defs), fmt_used
-    if fmt_used == "mistral":
-        doc = {"type": "array", "items": call, "minItems": 1}
-        if not parallel:
-            doc["maxItems"] = 1
-        rules = _convert(doc, defs, "calls")
-        return f'root ::= "[TOOL_CALLS]" calls\n{rules}', fmt_used
-
-    if fmt_used in WRAPPED_JSON_FORMATS:
-        opening, closing, shape = WRAPPED_JSON_FORMATS[fmt_used]
-        lit = json.dumps  # a GBNF string literal is a JSON string literal
-        if shape == "list":
-            doc = {"type": "array", "items": call, "minItems": 1}
-            if not parallel:
-                doc["maxItems"] = 1
-            rules = _convert(doc, defs, "calls")
-            body = "calls"
-        else:
-            rules = _convert(call, defs, "call")
-            sep = '"\\n"' if shape == "lines" else lit(opening)
-            body = f"call ({sep} call)*" if parallel else "call"
-        closing_rule = f" {lit(closing)}" if closing else ""
-        return f"root ::= {lit(opening)} {body}{closing_rule}\n{rules}", fmt_used
-
-    rules = _convert(call, defs, "call")
-    if fmt_used == "hermes":
-        one = r'"<tool_call>\n" call "\n</tool_call>"'
-        sep = r'"\n"'
-    else:  # llama3_json
-        one = "call"
-        sep = '"; "'
-    root = f"root ::= {one} ({sep} {one})*" if parallel else f"root ::= {one}"
-    return f"{root}\n{rules}", fmt_used

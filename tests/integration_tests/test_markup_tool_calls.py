@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field
 
 from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.formats import detect_format
-from langchain_llamacpp_local.llama.sampling import MARKUP_CALL_FORMATS
+from langchain_llamacpp_local.formats.registry import FAMILIES as RECORDS
+from langchain_llamacpp_local.formats.registry import Markup
 from tests.gguf_models import write_tiny_llama
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "llama_cpp_templates"
@@ -57,7 +58,7 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_every_markup_family_is_covered() -> None:
-    assert set(FAMILIES) == set(MARKUP_CALL_FORMATS)
+    assert set(FAMILIES) == {f.name for f in RECORDS.values() if isinstance(f.grammar, Markup)}
 
 
 @pytest.mark.parametrize("fmt", sorted(FAMILIES))

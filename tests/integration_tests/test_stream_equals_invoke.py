@@ -16,9 +16,9 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.chat.prompts import _LAZY_TRIGGERS
 from langchain_llamacpp_local.chat_models import _aggregate
 from langchain_llamacpp_local.formats import detect_format
+from langchain_llamacpp_local.formats.registry import FAMILIES
 from tests.printing_model import write_printing_llama
 from tests.unit_tests.llama_cpp_cases import TEMPLATES, case_id, load_cases
 
@@ -174,7 +174,7 @@ REWRITTEN = {
 @pytest.mark.parametrize("case", FAMILY_CASES, ids=lambda c: f"{c['_fmt']}-{case_id(c)}")
 def test_family_stream_concatenation_equals_invoke(case: dict[str, Any], tmp_path: Path) -> None:
     template = (TEMPLATES / case["template"]).read_text(encoding="utf-8")
-    triggers = _LAZY_TRIGGERS.get(case["_fmt"], ())
+    triggers = FAMILIES[case["_fmt"]].triggers if case["_fmt"] in FAMILIES else ()
     path, _ = write_printing_llama(
         tmp_path / "m.gguf", case["input"], chat_template=template, cuts=triggers
     )

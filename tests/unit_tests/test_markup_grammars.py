@@ -14,11 +14,9 @@ from typing import Any
 import pytest
 
 from langchain_llamacpp_local.formats import parse
-from langchain_llamacpp_local.llama.sampling import (
-    MARKUP_CALL_FORMATS,
-    SamplingParams,
-    tool_call_grammar,
-)
+from langchain_llamacpp_local.formats.grammars import tool_call_grammar
+from langchain_llamacpp_local.formats.registry import FAMILIES, Markup
+from langchain_llamacpp_local.llama.sampling import SamplingParams
 
 from ..gguf_models import write_scripted_llama
 from .test_sampling import TOOLS, TinyModel, _validate, tiny  # noqa: F401 (fixture)
@@ -50,7 +48,7 @@ ALL_TOOLS: list[dict[str, Any]] = [*TOOLS, TYPED]
 SCHEMAS = {
     t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in ALL_TOOLS
 }
-FORMATS = sorted(MARKUP_CALL_FORMATS)
+FORMATS = sorted(f.name for f in FAMILIES.values() if isinstance(f.grammar, Markup))
 
 
 def _check_one_call(text: str, fmt: str, name: str | None) -> dict[str, Any]:
@@ -70,7 +68,7 @@ def test_forced_call_in_the_models_syntax(tiny: TinyModel, fmt: str, name: str) 
     assert used == fmt  # no fallback to the generic JSON object
     text, ended = tiny.generate(SamplingParams(temperature=0, grammar=grammar), 1000)
     assert ended, text
-    assert text.startswith(MARKUP_CALL_FORMATS[fmt]), text
+    assert text.startswith(FAMILIES[fmt].triggers), text
     call = _check_one_call(text, fmt, name)
     if name == "typed":  # schema types survive the markup: numbers, booleans, lists
         args = call["args"]
@@ -92,7 +90,7 @@ def test_forced_any_tool_sampled(tiny: TinyModel, fmt: str) -> None:  # noqa: F8
 def test_parallel_grammar_reads_back_every_call(tiny: TinyModel, fmt: str) -> None:  # noqa: F811
     grammar, _ = tool_call_grammar(ALL_TOOLS, fmt, parallel=True)
     text, ended = tiny.generate(SamplingParams(temperature=0, grammar=grammar), 400)
-    assert text.startswith(MARKUP_CALL_FORMATS[fmt]), text
+    assert text.startswith(FAMILIES[fmt].triggers), text
     if ended:
         out = parse(text, fmt, tools=ALL_TOOLS)
         assert out.tool_calls and not out.invalid_tool_calls, (text, out)
@@ -149,12 +147,12 @@ def test_lazy_grammar_starts_at_the_marker(tmp_path: Path, fmt: str) -> None:
     """With tool_choice="auto", free text runs until the model writes the family's
     opening marker (one token, as in the real vocabularies); from there on the call
     must follow the grammar, and the parser reads the text before it as content."""
-    trigger = MARKUP_CALL_FORMATS[fmt][0]
+    trigger = FAMILIES[fmt].triggers[0]
     grammar, _ = tool_call_grammar(ALL_TOOLS, fmt, parallel=False, name="get_weather")
     model = _scripted(tmp_path, ["O", "K", trigger])
     try:
         params = SamplingParams(
-            temperature=0, grammar=grammar, grammar_lazy_triggers=MARKUP_CALL_FORMATS[fmt]
+            temperature=0, grammar=grammar, grammar_lazy_triggers=FAMILIES[fmt].triggers
         )
         text, ended = model.generate(params, 300, "x")
     finally:

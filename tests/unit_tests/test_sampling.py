@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from langchain_llamacpp_local.formats.grammars import tool_call_grammar
 from langchain_llamacpp_local.llama.sampling import (
     JSON_OBJECT_GRAMMAR,
     InvalidSamplingParams,
@@ -26,7 +27,6 @@ from langchain_llamacpp_local.llama.sampling import (
     StopMatcher,
     Utf8Decoder,
     json_schema_to_grammar,
-    tool_call_grammar,
 )
 from tests.gguf_models import write_tiny_llama
 

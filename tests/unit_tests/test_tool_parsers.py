@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from langchain_llamacpp_local.formats import (
     FORMATS,
-    START_MARKERS,
     StreamParser,
     detect_format,
     parse,
 )
+from langchain_llamacpp_local.formats.registry import FAMILIES
 
 W = {"city": "Paris"}
 A = {"a": 1, "b": 2}
@@ -403,7 +403,7 @@ def _check_stream(fmt: str, text: str, cuts: list[int], reasoning: bool | None) 
             assert c["name"] == valid[c["id"]]["name"]
     # no half-written marker ever leaks into content
     content = "".join(d.text for d in deltas if d.kind == "content")
-    for marker in START_MARKERS.get(fmt, ()):
+    for marker in FAMILIES[fmt].markers:
         if marker not in ref.content:
             assert marker not in content
 

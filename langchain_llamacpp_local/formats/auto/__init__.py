@@ -34,13 +34,11 @@ from langchain_llamacpp_local.formats.auto.diff import (
     until_common_prefix,
 )
 from langchain_llamacpp_local.formats.auto.parser import (
-    AnalysisCall,
     AnalysisParse,
     parse_with_analysis,
 )
 
 __all__ = [
-    "AnalysisCall",
     "AnalysisParse",
     "DiffSplit",
     "TemplateAnalysis",

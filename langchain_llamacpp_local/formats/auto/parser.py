@@ -16,23 +16,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_llamacpp_local.formats.auto.analyzer import TemplateAnalysis
-from langchain_llamacpp_local.formats.base import _json_args
+from langchain_llamacpp_local.formats.base import (
+    _Call,
+    _held_suffix,
+    _json_args,
+    _schema_types,
+    tool_schemas,
+    typed_value,
+)
 
 logger = logging.getLogger(__name__)
 
 # =========================================================================== the parser
-
-
-@dataclass
-class AnalysisCall:
-    """One parsed call; field names match ``tool_parsers._Call``."""
-
-    name: str | None
-    args: dict[str, Any] | None
-    raw: str
-    id: str | None = None
-    error: str | None = None
-    complete: bool = True
 
 
 @dataclass
@@ -46,7 +41,7 @@ class AnalysisParse:
 
     content: str
     reasoning: str | None = None
-    calls: list[AnalysisCall] = field(default_factory=list)
+    calls: list[_Call] = field(default_factory=list)
     held: int = 0
     reasoning_held: int = 0
     settled: bool = True
@@ -73,66 +68,13 @@ def _flex(marker: str) -> str:
     return "".join(out)
 
 
-def _held_suffix(text: str, markers: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that could start one of ``markers``."""
-    best = 0
-    for m in markers:
-        for k in range(min(len(m) - 1, len(text)), 0, -1):
-            if text.endswith(m[:k]):
-                best = max(best, k)
-                break
-    return best
-
-
-def _schema_types(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """Tool name → {parameter → JSON schema} (accepts OpenAI tool dicts or bare functions)."""
+def _tool_properties(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Tool name -> {parameter -> JSON schema}."""
     out: dict[str, dict[str, Any]] = {}
-    for t in tools or ():
-        fn = t.get("function", t) if isinstance(t, Mapping) else None
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            continue
-        params = fn.get("parameters") or {}
+    for name, params in tool_schemas(tools).items():
         props = params.get("properties") if isinstance(params, Mapping) else None
-        out[fn["name"]] = dict(props) if isinstance(props, Mapping) else {}
+        out[name] = dict(props) if isinstance(props, Mapping) else {}
     return out
-
-
-def _may_be_string(schema: Any) -> bool:
-    if not isinstance(schema, Mapping):
-        return False
-    t = schema.get("type")
-    if t == "string" or (isinstance(t, list) and "string" in t):
-        return True
-    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
-        return True
-    for key in ("anyOf", "oneOf"):
-        if any(_may_be_string(s) for s in schema.get(key) or ()):
-            return True
-    return False
-
-
-_PY_LITERALS = {"True": True, "False": False, "None": None}
-
-
-def _typed_value(text: str, schema: Any, has_schema: bool) -> Any:
-    """A tagged argument value: verbatim for string parameters, else JSON (or the text)."""
-    if has_schema and _may_be_string(schema):
-        t = schema.get("type") if isinstance(schema, Mapping) else None
-        if t == "string" or t is None:
-            return text
-        try:  # a union including string: a valid non-string JSON value wins
-            val = json.loads(text)
-        except ValueError:
-            return text
-        return val if not isinstance(val, str) else text
-    s = text.strip()
-    try:
-        return json.loads(s)
-    except ValueError:
-        pass
-    if s in _PY_LITERALS:
-        return _PY_LITERALS[s]
-    return text
 
 
 def _get_path(obj: Any, path: str) -> Any:
@@ -164,7 +106,7 @@ class _CallScanner:
         self.a = a
         self.text = text
         self.final = final
-        self.schemas = _schema_types(tools)
+        self.schemas = _tool_properties(tools)
         self.names = sorted(self.schemas, key=len, reverse=True)
 
     # ---- low-level matching
@@ -338,10 +280,10 @@ class _CallScanner:
                 raw = raw[1:]
             if a.arg_value_suffix.startswith("\n") and raw.endswith("\n"):
                 raw = raw[:-1]
-            args[key] = _typed_value(raw, schema.get(key), has_schema)
+            args[key] = typed_value(raw, _schema_types(schema.get(key)) if has_schema else None)
             pos = ve.end()
 
-    def call(self, pos: int) -> tuple[AnalysisCall, int]:
+    def call(self, pos: int) -> tuple[_Call, int]:
         a = self.a
         start = pos
         cid: str | None = None
@@ -386,28 +328,28 @@ class _CallScanner:
                     raise _Malformed(f"unterminated call (no {a.function_close.strip()!r})")
             else:
                 pos = end
-        return AnalysisCall(name, args, self.text[start:pos].strip(), id=cid), pos
+        return _Call(name, args, self.text[start:pos].strip(), id=cid), pos
 
     def _eol(self, pos: int) -> int:
         m = re.compile(r"[\s<\[{]").search(self.text, pos)
         return m.start() if m else len(self.text)
 
 
-def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[AnalysisCall]:
+def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[_Call]:
     """Calls from one decoded JSON value of a JSON_NATIVE template."""
     items = obj if isinstance(obj, list) else [obj]
     out = []
     for o in items:
         r = json.dumps(o, ensure_ascii=False) if isinstance(obj, list) else raw
         if not isinstance(o, dict):
-            out.append(AnalysisCall(None, None, r, error="tool call is not a JSON object"))
+            out.append(_Call(None, None, r, error="tool call is not a JSON object"))
             continue
         if a.fun_name_is_key:
             if len(o) == 1:
                 ((name, args_val),) = o.items()
                 args = _json_args(args_val)
                 out.append(
-                    AnalysisCall(
+                    _Call(
                         name,
                         args,
                         r,
@@ -415,7 +357,7 @@ def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[AnalysisCall]:
                     )
                 )
             else:
-                out.append(AnalysisCall(None, None, r, error="expected one {name: arguments} pair"))
+                out.append(_Call(None, None, r, error="expected one {name: arguments} pair"))
             continue
         name_field, args_field = a.name_field, a.args_field
         if a.function_field and a.function_field != "function" and "." not in name_field:
@@ -433,19 +375,17 @@ def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[AnalysisCall]:
         if cid is None and a.gen_id_field:
             cid = _get_path(o, a.gen_id_field)
         if not isinstance(name, str) or not name:
-            out.append(AnalysisCall(None, None, r, error="tool call has no name"))
+            out.append(_Call(None, None, r, error="tool call has no name"))
             continue
         args = _json_args(args_val)
         err = None if args is not None else "arguments are not a JSON object"
-        out.append(AnalysisCall(name, args, r, id=str(cid) if cid is not None else None, error=err))
+        out.append(_Call(name, args, r, id=str(cid) if cid is not None else None, error=err))
     return out
 
 
-def _scan_json_native(
-    a: TemplateAnalysis, text: str, final: bool
-) -> tuple[list[AnalysisCall], int, bool]:
+def _scan_json_native(a: TemplateAnalysis, text: str, final: bool) -> tuple[list[_Call], int, bool]:
     """(calls, end of the tool region, complete) for JSON calls starting at 0."""
-    calls: list[AnalysisCall] = []
+    calls: list[_Call] = []
     pos = 0
     dec = json.JSONDecoder()
     sec_s, sec_e = _flex(a.section_start), _flex(a.section_end)
@@ -474,16 +414,12 @@ def _scan_json_native(
             if not final:  # the stream ends inside the tool region: more may come
                 return calls, pos, False
             if call_s and final and p > pos:
-                calls.append(
-                    AnalysisCall(None, None, text[pos:].strip(), error="unterminated tool call")
-                )
+                calls.append(_Call(None, None, text[pos:].strip(), error="unterminated tool call"))
                 return calls, len(text), True
             break
         if text[p] not in "{[":
             if call_s and p > pos:
-                calls.append(
-                    AnalysisCall(None, None, text[p:].strip(), error="tool call is not JSON")
-                )
+                calls.append(_Call(None, None, text[p:].strip(), error="tool call is not JSON"))
                 return calls, len(text), True
             break
         try:
@@ -494,7 +430,7 @@ def _scan_json_native(
             raw = text[p:]
             stop = re.compile(call_e or sec_e).search(raw) if (call_e or sec_e) else None
             raw = raw[: stop.start()] if stop else raw
-            calls.append(AnalysisCall(None, None, raw.strip(), error="invalid JSON in tool call"))
+            calls.append(_Call(None, None, raw.strip(), error="invalid JSON in tool call"))
             return calls, len(text), True
         calls.extend(_json_call(a, obj, text[p:end]))
         pos = end
@@ -525,10 +461,10 @@ def _scan_json_native(
 
 def _scan_tagged(
     a: TemplateAnalysis, text: str, final: bool, tools: Sequence[Mapping[str, Any]] | None
-) -> tuple[list[AnalysisCall], int, bool]:
+) -> tuple[list[_Call], int, bool]:
     """(calls, end of the tool region, complete) for tag formats starting at 0."""
     sc = _CallScanner(a, text, final, tools)
-    calls: list[AnalysisCall] = []
+    calls: list[_Call] = []
     pos = 0
     bare = _bare_call_prefix(a)
 
@@ -569,7 +505,7 @@ def _scan_tagged(
         try:
             call, end = sc.call(p)
         except _Incomplete as inc:
-            calls.append(AnalysisCall(inc.name, None, text[p:].strip(), complete=False))
+            calls.append(_Call(inc.name, None, text[p:].strip(), complete=False))
             return calls, pos, False
         except _Malformed as exc:
             stop = (
@@ -578,7 +514,7 @@ def _scan_tagged(
                 else None
             )
             raw_end = stop.start() if stop else len(text)
-            calls.append(AnalysisCall(None, None, text[p:raw_end].strip(), error=str(exc)))
+            calls.append(_Call(None, None, text[p:raw_end].strip(), error=str(exc)))
             pos = stop.end() if stop else len(text)
             if not stop:
                 return calls, pos, True
@@ -705,7 +641,7 @@ def _parse(
         return AnalysisParse("", r, [], 0, r_held, settled=False)
     if r is not None and not r.strip() and r_done:
         r = None if not r else ""  # an empty think block (e.g. prefilled ``<think></think>``)
-    calls: list[AnalysisCall] = []
+    calls: list[_Call] = []
     trigger = a.trigger
     settled = True
     content = rest

@@ -1,50 +1,43 @@
-"""GBNF grammars for tool calls in a model's own markup (Qwen3-Coder, Seed-OSS, GLM 4.5+,
-MiniMax M2, DeepSeek V3.1 and DSML, Kimi K2, Gemma 4, Ministral 3, Solar Open, Hunyuan Hy3,
-MiniCPM5).
+"""GBNF grammars that force tool calls in each family's wire format.
 
-These families write a call as tags around each argument, or a name marker before a JSON
-object, not as one JSON document. A forced call (``tool_choice="required"`` or a name)
-is generated under a grammar in that same syntax, so the model writes what it was
+A forced call (``tool_choice="required"`` or a name) is generated under a grammar in the
+syntax the family's record (:mod:`.registry`) names, so the model writes what it was
 trained on and the format's own parser reads it back; with ``tool_choice="auto"`` the
-grammar is lazy and starts at the family's opening marker (as llama.cpp's ``common/chat``
-builders do for these templates).
+grammar is lazy and starts at the family's trigger markers (as llama.cpp's
+``common/chat`` builders do). Two kinds:
 
-Argument values follow the parser's schema-aware typing
-(:func:`~.tool_parsers.base.typed_value`): a parameter whose schema allows only strings
-is raw text up to the closing tag (``enum``/``const`` as literals, ``minLength``/
-``maxLength`` enforced, ``pattern`` not), every other one is JSON from llama-cpp-python's
-schema converter (the same bounded conversion as the JSON formats).
+- :class:`~.registry.JsonCalls`: calls as JSON documents after an opening marker, from
+  llama-cpp-python's schema converter (:mod:`~langchain_llamacpp_local.llama.sampling`);
+- :class:`~.registry.Markup`: the model's own markup around each argument, or a name
+  marker before a JSON object (Qwen3-Coder, Seed-OSS, GLM 4.5+, MiniMax M2, DeepSeek
+  V3.1 and DSML, Kimi K2, Gemma 4, Ministral 3, Solar Open, Hunyuan Hy3, MiniCPM5).
+  Argument values follow the parser's schema-aware typing
+  (:func:`~.base.typed_value`): a parameter whose schema allows only strings is raw
+  text up to the closing tag (``enum``/``const`` as literals, ``minLength``/
+  ``maxLength`` enforced, ``pattern`` not), every other one is JSON from the same
+  bounded schema conversion as the JSON formats.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from langchain_llamacpp_local.formats.base import _schema_types
-from langchain_llamacpp_local.formats.families import SPECS
+from langchain_llamacpp_local.formats.registry import FAMILIES, JsonCalls, Markup, gbnf_literal
 from langchain_llamacpp_local.llama.sampling import (
-    MARKUP_CALL_FORMATS,
     GrammarTooLargeError,
+    _convert,
     _Converter,
     _relocate,
-    _tool_function,
-    _tool_parameters,
     check_grammar,
 )
 
-__all__ = ["NotTagShaped", "markup_tool_call_grammar"]
+__all__ = ["NotTagShaped", "markup_tool_call_grammar", "tool_call_grammar"]
 
-_DSML = "｜DSML｜"
-
-
-def _lit(text: str) -> str:
-    """A GBNF string literal (UTF-8 kept raw: GBNF reads ``\\u`` escapes one code point
-    at a time, so JSON's surrogate pairs would be wrong)."""
-    return json.dumps(text, ensure_ascii=False)
+_lit = gbnf_literal
 
 
 def _cls_char(c: str) -> str:
@@ -71,147 +64,147 @@ def _until_rules(closer: str) -> list[str]:
     return rules
 
 
-@dataclass(frozen=True)
-class _Syntax:
-    """One family's call layout; ``arg`` gets (key, value rule, is raw string)."""
-
-    #: whole output for the calls (rule of one call, parallel) -> GBNF expression
-    block: Callable[[str, bool], str]
-    #: (name literal, args expression) -> one call
-    call: Callable[[str, str], str]
-    arg: Callable[[str, str, bool], str] | None = None  # None: arguments are one JSON object
-    closer: str = ""  # what ends a raw string value
-    quote: str = ""  # around a raw string value (Gemma 4's <|"|>)
-    sep: str = ""  # between arguments
-    sorted_keys: bool = False  # the template writes arguments in key order
-    #: a union with ``string`` is written as raw text (DSML marks JSON ones instead)
-    raw_unions: bool = True
+def _tool_function(tool: Any) -> dict[str, Any]:
+    if not isinstance(tool, dict):
+        raise ValueError(f"a tool must be a dict, got {type(tool).__name__}")
+    fn = tool.get("function", tool) if tool.get("type", "function") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ValueError(f"not an OpenAI function tool: {tool!r}")
+    return fn
 
 
-def _repeat(one: str, parallel: bool, sep: str = "") -> str:
-    if not parallel:
-        return one
-    glue = f"{_lit(sep)} " if sep else ""
-    return f"{one} ({glue}{one})*"
+def _tool_parameters(fn: dict[str, Any]) -> Any:
+    params = fn.get("parameters")
+    if params is None or params == {}:
+        return {"type": "object", "properties": {}}
+    if (
+        isinstance(params, dict)
+        and "properties" not in params
+        and not params.get("additionalProperties")
+        and params.get("type", "object") == "object"
+        and not any(k in params for k in ("anyOf", "oneOf", "allOf", "$ref"))
+    ):
+        # {"type": "object"} alone: the tool takes no arguments.
+        return {**params, "properties": {}}
+    return params
 
 
-_SYNTAXES: dict[str, _Syntax] = {
-    "qwen3_coder": _Syntax(
-        block=lambda call, par: _repeat(f'"<tool_call>\\n" {call} "\\n</tool_call>"', par, "\n"),
-        call=lambda name, args: f'"<function=" {name} ">\\n" {args} "</function>"',
-        arg=lambda k, v, raw: f'"<parameter=" {_lit(k)} ">\\n" {v} "\\n</parameter>\\n"',
-        closer="</parameter>",
-    ),
-    "seed_oss": _Syntax(
-        block=lambda call, par: _repeat(
-            f'"<seed:tool_call>\\n" {call} "\\n</seed:tool_call>"', par, "\n"
-        ),
-        call=lambda name, args: f'"<function=" {name} ">\\n" {args} "</function>"',
-        arg=lambda k, v, raw: f'"<parameter=" {_lit(k)} ">" {v} "</parameter>\\n"',
-        closer="</parameter>",
-    ),
-    "glm45": _Syntax(
-        # GLM 4.5/4.6 put a newline before each tag, GLM 4.7 none: both are read
-        block=lambda call, par: _repeat(f'"<tool_call>" {call} "</tool_call>"', par, "\n"),
-        call=lambda name, args: f'{name} "\\n"? {args}',
-        arg=lambda k, v, raw: (
-            f'"<arg_key>" {_lit(k)} "</arg_key>" "\\n"? "<arg_value>" {v} "</arg_value>" "\\n"?'
-        ),
-        closer="</arg_value>",
-    ),
-    "minimax_m2": _Syntax(
-        block=lambda call, par: (
-            f'"<minimax:tool_call>\\n" {_repeat(call, par)} "</minimax:tool_call>"'
-        ),
-        call=lambda name, args: f'"<invoke name=\\"" {name} "\\">\\n" {args} "</invoke>\\n"',
-        arg=lambda k, v, raw: f'"<parameter name=\\"" {_lit(k)} "\\">" {v} "</parameter>\\n"',
-        closer="</parameter>",
-    ),
-    "deepseek_v3_2": _Syntax(
-        # V3.2 writes function_calls, V4 tool_calls (same invoke syntax)
-        block=lambda call, par: " | ".join(
-            f"({_lit(f'<{_DSML}{tag}>' + chr(10))} {_repeat(call, par)} {_lit(f'</{_DSML}{tag}>')})"
-            for tag in ("function_calls", "tool_calls")
-        ),
-        call=lambda name, args: (
-            f"{_lit(f'<{_DSML}invoke name=' + chr(34))} {name} "
-            f"{_lit(chr(34) + '>' + chr(10))} {args} {_lit(f'</{_DSML}invoke>' + chr(10))}"
-        ),
-        arg=lambda k, v, raw: (
-            f"{_lit(f'<{_DSML}parameter name={json.dumps(k, ensure_ascii=False)} ')} "
-            f'"string=\\"{"true" if raw else "false"}\\">" {v} '
-            f"{_lit(f'</{_DSML}parameter>' + chr(10))}"
-        ),
-        closer=f"</{_DSML}parameter>",
-        raw_unions=False,
-    ),
-    "kimi_k2": _Syntax(
-        block=lambda call, par: (
-            f'"<|tool_calls_section_begin|>" {_repeat(call, par)} "<|tool_calls_section_end|>"'
-        ),
-        call=lambda name, args: (
-            f'"<|tool_call_begin|>functions." {name} ":" [0-9] [0-9]? '
-            f'"<|tool_call_argument_begin|>" {args} "<|tool_call_end|>"'
-        ),
-    ),
-    "gemma4": _Syntax(
-        block=lambda call, par: _repeat(call, par),
-        call=lambda name, args: f'"<|tool_call>call:" {name} "{{" {args} "}}<tool_call|>"',
-        arg=lambda k, v, raw: f'{_lit(k)} ":" {v}',
-        closer='<|"|>',
-        quote='<|"|>',
-        sep=",",
-        sorted_keys=True,
-    ),
-    "ministral_3": _Syntax(
-        block=lambda call, par: _repeat(call, par),
-        call=lambda name, args: f'"[TOOL_CALLS]" {name} "[ARGS]" {args}',
-    ),
-    "deepseek_v3_1": _Syntax(
-        block=lambda call, par: (
-            f'"<｜tool▁calls▁begin｜>" {_repeat(call, par)} "<｜tool▁calls▁end｜>"'
-        ),
-        call=lambda name, args: (
-            f'"<｜tool▁call▁begin｜>" {name} "<｜tool▁sep｜>" {args} "<｜tool▁call▁end｜>"'
-        ),
-    ),
-    "solar_open": _Syntax(
-        block=lambda call, par: _repeat(call, par),
-        call=lambda name, args: (
-            f'"<|tool_call:begin|>" [a-zA-Z0-9]{{1,12}} "<|tool_call:name|>" {name} '
-            f'"<|tool_call:args|>" {args} "<|tool_call:end|>"'
-        ),
-    ),
-    "hy3": _Syntax(
-        block=lambda call, par: (
-            f'"<tool_calls:opensource>\\n" {_repeat(call, par)} "</tool_calls:opensource>"'
-        ),
-        call=lambda name, args: (
-            f'"<tool_call:opensource>" {name} "<tool_sep:opensource>\\n" {args} '
-            '"</tool_call:opensource>\\n"'
-        ),
-        arg=lambda k, v, raw: (
-            f'"<arg_key:opensource>" {_lit(k)} "</arg_key:opensource>\\n" '
-            f'"<arg_value:opensource>" {v} "</arg_value:opensource>\\n"'
-        ),
-        closer="</arg_value:opensource>",
-    ),
-    "minicpm5": _Syntax(
-        block=lambda call, par: _repeat(call, par, "\n"),
-        call=lambda name, args: f'"<function name=\\"" {name} "\\">" {args} "</function>"',
-        arg=lambda k, v, raw: f'"<param name=\\"" {_lit(k)} "\\">" {v} "</param>"',
-        closer="</param>",
-    ),
-}
+def tool_call_grammar(
+    tools: Sequence[dict[str, Any]],
+    fmt: str,
+    *,
+    parallel: bool = True,
+    name: str | None = None,
+    prefill: str = "",
+) -> tuple[str, str]:
+    """GBNF forcing a valid call (or several, if ``parallel``) of one of ``tools``
+    (OpenAI tool dicts), restricted to ``name`` if given, in wire format ``fmt``.
 
-assert _SYNTAXES.keys() == MARKUP_CALL_FORMATS.keys()
+    Returns ``(grammar, fmt_used)``; a format whose record has no grammar falls back to
+    ``"generic"``, which the caller must then parse. ``prefill`` (the end of the prompt)
+    lets a :class:`~.registry.Markup` grammar close a think block the prompt left open.
+    """
+    family = FAMILIES.get(fmt)
+    shape = family.grammar if family is not None else None
+    if isinstance(shape, Markup):
+        try:
+            grammar = markup_tool_call_grammar(
+                tools, fmt, parallel=parallel, name=name, prefill=prefill
+            )
+            return grammar, fmt
+        except NotTagShaped:  # e.g. free-form ``additionalProperties`` arguments
+            shape = None
+    if shape is None:
+        fmt, shape = "generic", FAMILIES["generic"].grammar
+    assert isinstance(shape, JsonCalls)
+    return _json_calls_grammar(tools, shape, parallel=parallel, name=name), fmt
+
+
+def _chosen_functions(tools: Sequence[dict[str, Any]], name: str | None) -> list[dict[str, Any]]:
+    """The tools' function dicts, only ``name`` if given (ValueError when none is left)."""
+    fns = [_tool_function(t) for t in tools]
+    if name is not None:
+        fns = [f for f in fns if f["name"] == name]
+        if not fns:
+            raise ValueError(f"tool_choice names tool {name!r}, which is not among the tools")
+    if not fns:
+        raise ValueError("tool_call_grammar needs at least one tool")
+    return fns
+
+
+def _json_calls_grammar(
+    tools: Sequence[dict[str, Any]], shape: JsonCalls, *, parallel: bool, name: str | None
+) -> str:
+    fns = _chosen_functions(tools, name)
+    defs: dict[str, Any] = {}
+    alternatives = []
+    seen: set[str] = set()
+    for i, fn in enumerate(fns):
+        if fn["name"] in seen:
+            continue
+        seen.add(fn["name"])
+        try:
+            params = _relocate(_tool_parameters(fn), f"t{i}-", defs)
+        except ValueError as exc:
+            raise ValueError(f"tool {fn['name']!r}: {exc}") from exc
+        if shape.call == "name_key":  # {"NAME": {arguments}}
+            alternatives.append(
+                {"type": "object", "properties": {fn["name"]: params}, "required": [fn["name"]]}
+            )
+        elif shape.call == "cohere":
+            alternatives.append(
+                {
+                    "type": "object",
+                    "properties": {
+                        "tool_call_id": {"enum": [str(i) for i in range(10)]},
+                        "tool_name": {"const": fn["name"]},
+                        "parameters": params,
+                    },
+                    "required": ["tool_call_id", "tool_name", "parameters"],
+                }
+            )
+        else:
+            key = shape.args_key
+            alternatives.append(
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": fn["name"]}, key: params},
+                    "required": ["name", key],
+                }
+            )
+    call: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+
+    lit = json.dumps  # a GBNF string literal is a JSON string literal
+    if shape.shape == "document":
+        key = "tool_calls" if parallel else "tool_call"
+        value = {"type": "array", "items": call, "minItems": 1} if parallel else call
+        doc = {"type": "object", "properties": {key: value}, "required": [key]}
+        return _convert(doc, defs)
+    if shape.shape == "each":  # every call wrapped in the opening and closing markers
+        parts = [lit(shape.opening)] if shape.opening else []
+        parts += ["call", lit(shape.closing)] if shape.closing else ["call"]
+        one = " ".join(parts)
+        root = f"root ::= {one} ({lit(shape.sep)} {one})*" if parallel else f"root ::= {one}"
+        return f"{root}\n{_convert(call, defs, 'call')}"
+    if shape.shape == "list":
+        doc = {"type": "array", "items": call, "minItems": 1}
+        if not parallel:
+            doc["maxItems"] = 1
+        rules = _convert(doc, defs, "calls")
+        body = "calls"
+    else:
+        rules = _convert(call, defs, "call")
+        sep = '"\\n"' if shape.shape == "lines" else lit(shape.opening)
+        body = f"call ({sep} call)*" if parallel else "call"
+    closing_rule = f" {lit(shape.closing)}" if shape.closing else ""
+    return f"root ::= {lit(shape.opening)} {body}{closing_rule}\n{rules}"
 
 
 class NotTagShaped(ValueError):
     """A tool whose arguments cannot be written one tag each (no ``properties``)."""
 
 
-def _raw_string(schema: dict[str, Any], syn: _Syntax) -> str:
+def _raw_string(schema: dict[str, Any], syn: Markup) -> str:
     """A string-only value as the raw text the template writes."""
     values = schema.get("enum")
     if "const" in schema:
@@ -292,20 +285,15 @@ def markup_tool_call_grammar(
     prefill: str = "",
 ) -> str:
     """GBNF (root ``root``) forcing a call of one of ``tools`` (only ``name`` if given;
-    several if ``parallel``) in ``fmt``'s own markup (a key of :data:`MARKUP_CALL_FORMATS`).
+    several if ``parallel``) in ``fmt``'s own markup (a family with a :class:`~.registry.Markup` grammar).
 
     ``prefill`` is the end of the prompt: when the template's generation prompt leaves
     the family's think block open (MiniMax M2 always opens ``<think>``), the grammar
     closes it first, as a call inside the reasoning would be read as reasoning.
     """
-    syn = _SYNTAXES[fmt]
-    fns = [_tool_function(t) for t in tools]
-    if name is not None:
-        fns = [f for f in fns if f["name"] == name]
-        if not fns:
-            raise ValueError(f"tool_choice names tool {name!r}, which is not among the tools")
-    if not fns:
-        raise ValueError("tool_call_grammar needs at least one tool")
+    syn = FAMILIES[fmt].grammar
+    assert isinstance(syn, Markup), fmt
+    fns = _chosen_functions(tools, name)
 
     defs: dict[str, Any] = {}
     values: dict[str, Any] = {}  # converter rule name -> schema of a JSON value
@@ -365,7 +353,7 @@ def markup_tool_call_grammar(
 
 def _close_think(fmt: str, prefill: str) -> str:
     """The GBNF that first closes a think block the prompt left open, else nothing."""
-    spec = SPECS.get(fmt)
+    spec = FAMILIES[fmt].spec
     markers = spec.think if spec is not None else None
     if not markers or not markers[0] or not prefill.rstrip().endswith(markers[0].rstrip()):
         return ""

@@ -1,0 +1,601 @@
+"""One record per tool-call family: everything the package knows about one syntax.
+
+A :class:`Family` says how llama.cpp picks the syntax for a chat template (its
+specialized handlers, or the markers its auto-parser route recognises), which markers
+are held back while streaming, how a call is read (a :class:`~.families.Spec` of
+markers and body readers, or the parse loop's own code for the classic formats), how
+a forced call is written (:class:`JsonCalls` or :class:`Markup`, built by
+:mod:`.grammars`), which markers switch a lazy grammar on, and whether plain chat
+output carries channel markup. :mod:`.detect`, :mod:`.parsers`, :mod:`.grammars` and
+the prompt preparation read these records; adding a family is adding one record here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from langchain_llamacpp_local.formats.families import (
+    _DSML,
+    _HY,
+    _MM,
+    Spec,
+    apertus_body,
+    command_r_body,
+    deepseek_v3_1_body,
+    dsml_body,
+    functionary_v3_1_body,
+    gemma4_body,
+    glm_body,
+    hy3_body,
+    json_call_body,
+    json_lines_body,
+    json_list_body,
+    kimi_k2_body,
+    kimi_k3_body,
+    minicpm5_body,
+    minimax_body,
+    minimax_m3_body,
+    mistral_body,
+    muse_body,
+    qwen3_coder_body,
+    rewrap,
+    seed_oss_body,
+    solar_body,
+)
+
+# --------------------------------------------------------------------------- grammar shapes
+
+
+@dataclass(frozen=True)
+class JsonCalls:
+    """Forced calls written as JSON after an ``opening`` marker.
+
+    ``shape``: ``list``, one JSON list of calls; ``object``, one call object per opening
+    marker; ``lines``, call objects one per line; ``each``, every call wrapped in
+    ``opening``/``closing``, ``sep`` between them; ``document``, the generic
+    ``{"tool_calls": [...]}``. ``call``: ``named`` is ``{"name", args_key}``, ``name_key``
+    ``{"NAME": {arguments}}``, ``cohere`` ``{"tool_call_id", "tool_name", "parameters"}``.
+    The opening text is also where a lazy grammar starts.
+    """
+
+    opening: str = ""
+    closing: str = ""
+    shape: Literal["list", "object", "lines", "each", "document"] = "list"
+    sep: str = ""
+    call: Literal["named", "name_key", "cohere"] = "named"
+    args_key: str = "arguments"
+
+
+def gbnf_literal(text: str) -> str:
+    """A GBNF string literal (UTF-8 kept raw: GBNF reads ``\\u`` escapes one code point
+    at a time, so JSON's surrogate pairs would be wrong)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _repeat(one: str, parallel: bool, sep: str = "") -> str:
+    if not parallel:
+        return one
+    glue = f"{gbnf_literal(sep)} " if sep else ""
+    return f"{one} ({glue}{one})*"
+
+
+@dataclass(frozen=True)
+class Markup:
+    """Forced calls in the family's own markup; ``arg`` gets (key, value rule, is raw string)."""
+
+    #: whole output for the calls (rule of one call, parallel) -> GBNF expression
+    block: Callable[[str, bool], str]
+    #: (name literal, args expression) -> one call
+    call: Callable[[str, str], str]
+    arg: Callable[[str, str, bool], str] | None = None  # None: arguments are one JSON object
+    closer: str = ""  # what ends a raw string value
+    quote: str = ""  # around a raw string value (Gemma 4's <|"|>)
+    sep: str = ""  # between arguments
+    sorted_keys: bool = False  # the template writes arguments in key order
+    #: a union with ``string`` is written as raw text (DSML marks JSON ones instead)
+    raw_unions: bool = True
+
+
+# --------------------------------------------------------------------------- the record
+
+#: (rank, needles): the template contains every needle; the lowest rank that matches wins
+Clue = tuple[int, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One tool-call syntax, as detection, parsing, grammars and prompts see it."""
+
+    name: str
+    #: llama.cpp's specialized handlers (``common_chat_try_specialized_template``) whose
+    #: output is this syntax
+    handlers: tuple[str, ...] = ()
+    #: how a template the auto-parser takes is recognised (llama.cpp's legacy order)
+    clues: tuple[Clue, ...] = ()
+    #: markers of the classic formats held back while streaming (a spec adds its own)
+    markers: tuple[str, ...] = ()
+    #: reasoning and call-region markers with their body readers; None: the parse loop
+    #: reads this format itself (the classic formats, gpt-oss harmony)
+    spec: Spec | None = None
+    #: how a forced call is written; None: the generic JSON object instead
+    grammar: JsonCalls | Markup | None = None
+    #: markers that switch the grammar on under ``tool_choice="auto"`` (llama.cpp's lazy
+    #: grammar); none: calls stay free
+    triggers: tuple[str, ...] = ()
+    #: plain chat output carries channel/turn markup: always parsed (reasoning
+    #: extracted) so the markup never reaches ``content``
+    channel_markup: bool = False
+
+
+def _wrapped(opening: str, closing: str, shape: str = "list", **kw: str) -> dict[str, object]:
+    """``grammar`` and ``triggers`` of a family writing JSON after ``opening``."""
+    return {"grammar": JsonCalls(opening, closing, shape, **kw), "triggers": (opening,)}  # type: ignore[arg-type]
+
+
+def _markup(*triggers: str, **kw: object) -> dict[str, object]:
+    return {"grammar": Markup(**kw), "triggers": triggers}  # type: ignore[arg-type]
+
+
+_lit = gbnf_literal
+_CMD = ("<|START_THINKING|>", "<|END_THINKING|>")
+_DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+_QWEN_XML = dict(
+    call=lambda name, args: f'"<function=" {name} ">\\n" {args} "</function>"',
+    closer="</parameter>",
+)
+
+_RECORDS: tuple[Family, ...] = (
+    Family(
+        "hermes",
+        clues=((170, ("<tool_call>",)),),
+        markers=("<tool_call>", "<function="),
+        grammar=JsonCalls("<tool_call>\n", "\n</tool_call>", "each", sep="\n"),
+        triggers=("<tool_call>",),
+    ),
+    Family(
+        "qwen3_coder",
+        handlers=("qwen3_coder",),
+        clues=((80, ("<tool_call>", "<function=", "<parameter=")),),
+        markers=("<tool_call>", "<function="),
+        spec=Spec(
+            regions=(
+                ("<tool_call>", "</tool_call>", qwen3_coder_body),
+                (
+                    "<function=",
+                    "</function>",
+                    rewrap("<function=", "</function>", qwen3_coder_body),
+                ),
+            ),
+            strip=("</tool_call>",),
+            think_stops=("<tool_call>",),
+        ),
+        **_markup(
+            "<tool_call>",
+            block=lambda call, par: _repeat(
+                f'"<tool_call>\\n" {call} "\\n</tool_call>"', par, "\n"
+            ),
+            arg=lambda k, v, raw: f'"<parameter=" {_lit(k)} ">\\n" {v} "\\n</parameter>\\n"',
+            **_QWEN_XML,
+        ),
+    ),
+    Family(
+        "llama3_json",
+        clues=(
+            (200, ("<|start_header_id|>ipython<|end_header_id|>",)),
+            (200, ("<|python_tag|>",)),
+            (240, ("<|start_header_id|>", "tools")),
+        ),
+        markers=("<|python_tag|>",),
+        grammar=JsonCalls(shape="each", sep="; ", args_key="parameters"),
+    ),
+    Family(
+        "mistral",
+        clues=((220, ("[TOOL_CALLS]",)),),
+        markers=("[TOOL_CALLS]",),
+        spec=Spec(think=None, regions=(("[TOOL_CALLS]", None, mistral_body),)),
+        grammar=JsonCalls("[TOOL_CALLS]"),
+        triggers=("[TOOL_CALLS]",),
+    ),
+    Family(
+        "pythonic",
+        handlers=("lfm2", "lfm2_5"),
+        clues=(
+            (230, ("<|tool_call_start|>",)),
+            (230, ("[func_name1(",)),
+            (230, ("func_name1(params_name1",)),
+        ),
+        markers=("<|tool_call_start|>",),
+    ),
+    Family(
+        "granite",
+        clues=((50, ("<|tool_call|>",)),),
+        markers=("<|tool_call|>", "<response>", "</response>"),
+        **_wrapped("<|tool_call|>", ""),
+    ),
+    Family("functionary_v3_2", handlers=("functionary_v3_2",), markers=(">>>",)),
+    Family(
+        "deepseek_r1",
+        clues=((20, ("tool▁calls▁begin",)),),
+        markers=(
+            _DS_CALLS_BEGIN,
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁calls｜>",
+        ),
+    ),
+    Family(
+        "command_r7b",
+        clues=((30, ("<|START_ACTION|>",)),),
+        markers=(
+            "<|START_ACTION|>",
+            "<|START_RESPONSE|>",
+            "<|END_RESPONSE|>",
+            "<|START_THINKING|>",
+        ),
+        spec=Spec(
+            think=_CMD,
+            regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
+            strip=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+        ),
+        **_wrapped("<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"),
+        channel_markup=True,
+    ),
+    Family(
+        "gpt_oss",
+        handlers=("gpt_oss",),
+        markers=(
+            "<|channel|>",
+            "<|start|>",
+            "<|end|>",
+            "<|call|>",
+            "<|return|>",
+            "<|message|>",
+            "to=",
+        ),
+        channel_markup=True,
+    ),
+    Family("generic", grammar=JsonCalls(shape="document")),
+    Family("content"),
+    Family(
+        "ministral_3",
+        handlers=("ministral_3",),
+        clues=((210, ("[THINK]",)),),
+        spec=Spec(think=("[THINK]", "[/THINK]"), regions=(("[TOOL_CALLS]", None, mistral_body),)),
+        **_markup(
+            "[TOOL_CALLS]",
+            block=lambda call, par: _repeat(call, par),
+            call=lambda name, args: f'"[TOOL_CALLS]" {name} "[ARGS]" {args}',
+        ),
+        channel_markup=True,
+    ),
+    Family(
+        "seed_oss",
+        clues=((70, ("<seed:tool_call>",)), (70, ("<seed:think>",))),
+        spec=Spec(
+            think=("<seed:think>", "</seed:think>"),
+            regions=(("<seed:tool_call>", "</seed:tool_call>", seed_oss_body),),
+        ),
+        **_markup(
+            "<seed:tool_call>",
+            block=lambda call, par: _repeat(
+                f'"<seed:tool_call>\\n" {call} "\\n</seed:tool_call>"', par, "\n"
+            ),
+            arg=lambda k, v, raw: f'"<parameter=" {_lit(k)} ">" {v} "</parameter>\\n"',
+            **_QWEN_XML,
+        ),
+    ),
+    Family(
+        "glm45",
+        handlers=("ling3",),
+        clues=((60, ("<arg_key>",)),),
+        spec=Spec(
+            regions=(("<tool_call>", "</tool_call>", glm_body),),
+            strip=("<|role_end|>",),
+            # a call written before the think block is closed ends the reasoning (Ling 3.0)
+            think_stops=("<tool_call>",),
+        ),
+        **_markup(
+            "<tool_call>",
+            # GLM 4.5/4.6 put a newline before each tag, GLM 4.7 none: both are read
+            block=lambda call, par: _repeat(f'"<tool_call>" {call} "</tool_call>"', par, "\n"),
+            call=lambda name, args: f'{name} "\\n"? {args}',
+            arg=lambda k, v, raw: (
+                f'"<arg_key>" {_lit(k)} "</arg_key>" "\\n"? "<arg_value>" {v} "</arg_value>" "\\n"?'
+            ),
+            closer="</arg_value>",
+        ),
+    ),
+    Family(
+        "minimax_m2",
+        clues=((90, ("<minimax:tool_call>",)),),
+        spec=Spec(regions=(("<minimax:tool_call>", "</minimax:tool_call>", minimax_body),)),
+        **_markup(
+            "<minimax:tool_call>",
+            block=lambda call, par: (
+                f'"<minimax:tool_call>\\n" {_repeat(call, par)} "</minimax:tool_call>"'
+            ),
+            call=lambda name, args: f'"<invoke name=\\"" {name} "\\">\\n" {args} "</invoke>\\n"',
+            arg=lambda k, v, raw: f'"<parameter name=\\"" {_lit(k)} "\\">" {v} "</parameter>\\n"',
+            closer="</parameter>",
+        ),
+    ),
+    Family(
+        "deepseek_v3_1",
+        clues=(
+            (
+                10,
+                (
+                    "tool▁calls▁begin",
+                    "message['prefix'] is defined and message['prefix'] and thinking",
+                ),
+            ),
+        ),
+        spec=Spec(
+            regions=((_DS_CALLS_BEGIN, "<｜tool▁calls▁end｜>", deepseek_v3_1_body),),
+            held=(_DS_CALLS_BEGIN,),
+        ),
+        **_markup(
+            _DS_CALLS_BEGIN,
+            block=lambda call, par: (
+                f'"<｜tool▁calls▁begin｜>" {_repeat(call, par)} "<｜tool▁calls▁end｜>"'
+            ),
+            call=lambda name, args: (
+                f'"<｜tool▁call▁begin｜>" {name} "<｜tool▁sep｜>" {args} "<｜tool▁call▁end｜>"'
+            ),
+        ),
+    ),
+    Family(
+        "deepseek_v3_2",
+        handlers=("deepseek_v3_2",),
+        spec=Spec(
+            regions=(
+                (f"<{_DSML}function_calls>", f"</{_DSML}function_calls>", dsml_body),
+                (f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>", dsml_body),
+            ),
+            think_stops=(f"<{_DSML}function_calls>", f"<{_DSML}tool_calls>"),
+        ),
+        **_markup(
+            f"<{_DSML}function_calls>",
+            f"<{_DSML}tool_calls>",
+            # V3.2 writes function_calls, V4 tool_calls (same invoke syntax)
+            block=lambda call, par: " | ".join(
+                f"({_lit(f'<{_DSML}{tag}>' + chr(10))} {_repeat(call, par)} {_lit(f'</{_DSML}{tag}>')})"
+                for tag in ("function_calls", "tool_calls")
+            ),
+            call=lambda name, args: (
+                f"{_lit(f'<{_DSML}invoke name=' + chr(34))} {name} "
+                f"{_lit(chr(34) + '>' + chr(10))} {args} {_lit(f'</{_DSML}invoke>' + chr(10))}"
+            ),
+            arg=lambda k, v, raw: (
+                f"{_lit(f'<{_DSML}parameter name={json.dumps(k, ensure_ascii=False)} ')} "
+                f'"string=\\"{"true" if raw else "false"}\\">" {v} '
+                f"{_lit(f'</{_DSML}parameter>' + chr(10))}"
+            ),
+            closer=f"</{_DSML}parameter>",
+            raw_unions=False,
+        ),
+    ),
+    Family(
+        "kimi_k2",
+        handlers=("kimi_k2",),
+        spec=Spec(
+            regions=(
+                ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", kimi_k2_body),
+                ("<|tool_call_begin|>", None, rewrap("<|tool_call_begin|>", "", kimi_k2_body)),
+            ),
+            strip=("<|tool_calls_section_end|>",),
+            think_stops=("<|tool_calls_section_begin|>", "<|tool_call_begin|>"),
+        ),
+        **_markup(
+            "<|tool_calls_section_begin|>",
+            block=lambda call, par: (
+                f'"<|tool_calls_section_begin|>" {_repeat(call, par)} "<|tool_calls_section_end|>"'
+            ),
+            call=lambda name, args: (
+                f'"<|tool_call_begin|>functions." {name} ":" [0-9] [0-9]? '
+                f'"<|tool_call_argument_begin|>" {args} "<|tool_call_end|>"'
+            ),
+        ),
+    ),
+    Family(
+        "nemotron_v2",
+        clues=((100, ("<TOOLCALL>",)),),
+        spec=Spec(regions=(("<TOOLCALL>", "</TOOLCALL>", json_list_body),)),
+        **_wrapped("<TOOLCALL>", "</TOOLCALL>"),
+    ),
+    Family(
+        "apertus",
+        clues=((110, ("<|tools_prefix|>",)),),
+        spec=Spec(
+            think=("<|inner_prefix|>", "<|inner_suffix|>"),
+            regions=(("<|tools_prefix|>", "<|tools_suffix|>", apertus_body),),
+        ),
+        **_wrapped("<|tools_prefix|>", "<|tools_suffix|>", call="name_key"),
+    ),
+    Family(
+        "apriel",
+        clues=((120, ("<tool_calls>[",)), (120, ("<tool_calls>", "<|begin_assistant|>"))),
+        spec=Spec(
+            think=("", "[BEGIN FINAL RESPONSE]"),
+            reasoning_lead="Here are my reasoning steps:\n",
+            regions=(("<tool_calls>", "</tool_calls>", json_list_body),),
+        ),
+        **_wrapped("<tool_calls>", "</tool_calls>"),
+        channel_markup=True,
+    ),
+    Family(
+        "firefunction_v2",
+        clues=((180, (" functools[",)),),
+        spec=Spec(think=None, regions=(("functools[", None, rewrap("[", "", json_list_body)),)),
+        **_wrapped("functools", ""),
+    ),
+    Family(
+        "functionary_v3_1",
+        clues=((190, ("<|start_header_id|>", "<function=")),),
+        spec=Spec(think=None, regions=(("<function=", "</function>", functionary_v3_1_body),)),
+    ),
+    Family(
+        "cohere2moe",
+        handlers=("cohere2moe",),
+        spec=Spec(
+            think=_CMD,
+            regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
+            strip=("<|START_TEXT|>", "<|END_TEXT|>"),
+        ),
+        **_wrapped("<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"),
+        channel_markup=True,
+    ),
+    Family(
+        "command_r_plus",
+        clues=((40, ("<|CHATBOT_TOKEN|>", "Action:")),),
+        spec=Spec(
+            think=None,
+            regions=(("Action:", None, command_r_body),),
+            strip=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
+        ),
+    ),
+    Family(
+        "minimax_m1",
+        clues=((150, ("<tool_calls>", "ai name=assistant")),),
+        spec=Spec(regions=(("<tool_calls>", "</tool_calls>", json_lines_body),)),
+        **_wrapped("<tool_calls>\n", "\n</tool_calls>", "lines"),
+    ),
+    Family(
+        "gemma4",
+        handlers=("gemma4",),
+        spec=Spec(
+            think=("<|channel>thought", "<channel|>"),
+            regions=(("<|tool_call>", "<tool_call|>", gemma4_body),),
+            # stray channel markup a model writes around its answer never reaches content
+            strip=(
+                "<|channel>thought\n<channel|>",
+                "<|channel>thought<channel|>",
+                "<channel|>",
+                "<|channel>",
+            ),
+        ),
+        **_markup(
+            "<|tool_call>",
+            block=lambda call, par: _repeat(call, par),
+            call=lambda name, args: f'"<|tool_call>call:" {name} "{{" {args} "}}<tool_call|>"',
+            arg=lambda k, v, raw: f'{_lit(k)} ":" {v}',
+            closer='<|"|>',
+            quote='<|"|>',
+            sep=",",
+            sorted_keys=True,
+        ),
+        channel_markup=True,
+    ),
+    Family(
+        "minimax_m3",
+        handlers=("minimax_m3",),
+        spec=Spec(
+            think=("<mm:think>", "</mm:think>"),
+            think_implicit=True,
+            regions=((_MM + "<tool_call>", _MM + "</tool_call>", minimax_m3_body),),
+            held=(_MM,),
+        ),
+    ),
+    Family(
+        "kimi_k3",
+        handlers=("kimi_k3",),
+        spec=Spec(
+            think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+            regions=(("<|open|>tools<|sep|>", "<|close|>tools<|sep|>", kimi_k3_body),),
+            think_stops=("<|open|>response<|sep|>", "<|open|>tools<|sep|>"),
+            strip=(
+                "<|open|>response<|sep|>",
+                "<|close|>response<|sep|>",
+                "<|close|>message<|sep|>",
+            ),
+        ),
+        channel_markup=True,
+    ),
+    Family(
+        "gigachat_v3",
+        handlers=("gigachat_v3",),
+        spec=Spec(
+            think=None,
+            regions=(("<|message_sep|>\n\nfunction call<|role_sep|>\n", None, json_call_body),),
+        ),
+    ),
+    Family(
+        "gigachat_v3_1",
+        clues=((160, ("<|function_call|>", "<|role_sep|>")),),
+        spec=Spec(think=None, regions=(("<|function_call|>", None, json_call_body),)),
+        **_wrapped("<|function_call|>", "", "object"),
+    ),
+    Family(
+        "muse_glimmer",
+        handlers=("muse_glimmer",),
+        spec=Spec(
+            think=(" to=self<|message|>", "<|eom|>"),
+            regions=(("<atem:function_calls>", "</atem:function_calls>", muse_body),),
+            strip=("<|eot|>", "<|eom|>"),
+            held=("to=",),
+            strip_re=r"(?:<\|start\|>assistant)?(?: to=[^<\s]*)?<\|message\|>",
+        ),
+        channel_markup=True,
+    ),
+    Family(
+        "hy3",
+        clues=((130, ("<tool_calls", "HYTK")),),
+        spec=Spec(
+            think=(f"<think{_HY}>", f"</think{_HY}>"),
+            regions=((f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", hy3_body),),
+        ),
+        **_markup(
+            "<tool_calls:opensource>",
+            block=lambda call, par: (
+                f'"<tool_calls:opensource>\\n" {_repeat(call, par)} "</tool_calls:opensource>"'
+            ),
+            call=lambda name, args: (
+                f'"<tool_call:opensource>" {name} "<tool_sep:opensource>\\n" {args} '
+                '"</tool_call:opensource>\\n"'
+            ),
+            arg=lambda k, v, raw: (
+                f'"<arg_key:opensource>" {_lit(k)} "</arg_key:opensource>\\n" '
+                f'"<arg_value:opensource>" {v} "</arg_value:opensource>\\n"'
+            ),
+            closer="</arg_value:opensource>",
+        ),
+    ),
+    Family(
+        "solar_open",
+        clues=((140, ("<|tool_call:begin|>",)),),
+        spec=Spec(
+            think=("<|think|>", "<|end|>"),
+            regions=(("<|tool_call:begin|>", "<|tool_call:end|>", solar_body),),
+            strip=("<|begin|>assistant", "<|content|>", "<|end|>", "<|tool_calls|>", "<|calls|>"),
+        ),
+        **_markup(
+            "<|tool_call:begin|>",
+            block=lambda call, par: _repeat(call, par),
+            call=lambda name, args: (
+                f'"<|tool_call:begin|>" [a-zA-Z0-9]{{1,12}} "<|tool_call:name|>" {name} '
+                f'"<|tool_call:args|>" {args} "<|tool_call:end|>"'
+            ),
+        ),
+        channel_markup=True,
+    ),
+    Family(
+        "minicpm5",
+        handlers=("minicpm5",),
+        spec=Spec(
+            regions=(("<function", "</function>", rewrap("", "</function>", minicpm5_body)),)
+        ),
+        **_markup(
+            '<function name="',
+            block=lambda call, par: _repeat(call, par, "\n"),
+            call=lambda name, args: f'"<function name=\\"" {name} "\\">" {args} "</function>"',
+            arg=lambda k, v, raw: f'"<param name=\\"" {_lit(k)} "\\">" {v} "</param>"',
+            closer="</param>",
+        ),
+    ),
+)
+
+#: Every family by name, in the order :data:`~.parsers.FORMATS` lists them.
+FAMILIES: dict[str, Family] = {f.name: f for f in _RECORDS}
