@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 CHECK_ENV = "LLAMACPP_LOCAL_CHECK_KV"
+#: Default mode, sliding-window cache: a checkpoint wanted at most this many entries
+#: after a prompt piece's start is taken at that start, before the piece is decoded (a
+#: state copy, where a cut costs a decode call); an edit there re-reads those entries.
+WINDOW_SLACK = 64
 
 
 class KVDesyncError(AssertionError):
@@ -127,6 +131,16 @@ class SlotPolicy:
         return (
             self.engine.memory_kind is not MemoryKind.PARTIAL
             and self.cache.checkpoint_max_count > 0
+        )
+
+    @property
+    def window_checkpoints(self) -> bool:
+        """Default mode on a sliding-window cache: checkpoints at piece starts and at the
+        prompt's end instead of cuts near them (see :meth:`checkpoint_targets`)."""
+        return (
+            self.uses_checkpoints
+            and not self.deterministic
+            and self.engine.memory_kind is MemoryKind.SWA
         )
 
     # ------------------------------------------------------------------ choosing
@@ -302,17 +316,21 @@ class SlotPolicy:
             if eng.seq_rm(seq, n_keep, -1):
                 slot.truncate(n_keep)
                 return n_keep
-        ck = slot.checkpoints.best_for(n_keep)
+        # a sliding-window state resumes one entry before its end (default mode; the
+        # deterministic grid resumes on its own cut points only)
+        reach = 1 if kind is MemoryKind.SWA and not self.deterministic else 0
+        ck = slot.checkpoints.best_for(n_keep, reach)
         if ck is not None and eng.state_set(ck.data, seq, PARTIAL_ONLY):
-            if eng.seq_rm(seq, ck.n_tokens, -1):
+            resume = min(ck.n_tokens, n_keep)
+            if eng.seq_rm(seq, resume, -1):
                 logger.debug(
                     "restored the checkpoint at %d entries (resume point %d, cached %d)",
                     ck.n_tokens,
                     n_keep,
                     slot.n_past,
                 )
-                slot.truncate(ck.n_tokens)
-                return ck.n_tokens
+                slot.truncate(resume)
+                return resume
         logger.debug("no checkpoint at or before %d entries: re-reading the prompt", n_keep)
         self.reset(slot)
         return 0
@@ -372,10 +390,16 @@ class SlotPolicy:
         slot: Slot,
         marks: Sequence[int] = (),
     ) -> list[int]:
-        """Cut points at which to save a checkpoint while this prompt is read."""
+        """Cut points at which to save a checkpoint while this prompt is read.
+
+        With :attr:`window_checkpoints` (and no image) the worker also saves one at the
+        prompt's end, where a regenerate resumes one entry back, so the points just
+        before the end need no cuts of their own.
+        """
         if not self.uses_checkpoints:
             return []
         n_prompt = len(tokens)
+        window = self.window_checkpoints and not media
         last = slot.checkpoints.items[-1].n_tokens if slot.checkpoints.items else None
         raw = checkpoint_targets(
             n_keep,
@@ -384,9 +408,10 @@ class SlotPolicy:
             min_step=self.cache.checkpoint_min_step,
             boundaries=boundaries,
             last_at=last,
+            tail=not window,
         )
-        # where a regenerate of this very prompt resumes
-        raw.append(n_prompt - 1)
+        if not window:
+            raw.append(n_prompt - 1)  # where a regenerate of this very prompt resumes
         out = {self._resume(t, n_prompt, media, marks) for t in raw}
         return sorted(t for t in out if n_keep < t < n_prompt)
 

@@ -523,6 +523,29 @@ def alora_invocation_tokens(adapter: object) -> list[int]:
     return [int(ptr[i]) for i in range(n)] if ptr else []
 
 
+def flash_attn_setting(config: LoadConfig) -> bool | None:
+    """Flash attention for ``config``: True/False, or None for llama.cpp's "auto".
+
+    Unless set, it is on for a quantized V cache (which needs it, as in llama.cpp's
+    auto), llama.cpp's auto when layers leave the CPU, and off on the CPU: ggml's CPU
+    kernel reads a prompt piece one query row at a time and is slower there than the
+    matrix-multiply path (benchmarks/run.py, as llama-cpp-python's ``Llama`` default).
+    Deterministic mode needs it off as well: the CPU kernel rounds a query row
+    differently with the shape of its micro-batch, so a warm suffix would not match
+    a fresh prompt (measured: up to 0.03 in a logit; 0.0 without it).
+    """
+    if config.flash_attn is not None:
+        return config.flash_attn
+    if (config.type_v or "f16").lower() not in ("f16", "f32", "bf16"):
+        return True
+    offloaded = bool(config.rpc_servers) or (
+        config.n_gpu_layers != 0 and bool(C.llama_supports_gpu_offload())
+    )
+    if config.deterministic or not offloaded:
+        return False
+    return None
+
+
 class Engine:
     """A loaded model with one persistent context (see module docstring)."""
 
@@ -564,14 +587,7 @@ class Engine:
             cparams.n_threads_batch = config.n_threads_batch or threads
             cparams.swa_full = config.swa_full
             cparams.no_perf = True
-            # Flash attention follows llama.cpp ("auto") unless set. Deterministic mode
-            # turns it off by default: llama.cpp's CPU kernel rounds a query row
-            # differently with the shape of its micro-batch, so a warm suffix would not
-            # match a fresh prompt (measured: up to 0.03 in a logit; 0.0 without it).
-            # A quantized V cache needs it, as in llama.cpp's "auto".
-            flash = config.flash_attn
-            if flash is None and config.deterministic:
-                flash = (config.type_v or "f16").lower() not in ("f16", "f32", "bf16")
+            flash = flash_attn_setting(config)
             cparams.flash_attn_type = (
                 C.LLAMA_FLASH_ATTN_TYPE_AUTO
                 if flash is None

@@ -28,7 +28,12 @@ from langchain_llamacpp_local.cache.chunking import (
     marker_cuts,
     piece_end,
 )
-from langchain_llamacpp_local.cache.slot_memory import PARTIAL_ONLY, CacheOptions, SlotPolicy
+from langchain_llamacpp_local.cache.slot_memory import (
+    PARTIAL_ONLY,
+    WINDOW_SLACK,
+    CacheOptions,
+    SlotPolicy,
+)
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.chat import prompts
 from langchain_llamacpp_local.chat.logprobs import logprob_entry
@@ -732,6 +737,9 @@ class _WorkerState:
             return
         start = slot.n_past
         n_prompt = len(act.tokens)
+        window = policy.window_checkpoints and not media
+        if window:
+            self._checkpoint_at_start(act)
         lora_start = act.prepared.lora_start  # an aLoRA piece never spans its activation
         stops = [*act.targets, *media, *([lora_start] if lora_start > start else [])]
         if self.config.deterministic:
@@ -765,9 +773,26 @@ class _WorkerState:
                 act.targets.pop(0)
                 policy.save_checkpoint(slot, act.keep)
             return
+        if window:  # the prompt's end: a regenerate of it resumes one entry back
+            policy.save_checkpoint(slot, act.keep)
         policy.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
         self._guarded(act, self._sample, act, len(chunk) - 1)
+
+    def _checkpoint_at_start(self, act: _Active) -> None:
+        """Checkpoints wanted just after where this piece starts are taken now, before
+        it is decoded (see slot_memory.WINDOW_SLACK): no decode call of their own."""
+        policy = self.policy
+        assert policy is not None
+        slot = act.slot
+        start = slot.n_past
+        near = [t for t in act.targets if t <= start + WINDOW_SLACK]
+        if not near:
+            return
+        del act.targets[: len(near)]
+        items = slot.checkpoints.items
+        if not items or items[-1].n_tokens != start:
+            policy.save_checkpoint(slot, act.keep)
 
     def _eval_media(self, act: _Active, media: Any) -> None:
         """Encode and decode one image of a prompt (its own decode calls)."""
