@@ -20,7 +20,9 @@ Two jobs, both about what the tokenizer must never be asked to do:
 
 from __future__ import annotations
 
+import ctypes
 import json
+import logging
 import re
 import threading
 import weakref
@@ -30,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_llamacpp_local.errors import ContextOverflowError
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from langchain_llamacpp_local.llama.engine import Engine
 
@@ -38,6 +42,7 @@ __all__ = [
     "check_fits",
     "content_has_control_text",
     "protect_content",
+    "scan_in_background",
     "tokenize_protected",
     "vocab_info",
 ]
@@ -98,27 +103,71 @@ _cache: weakref.WeakKeyDictionary[Any, VocabInfo] = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
 
 
+_scans: weakref.WeakKeyDictionary[Any, threading.Thread] = weakref.WeakKeyDictionary()
+
+
 def vocab_info(eng: Engine) -> VocabInfo:
-    """The engine's :class:`VocabInfo` (scanned on first use, then cached)."""
+    """The engine's :class:`VocabInfo` (scanned on first use, then cached; a scan started
+    by :func:`scan_in_background` is waited for)."""
     with _cache_lock:
         info = _cache.get(eng)
+        scan = _scans.get(eng)
+    if info is None and scan is not None:
+        scan.join()
+        with _cache_lock:
+            info = _cache.get(eng)
     if info is None:
-        info = _scan_vocab(eng)
+        info = _scan_vocab(eng.vocab, eng.n_vocab)
         with _cache_lock:
             _cache[eng] = info
     return info
 
 
-def _scan_vocab(eng: Engine) -> VocabInfo:
+def scan_in_background(eng: Engine) -> None:
+    """Start the vocabulary scan on a thread of its own (one ctypes call per token: a
+    tenth of a second for a 262k vocabulary), so that loading does not wait for it; the
+    first request that needs it does, if it is not done by then."""
+    with _cache_lock:
+        if eng in _cache or eng in _scans:
+            return
+    ref = eng.hold_model()  # the vocabulary outlives an engine closed meanwhile
+    vocab, n_vocab = eng.vocab, eng.n_vocab
+
+    def run() -> None:
+        try:
+            info = _scan_vocab(vocab, n_vocab)
+            with _cache_lock:
+                _cache[eng] = info
+        except Exception:  # vocab_info scans again on the request
+            logger.debug("background vocabulary scan failed", exc_info=True)
+        finally:
+            ref.release()
+
+    thread = threading.Thread(target=run, name="llamacpp-vocab-scan", daemon=True)
+    with _cache_lock:
+        _scans[eng] = thread
+    thread.start()
+
+
+def _attr_getter(C: Any) -> Any:
+    """``llama_vocab_get_attr`` called without releasing the GIL: the call is a lookup,
+    and a scan that released it 262k times would trade it with every other thread."""
+    fn = ctypes.PyDLL(C._lib._name).llama_vocab_get_attr
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    fn.restype = ctypes.c_int32
+    return fn
+
+
+def _scan_vocab(vocab: Any, n_vocab: int) -> VocabInfo:
     import llama_cpp.llama_cpp as C  # local: keeps this module importable without llama.cpp
 
-    vocab = eng.vocab
     specials: list[SpecialToken] = []
     control: set[str] = set()
-    get_attr = C.llama_vocab_get_attr
+    get_attr = _attr_getter(C)
+    handle = ctypes.cast(vocab, ctypes.c_void_p)
     wanted = _ATTR_CONTROL | _ATTR_USER_DEFINED | _ATTR_UNKNOWN
-    for tok in range(eng.n_vocab):  # one cheap call per token; texts only for specials
-        attr = get_attr(vocab, tok)
+    for tok in range(n_vocab):  # one cheap call per token; texts only for specials
+        attr = get_attr(handle, tok)
         if attr & wanted:
             text = (C.llama_vocab_get_text(vocab, tok) or b"").decode("utf-8", errors="replace")
             if not text:

@@ -1105,6 +1105,15 @@ class Engine:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         return C.llama_state_seq_set_data_ext(self.ctx, buf, len(data), seq_id, flags) > 0
 
+    def hold_model(self) -> model_handle.ModelRef:
+        """Another counted reference to this engine's model (release it exactly once):
+        the model and its vocabulary stay valid for its holder even after :meth:`close`."""
+
+        def not_loaded() -> object:
+            raise RuntimeError("the engine's model is no longer loaded")
+
+        return model_handle.acquire(self._model_ref.key, not_loaded, lambda _model: None)
+
     # ------------------------------------------------------------------ teardown
 
     def close(self) -> None:

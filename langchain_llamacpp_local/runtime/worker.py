@@ -37,6 +37,7 @@ from langchain_llamacpp_local.cache.slot_memory import (
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.chat import prompts
 from langchain_llamacpp_local.chat.logprobs import logprob_entry
+from langchain_llamacpp_local.chat.special_tokens import scan_in_background
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
@@ -326,6 +327,8 @@ class _WorkerState:
             tool_format=self.format.call_format,
             weight_buffers=dict(eng.weight_buffers),
         )
+        # what requests need of the vocabulary (control-token texts): not part of loading
+        scan_in_background(eng)
 
     @property
     def slots(self) -> list[Slot]:
