@@ -43,7 +43,8 @@ PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 CHECK_ENV = "LLAMACPP_LOCAL_CHECK_KV"
 #: Default mode, sliding-window cache: a checkpoint wanted at most this many entries
 #: after a prompt piece's start is taken at that start, before the piece is decoded (a
-#: state copy, where a cut costs a decode call); an edit there re-reads those entries.
+#: state copy, where a cut costs a decode call), or not at all when one at most this many
+#: entries before it exists; an edit there re-reads the entries in between.
 WINDOW_SLACK = 64
 
 

@@ -784,7 +784,8 @@ class _WorkerState:
 
     def _checkpoint_at_start(self, act: _Active) -> None:
         """Checkpoints wanted just after where this piece starts are taken now, before
-        it is decoded (see slot_memory.WINDOW_SLACK): no decode call of their own."""
+        it is decoded (see slot_memory.WINDOW_SLACK): no decode call of their own; none
+        when the newest one (the previous prompt's end, say) is close enough already."""
         policy = self.policy
         assert policy is not None
         slot = act.slot
@@ -794,7 +795,7 @@ class _WorkerState:
             return
         del act.targets[: len(near)]
         items = slot.checkpoints.items
-        if not items or items[-1].n_tokens != start:
+        if not items or items[-1].n_tokens < near[-1] - WINDOW_SLACK:
             policy.save_checkpoint(slot, act.keep)
 
     def _eval_media(self, act: _Active, media: Any) -> None:
