@@ -776,11 +776,13 @@ class _WorkerState:
                 act.targets.pop(0)
                 policy.save_checkpoint(slot, act.keep)
             return
-        if window:  # the prompt's end: a regenerate of it resumes one entry back
-            policy.save_checkpoint(slot, act.keep)
         policy.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
         self._guarded(act, self._sample, act, len(chunk) - 1)
+        if window and slot.n_past == n_prompt:
+            # the prompt's end, after its first token went out: a regenerate of this
+            # prompt resumes one entry back from it
+            policy.save_checkpoint(slot, act.keep)
 
     def _checkpoint_at_start(self, act: _Active) -> None:
         """Checkpoints wanted just after where this piece starts are taken now, before
