@@ -83,6 +83,7 @@ class Ours(Contender):
             if chunk.usage_metadata:
                 usage = dict(chunk.usage_metadata)
         decoded = usage["input_tokens"] - usage["input_token_details"]["cache_read"]
+        self.last_input_tokens = usage["input_tokens"]
         return (first if first is not None else time.perf_counter() - t0), text, decoded
 
 
@@ -161,11 +162,12 @@ def agent_loop(contenders: list[Contender], turns: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for c in contenders:
         history: list[BaseMessage] = [HumanMessage(SYSTEM + "\nHow many red boxes are in stock?")]
-        ttfts, decoded = [], []
+        ttfts, decoded, inputs = [], [], []
         for turn in range(turns):
             t, text, n = c.ttft(history, max_tokens=24)
             ttfts.append(t)
             decoded.append(n)
+            inputs.append(getattr(c, "last_input_tokens", None))
             call = f'<tool_call>\n{{"name": "stock", "arguments": {{"item": "item {turn}"}}}}\n</tool_call>'
             history += [
                 AIMessage(text + "\n" + call),
@@ -176,9 +178,78 @@ def agent_loop(contenders: list[Contender], turns: int) -> dict[str, Any]:
         out[c.name] = {
             "ttft_s": ttfts,
             "prompt_tokens_decoded": decoded,
+            "input_tokens": inputs,
             "median_ttft_s": statistics.median(ttfts[1:]),
         }
     return out
+
+
+def make_contender(path: str, kind: str) -> Contender:
+    """A contender by name: ``default``, ``deterministic``, ``community`` or ``llama``."""
+    if kind == "default":
+        return Ours(path)
+    if kind == "deterministic":
+        return Ours(path, deterministic=True)
+    if kind == "community":
+        return Community(path)
+    return RawLlama(path)
+
+
+AGENT_LOOP_KINDS = ("default", "deterministic", "community", "llama")
+
+
+def agent_loop_isolated(path: str, turns: int) -> dict[str, Any]:
+    """:func:`agent_loop` for each contender in a fresh process of its own, one after the
+    other: no contender runs after another one's model, threads or OpenMP team (ggml's
+    CPU threads) in the same process, whose order would otherwise favour one of them."""
+    out: dict[str, Any] = {}
+    for kind in AGENT_LOOP_KINDS:
+        cmd = [sys.executable, __file__, "--model", path, "--agent-loop-only", kind]
+        cmd += ["--turns", str(turns)]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        out.update(json.loads(res.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def decode_floor(path: str, rows: list[tuple[int, int]], runs: int = 3) -> dict[str, Any]:
+    """The least a turn's time to first token can be on this machine: one bare
+    ``llama_decode`` of the turn's new tokens after its cached ones, at ``Llama``'s
+    settings (flash attention off, all cores for a batch), then its logits' argmax.
+
+    ``rows`` are (cached, new) per turn; returns the median over turns of the fastest
+    of ``runs`` tries, in a fresh process like every agent-loop contender.
+    """
+    code = _FLOOR_SNIPPET.format(root=str(ROOT), path=path, n_ctx=N_CTX, rows=rows, runs=runs)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    per_turn = json.loads(res.stdout.strip().splitlines()[-1])
+    return {"decode_s": per_turn, "median_decode_s": statistics.median(per_turn[1:])}
+
+
+_FLOOR_SNIPPET = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+import llama_cpp
+import numpy as np
+from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
+eng = Engine(LoadConfig(model_path={path!r}, n_ctx={n_ctx}, n_batch=512, flash_attn=False))
+toks = eng.tokenize("The harbour is busy with fishing boats and the gulls cry. " * 400, add_special=True)
+out = []
+for cached, new in {rows!r}:
+    best = None
+    for _ in range({runs}):
+        eng.clear()
+        for i in range(0, cached, 512):
+            piece = toks[i:min(cached, i + 512)]
+            eng.decode(piece, i, 0, logits_last=False)
+        t0 = time.perf_counter()
+        eng.decode(toks[cached:cached + new], cached, 0)
+        ptr = llama_cpp.llama_get_logits_ith(eng.ctx, -1)
+        int(np.ctypeslib.as_array(ptr, shape=(eng.n_vocab,)).argmax())
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    out.append(best)
+print(json.dumps(out))
+"""
 
 
 def interleaved(contenders: list[Contender], n_convs: int, turns: int) -> dict[str, Any]:
@@ -494,9 +565,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--topics", action="store_true", help="also run every benchmarks/bench_*.py (slow)"
     )
+    ap.add_argument("--agent-loop-only", choices=AGENT_LOOP_KINDS, help=argparse.SUPPRESS)
+    ap.add_argument("--turns", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
-    turns = 4 if args.quick else 10
+    turns = args.turns or (4 if args.quick else 10)
+    if args.agent_loop_only:  # one contender's agent loop in this fresh process
+        print(json.dumps(agent_loop([make_contender(path, args.agent_loop_only)], turns)))
+        return
     results: dict[str, Any] = {"machine": machine_info(path), "model": Path(path).name}
     print(flags_line(results["machine"]), flush=True)
     log: Callable[[str], None] = lambda s: print(s, flush=True)  # noqa: E731
@@ -506,8 +582,14 @@ def main(argv: list[str] | None = None) -> None:
     ours = Ours(path)
     det = Ours(path, deterministic=True)
     contenders: list[Contender] = [ours, det, Community(path), RawLlama(path)]
-    log("agent loop...")
-    results["agent_loop"] = agent_loop(contenders, turns)
+    log("agent loop (each contender in a fresh process)...")
+    results["agent_loop"] = agent_loop_isolated(path, turns)
+    mine = results["agent_loop"][ours.name]
+    rows = [
+        (n_in - n_new, n_new)
+        for n_in, n_new in zip(mine["input_tokens"], mine["prompt_tokens_decoded"], strict=True)
+    ]
+    results["agent_loop_decode_floor"] = decode_floor(path, rows)
     n_convs = 3
     log("interleaved conversations...")
     results["interleaved_conversations"] = n_convs
@@ -559,6 +641,13 @@ def main(argv: list[str] | None = None) -> None:
         }
         for name, r in results["agent_loop"].items()
     }
+    results["agent_loop_summary"] = {
+        name: {
+            "median_ttft_s": r["median_ttft_s"],
+            "prompt_tokens_decoded": r["prompt_tokens_decoded"],
+        }
+        for name, r in results["agent_loop"].items()
+    }
     if args.topics:
         results["topics"] = run_topics(args.model, args.quick, log)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -570,6 +659,8 @@ def main(argv: list[str] | None = None) -> None:
                 k: results[k]
                 for k in (
                     "ratios",
+                    "agent_loop_summary",
+                    "agent_loop_decode_floor",
                     "load",
                     "decode",
                     "event_loop",

@@ -67,10 +67,14 @@ class CheckpointStore:
             self.total_bytes / 2**20,
         )
 
-    def best_for(self, n_keep: int) -> Checkpoint | None:
-        """The newest checkpoint usable to resume at or before ``n_keep`` entries."""
+    def best_for(self, n_keep: int, reach: int = 0) -> Checkpoint | None:
+        """The newest checkpoint usable to resume at or before ``n_keep`` entries.
+
+        ``reach`` also accepts one taken up to that many entries later: a sliding-window
+        state holds the window of its last entry, so it can resume one entry back.
+        """
         for ck in reversed(self.items):
-            if ck.n_tokens <= n_keep:
+            if ck.n_tokens <= n_keep + reach:
                 return ck
         return None
 
@@ -90,6 +94,7 @@ def checkpoint_targets(
     min_step: int,
     boundaries: tuple[int, ...] = (),
     last_at: int | None = None,
+    tail: bool = True,
 ) -> list[int]:
     """Positions (entry counts) at which to save a checkpoint while prefilling.
 
@@ -100,11 +105,13 @@ def checkpoint_targets(
     spacing. Periodic points closer than ``min_step`` to another point are
     skipped; the special points are always kept. Only points strictly inside
     ``(n_start, n_prompt)`` are returned: the end of the prompt is saved
-    separately once it is decoded.
+    separately once it is decoded. ``tail=False`` leaves out the two points before
+    the end (a sliding-window cache checkpoints the end instead, see slot_memory).
     """
     special = {b for b in boundaries}
-    special.add(n_prompt - 4 - n_ubatch)
-    special.add(n_prompt - 4)
+    if tail:
+        special.add(n_prompt - 4 - n_ubatch)
+        special.add(n_prompt - 4)
     special = {p for p in special if n_start < p < n_prompt}
     points = set(special)
     prev = last_at if last_at is not None else 0

@@ -49,6 +49,11 @@ from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, MemoryKi
 logger = logging.getLogger(__name__)
 
 CHECK_ENV = "LLAMACPP_LOCAL_CHECK_KV"
+#: Default mode, sliding-window cache: a checkpoint wanted at most this many entries
+#: after a prompt piece's start is taken at that start, before the piece is decoded (a
+#: state copy, where a cut costs a decode call), or not at all when one at most this many
+#: entries before it exists; an edit there re-reads the entries in between.
+WINDOW_SLACK = 64
 
 
 class KVDesyncError(AssertionError):
@@ -133,6 +138,16 @@ class SlotMemory:
         return (
             self.engine.memory_kind is not MemoryKind.PARTIAL
             and self.cache.checkpoint_max_count > 0
+        )
+
+    @property
+    def window_checkpoints(self) -> bool:
+        """Default mode on a sliding-window cache: checkpoints at piece starts and at the
+        prompt's end instead of cuts near them (see :meth:`checkpoint_targets`)."""
+        return (
+            self.uses_checkpoints
+            and not self.deterministic
+            and self.engine.memory_kind is MemoryKind.SWA
         )
 
     # ------------------------------------------------------------------ choosing
@@ -299,17 +314,21 @@ class SlotMemory:
             if eng.seq_rm(seq, n_keep, -1):
                 slot.truncate(n_keep)
                 return n_keep
-        ck = slot.checkpoints.best_for(n_keep)
+        # a sliding-window state resumes one entry before its end (default mode; the
+        # deterministic grid resumes on its own cut points only)
+        reach = 1 if kind is MemoryKind.SWA and not self.deterministic else 0
+        ck = slot.checkpoints.best_for(n_keep, reach)
         if ck is not None and eng.state_set(ck.data, seq, PARTIAL_ONLY):
-            if eng.seq_rm(seq, ck.n_tokens, -1):
+            resume = min(ck.n_tokens, n_keep)
+            if eng.seq_rm(seq, resume, -1):
                 logger.debug(
                     "restored the checkpoint at %d entries (resume point %d, cached %d)",
                     ck.n_tokens,
                     n_keep,
                     slot.n_past,
                 )
-                slot.truncate(ck.n_tokens)
-                return ck.n_tokens
+                slot.truncate(resume)
+                return resume
         logger.debug("no checkpoint at or before %d entries: re-reading the prompt", n_keep)
         self.reset(slot)
         return 0
@@ -369,10 +388,16 @@ class SlotMemory:
         slot: Slot,
         marks: Sequence[int] = (),
     ) -> list[int]:
-        """Cut points at which to save a checkpoint while this prompt is read."""
+        """Cut points at which to save a checkpoint while this prompt is read.
+
+        With :attr:`window_checkpoints` (and no image) the worker also saves one at the
+        prompt's end, where a regenerate resumes one entry back, so the points just
+        before the end need no cuts of their own.
+        """
         if not self.uses_checkpoints:
             return []
         n_prompt = len(tokens)
+        window = self.window_checkpoints and not media
         last = slot.checkpoints.items[-1].n_tokens if slot.checkpoints.items else None
         raw = checkpoint_targets(
             n_keep,
@@ -381,9 +406,10 @@ class SlotMemory:
             min_step=self.cache.checkpoint_min_step,
             boundaries=boundaries,
             last_at=last,
+            tail=not window,
         )
-        # where a regenerate of this very prompt resumes
-        raw.append(n_prompt - 1)
+        if not window:
+            raw.append(n_prompt - 1)  # where a regenerate of this very prompt resumes
         out = {self._resume(t, n_prompt, media, marks) for t in raw}
         return sorted(t for t in out if n_keep < t < n_prompt)
 

@@ -77,7 +77,6 @@ class ChatFormat:
     @classmethod
     def from_engine(cls, eng: Engine) -> ChatFormat:
         meta = dict(eng.metadata)
-        vocab_info(eng)  # the special-token scan, once at load rather than on a request
         bos = eng.token_text(eng.bos_id) if eng.bos_id >= 0 else ""
         eos = eng.token_text(eng.eos_id) if eng.eos_id >= 0 else ""
         meta["_bos_token"] = bos

@@ -21,6 +21,7 @@ Two jobs, both about what the tokenizer must never be asked to do:
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import weakref
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 from langchain_llamacpp_local.errors import ContextOverflowError
 from langchain_llamacpp_local.llama.vocab import SpecialToken, VocabInfo, longest_piece, scan_vocab
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from langchain_llamacpp_local.llama.engine import Engine
 
@@ -38,6 +41,7 @@ __all__ = [
     "check_fits",
     "content_has_control_text",
     "protect_content",
+    "scan_in_background",
     "tokenize_protected",
     "vocab_info",
 ]
@@ -46,15 +50,50 @@ _cache: weakref.WeakKeyDictionary[Any, VocabInfo] = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
 
 
+_scans: weakref.WeakKeyDictionary[Any, threading.Thread] = weakref.WeakKeyDictionary()
+
+
 def vocab_info(eng: Engine) -> VocabInfo:
-    """The engine's :class:`VocabInfo` (scanned on first use, then cached)."""
+    """The engine's :class:`VocabInfo` (scanned on first use, then cached; a scan started
+    by :func:`scan_in_background` is waited for)."""
     with _cache_lock:
         info = _cache.get(eng)
+        scan = _scans.get(eng)
+    if info is None and scan is not None:
+        scan.join()
+        with _cache_lock:
+            info = _cache.get(eng)
     if info is None:
         info = scan_vocab(eng.vocab, eng.n_vocab)
         with _cache_lock:
             _cache[eng] = info
     return info
+
+
+def scan_in_background(eng: Engine) -> None:
+    """Start the vocabulary scan on a thread of its own (one ctypes call per token: a
+    tenth of a second for a 262k vocabulary), so that loading does not wait for it; the
+    first request that needs it does, if it is not done by then."""
+    with _cache_lock:
+        if eng in _cache or eng in _scans:
+            return
+    ref = eng.hold_model()  # the vocabulary outlives an engine closed meanwhile
+    vocab, n_vocab = eng.vocab, eng.n_vocab
+
+    def run() -> None:
+        try:
+            info = scan_vocab(vocab, n_vocab)
+            with _cache_lock:
+                _cache[eng] = info
+        except Exception:  # vocab_info scans again on the request
+            logger.debug("background vocabulary scan failed", exc_info=True)
+        finally:
+            ref.release()
+
+    thread = threading.Thread(target=run, name="llamacpp-vocab-scan", daemon=True)
+    with _cache_lock:
+        _scans[eng] = thread
+    thread.start()
 
 
 _piece_cache: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()

@@ -419,6 +419,29 @@ def alora_invocation_tokens(adapter: object) -> list[int]:
     return [int(ptr[i]) for i in range(n)] if ptr else []
 
 
+def flash_attn_setting(config: LoadConfig) -> bool | None:
+    """Flash attention for ``config``: True/False, or None for llama.cpp's "auto".
+
+    Unless set, it is on for a quantized V cache (which needs it, as in llama.cpp's
+    auto), llama.cpp's auto when layers leave the CPU, and off on the CPU: ggml's CPU
+    kernel reads a prompt piece one query row at a time and is slower there than the
+    matrix-multiply path (benchmarks/run.py, as llama-cpp-python's ``Llama`` default).
+    Deterministic mode needs it off as well: the CPU kernel rounds a query row
+    differently with the shape of its micro-batch, so a warm suffix would not match
+    a fresh prompt (measured: up to 0.03 in a logit; 0.0 without it).
+    """
+    if config.flash_attn is not None:
+        return config.flash_attn
+    if (config.type_v or "f16").lower() not in ("f16", "f32", "bf16"):
+        return True
+    offloaded = bool(config.rpc_servers) or (
+        config.n_gpu_layers != 0 and bool(C.llama_supports_gpu_offload())
+    )
+    if config.deterministic or not offloaded:
+        return False
+    return None
+
+
 class Engine(vocab.VocabMethods):
     """A loaded model with one persistent context (see module docstring)."""
 
@@ -460,15 +483,7 @@ class Engine(vocab.VocabMethods):
             cparams.n_threads_batch = config.n_threads_batch or threads
             cparams.swa_full = config.swa_full
             cparams.no_perf = True
-            # Flash attention follows llama.cpp ("auto") unless set. Deterministic mode
-            # turns it off by default: llama.cpp's CPU kernel rounds a query row
-            # differently with the shape of its micro-batch, so a warm suffix would not
-            # match a fresh prompt (measured: up to 0.03 in a logit; 0.0 without it).
-            # A quantized V cache needs it, as in llama.cpp's "auto".
-            flash = config.flash_attn
-            if flash is None and config.deterministic:
-                flash = (config.type_v or "f16").lower() not in ("f16", "f32", "bf16")
-            cparams.flash_attn_type = flash_attn_type(flash)
+            cparams.flash_attn_type = flash_attn_type(flash_attn_setting(config))
             if type_k is not None:
                 cparams.type_k = type_k
             if type_v is not None:
@@ -919,6 +934,15 @@ class Engine(vocab.VocabMethods):
     def state_set(self, data: bytes, seq_id: int, flags: int = 0) -> bool:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         return C.llama_state_seq_set_data_ext(self.ctx, buf, len(data), seq_id, flags) > 0
+
+    def hold_model(self) -> model_handle.ModelRef:
+        """Another counted reference to this engine's model (release it exactly once):
+        the model and its vocabulary stay valid for its holder even after :meth:`close`."""
+
+        def not_loaded() -> object:
+            raise RuntimeError("the engine's model is no longer loaded")
+
+        return model_handle.acquire(self._model_ref.key, not_loaded, lambda _model: None)
 
     # ------------------------------------------------------------------ teardown
 

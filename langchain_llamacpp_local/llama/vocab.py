@@ -65,15 +65,25 @@ class VocabInfo:
         return sorted(found, key=len, reverse=True)
 
 
+def _attr_getter() -> Any:
+    """``llama_vocab_get_attr`` called without releasing the GIL: the call is a lookup,
+    and a scan that released it 262k times would trade it with every other thread."""
+    fn = ctypes.PyDLL(C._lib._name).llama_vocab_get_attr
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    fn.restype = ctypes.c_int32
+    return fn
+
+
 def scan_vocab(vocab: Any, n_vocab: int) -> VocabInfo:
     """llama.cpp's special-token table of ``vocab``: one attribute call per token, texts
     only for the specials."""
     specials: list[SpecialToken] = []
     control: set[str] = set()
-    get_attr = C.llama_vocab_get_attr
+    get_attr = _attr_getter()
+    handle = ctypes.cast(vocab, ctypes.c_void_p)
     wanted = _ATTR_CONTROL | _ATTR_USER_DEFINED | _ATTR_UNKNOWN
     for tok in range(n_vocab):
-        attr = get_attr(vocab, tok)
+        attr = get_attr(handle, tok)
         if attr & wanted:
             text = (C.llama_vocab_get_text(vocab, tok) or b"").decode("utf-8", errors="replace")
             if not text:

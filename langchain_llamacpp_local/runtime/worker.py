@@ -27,10 +27,11 @@ from langchain_llamacpp_local.cache.chunking import (
     marker_cuts,
     piece_end,
 )
-from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
+from langchain_llamacpp_local.cache.slot_memory import WINDOW_SLACK, CacheOptions, SlotMemory
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.chat import prompts
 from langchain_llamacpp_local.chat.logprobs import logprob_entry
+from langchain_llamacpp_local.chat.special_tokens import scan_in_background
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
@@ -316,6 +317,8 @@ class _WorkerState:
             tool_format=self.format.call_format,
             weight_buffers=dict(eng.weight_buffers),
         )
+        # what requests need of the vocabulary (control-token texts): not part of loading
+        scan_in_background(eng)
 
     @property
     def slots(self) -> list[Slot]:
@@ -722,6 +725,9 @@ class _WorkerState:
             return
         start = slot.n_past
         n_prompt = len(act.tokens)
+        window = memory.window_checkpoints and not media
+        if window:
+            self._checkpoint_at_start(act)
         lora_start = act.prepared.lora_start  # an aLoRA piece never spans its activation
         stops = [*act.targets, *media, *([lora_start] if lora_start > start else [])]
         if self.config.deterministic:
@@ -758,6 +764,26 @@ class _WorkerState:
         memory.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
         self._guarded(act, self._sample, act, len(chunk) - 1)
+        if window and slot.n_past == n_prompt:
+            # the prompt's end, after its first token went out: a regenerate of this
+            # prompt resumes one entry back from it
+            memory.save_checkpoint(slot, act.keep)
+
+    def _checkpoint_at_start(self, act: _Active) -> None:
+        """Checkpoints wanted just after where this piece starts are taken now, before
+        it is decoded (see slot_memory.WINDOW_SLACK): no decode call of their own; none
+        when the newest one (the previous prompt's end, say) is close enough already."""
+        memory = self.memory
+        assert memory is not None
+        slot = act.slot
+        start = slot.n_past
+        near = [t for t in act.targets if t <= start + WINDOW_SLACK]
+        if not near:
+            return
+        del act.targets[: len(near)]
+        items = slot.checkpoints.items
+        if not items or items[-1].n_tokens < near[-1] - WINDOW_SLACK:
+            memory.save_checkpoint(slot, act.keep)
 
     def _eval_media(self, act: _Active, media: Any) -> None:
         """Encode and decode one image of a prompt (its own decode calls)."""

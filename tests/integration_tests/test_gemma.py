@@ -79,3 +79,43 @@ def test_regenerate_and_edit_match_a_fresh_context(llm: ChatLlamaCpp) -> None:
     # Q4_K matmuls take other kernels for other batch shapes: same tokens, close logits
     assert_same_greedy(out, fresh, tol=0.1)
     assert out.usage_metadata["input_token_details"]["cache_read"] > 1000
+
+
+def test_a_turn_reads_its_new_tokens_in_one_decode_call(gemma: str) -> None:
+    """Default mode on a sliding-window cache: the checkpoints an edit or a regenerate
+    needs cost no decode call of their own (they are taken where a piece starts and at
+    the prompt's end), so a turn's new tokens reach llama.cpp in one call, as with
+    ``Llama``; one slot, so that the window is gone and only checkpoints serve reuse."""
+    llm = ChatLlamaCpp(model_path=gemma, max_tokens=8, n_ctx=4096, n_slots=1, **GREEDY)
+    sizes: list[int] = []
+
+    def count_calls(state: Any) -> None:
+        decode = state.engine.decode_batch
+
+        def counting(tokens: Any, *args: Any, **kwargs: Any) -> Any:
+            sizes.append(len(tokens))
+            return decode(tokens, *args, **kwargs)
+
+        state.engine.decode_batch = counting
+
+    llm.load()._worker.call(count_calls)  # type: ignore[union-attr]
+    history: list[BaseMessage] = [SystemMessage(SYSTEM * 5), HumanMessage(QUESTIONS[0])]
+    first = llm.invoke(history)
+    history += [AIMessage(first.content), HumanMessage(QUESTIONS[1])]
+    sizes.clear()
+    turn2 = llm.invoke(history)
+    usage: dict[str, Any] = turn2.usage_metadata  # type: ignore[assignment]
+    assert usage["input_tokens"] > 1200
+    new = usage["input_tokens"] - usage["input_token_details"]["cache_read"]
+    assert new < 60  # the reply's end, the new question and the generation prompt
+    assert sizes[0] == new and all(n == 1 for n in sizes[1:]), sizes
+    # regenerate: resumes one entry before the end (the prompt's end checkpoint)
+    regen = llm.invoke(history)
+    assert regen.usage_metadata["input_token_details"]["cache_read"] == usage["input_tokens"] - 1
+    assert_same_greedy(regen, turn2, tol=0.1)
+    # edit the last question: resumes at most WINDOW_SLACK entries before it
+    edited = [*history[:-1], HumanMessage(QUESTIONS[2])]
+    out = llm.invoke(edited)
+    assert out.usage_metadata["input_token_details"]["cache_read"] >= usage["input_tokens"] - 64
+    fresh = llm.invoke(edited, cache_prompt=False)
+    assert_same_greedy(out, fresh, tol=0.1)
