@@ -155,6 +155,20 @@ def _held_suffix(text: str, markers: Sequence[str]) -> int:
     return 0
 
 
+def think_body_start(text: str, start: str, opened: bool, final: bool) -> int | None:
+    """Where the body of a think block at the start of ``text`` begins: 0 when the prompt
+    already opened it, after ``start`` when the text opens it; -1 while ``start`` is still
+    being written (streaming); None when the text opens no block."""
+    if opened:
+        return 0
+    stripped = text.lstrip()
+    if start and stripped.startswith(start):
+        return len(text) - len(stripped) + len(start)
+    if start and not final and stripped and start.startswith(stripped):
+        return -1
+    return None
+
+
 # --------------------------------------------------------------------------- options
 
 

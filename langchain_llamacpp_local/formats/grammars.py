@@ -28,11 +28,11 @@ from typing import Any
 from langchain_llamacpp_local.formats.base import _schema_types
 from langchain_llamacpp_local.formats.registry import FAMILIES, JsonCalls, Markup, gbnf_literal
 from langchain_llamacpp_local.llama.sampling import (
-    GrammarTooLargeError,
     _convert,
     _Converter,
     _relocate,
     check_grammar,
+    converting,
 )
 
 __all__ = ["NotTagShaped", "markup_tool_call_grammar", "tool_call_grammar"]
@@ -365,7 +365,7 @@ def _convert_values(values: dict[str, Any], defs: dict[str, Any]) -> str:
     from one converter run so shared rules are written once."""
     if not values:
         return ""
-    try:
+    with converting():
         doc: dict[str, Any] = {"properties": copy.deepcopy(values)}
         if defs:
             doc["$defs"] = copy.deepcopy(defs)
@@ -377,10 +377,4 @@ def _convert_values(values: dict[str, Any], defs: dict[str, Any]) -> str:
             if got != key:
                 aliases.append(f"{key} ::= {got}")
         grammar = "\n".join([conv.format_grammar(), *aliases])
-    except GrammarTooLargeError as exc:
-        raise GrammarTooLargeError(f"cannot convert JSON schema to a grammar: {exc}") from None
-    except RecursionError:
-        raise ValueError("cannot convert JSON schema to a grammar: it nests too deeply") from None
-    except (AssertionError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise ValueError(f"cannot convert JSON schema to a grammar: {exc}") from exc
     return grammar

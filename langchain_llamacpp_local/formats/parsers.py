@@ -38,6 +38,7 @@ from langchain_llamacpp_local.formats.base import (
     _unfence,
     checked,
     invalid_args,
+    think_body_start,
 )
 from langchain_llamacpp_local.formats.families import (
     Spec,
@@ -358,22 +359,19 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     lead = spec.reasoning_lead if spec is not None else ""
     think_stops = spec.think_stops if spec is not None else ()
     opened = opts.think_open or (opts.opened(start) if start else bool(lead) and opts.opened(lead))
+    found = think_body_start(text, start, opened, final)
+    raw_open = ""
     if opened:
-        body_start = 0
         raw_open = (
             opts.prefill[opts.prefill.rfind(start) :] if start and start in opts.prefill else ""
         )
-    else:
-        stripped = text.lstrip()
-        if start and stripped.startswith(start):
-            body_start = len(text) - len(stripped) + len(start)
-            raw_open = ""
-        elif start and not final and stripped and start.startswith(stripped):
-            return _Reasoning("", "", "", False, held=True)
-        elif spec is not None and spec.think_implicit and end in text:
-            body_start, raw_open = 0, ""
-        else:
+    elif found == -1:
+        return _Reasoning("", "", "", False, held=True)
+    elif found is None:
+        if not (spec is not None and spec.think_implicit and end in text):
             return _Reasoning(None, "", text, True)
+        found = 0
+    body_start = found
     j = text.find(end, body_start)
     end_len = len(end)
     for stop in think_stops:

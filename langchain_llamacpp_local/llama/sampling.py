@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import copy
 import ctypes
 import dataclasses
 import math
 import re
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -913,9 +914,22 @@ def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, A
     return body
 
 
+@contextlib.contextmanager
+def converting() -> Iterator[None]:
+    """Schema conversion failures as a ``ValueError`` naming the problem."""
+    try:
+        yield
+    except GrammarTooLargeError as exc:
+        raise GrammarTooLargeError(f"cannot convert JSON schema to a grammar: {exc}") from None
+    except RecursionError:
+        raise ValueError("cannot convert JSON schema to a grammar: it nests too deeply") from None
+    except (AssertionError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise ValueError(f"cannot convert JSON schema to a grammar: {exc}") from exc
+
+
 def _convert(root: dict[str, Any], defs: dict[str, Any], root_name: str = "") -> str:
     """Run the converter on ``root`` (with ``defs`` as its ``$defs``)."""
-    try:
+    with converting():
         schema = copy.deepcopy(root)
         if defs:
             schema["$defs"] = copy.deepcopy(defs)
@@ -923,12 +937,6 @@ def _convert(root: dict[str, Any], defs: dict[str, Any], root_name: str = "") ->
         schema = conv.resolve_refs(schema, "")
         conv.visit(schema, root_name)
         grammar = conv.format_grammar()
-    except GrammarTooLargeError as exc:
-        raise GrammarTooLargeError(f"cannot convert JSON schema to a grammar: {exc}") from None
-    except RecursionError:
-        raise ValueError("cannot convert JSON schema to a grammar: it nests too deeply") from None
-    except (AssertionError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise ValueError(f"cannot convert JSON schema to a grammar: {exc}") from exc
     check_grammar(grammar)
     return grammar
 

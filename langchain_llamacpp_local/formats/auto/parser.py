@@ -21,6 +21,7 @@ from langchain_llamacpp_local.formats.base import (
     _held_suffix,
     _json_args,
     _schema_types,
+    think_body_start,
     tool_schemas,
     typed_value,
 )
@@ -584,13 +585,12 @@ def _split_reasoning(
     start, end = a.reasoning_start.strip(), a.reasoning_end.strip()
     if reasoning is None or a.reasoning_mode == "none" or not end:
         return None, text, True
-    s = text.lstrip()
-    if think_open or s.startswith(end):  # a prompt that opened the block, said or not
-        body = 0
-    elif start and s.startswith(start):
-        body = len(text) - len(s) + len(start)
-    elif start and s and start.startswith(s) and not final:
+    # a prompt that opened the block, said or not
+    found = think_body_start(text, start, think_open or text.lstrip().startswith(end), final)
+    if found == -1:
         return "", "", False  # a half-written opening marker
+    if found is not None:
+        body = found
     elif start:
         return None, text, True
     else:  # delimiter style: reasoning is everything before the end marker
