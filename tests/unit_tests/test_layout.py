@@ -84,7 +84,6 @@ def _layer(module: str) -> int:
     return LAYERS.index(top) if top in LAYERS else LAYERS.index("")
 
 
-@pytest.mark.xfail(reason="layout being finished", strict=False)
 def test_only_llama_imports_llama_cpp() -> None:
     offenders = [
         f"{path.relative_to(ROOT.parent)}:{line}"
@@ -96,7 +95,6 @@ def test_only_llama_imports_llama_cpp() -> None:
     assert offenders == []
 
 
-@pytest.mark.xfail(reason="layout being finished", strict=False)
 def test_layers_import_only_downwards() -> None:
     upward = [
         f"{src} -> {dst}"
@@ -107,7 +105,6 @@ def test_layers_import_only_downwards() -> None:
     assert upward == []
 
 
-@pytest.mark.xfail(reason="layout being finished", strict=False)
 def test_no_import_circles() -> None:
     graph = _graph()
     state: dict[str, int] = {}
