@@ -2,9 +2,11 @@
 
 As vLLM v1's ``Scheduler.schedule()`` returns a ``SchedulerOutput`` that the model
 runner executes, :func:`plan_step` returns a :class:`StepPlan` that the worker applies:
-which generating requests share each ``llama_decode``, which verify a speculative draft
-(a call of their own), and whose prompt piece is read. It never touches llama.cpp, so
-the order and grouping are tested without a model.
+which generating requests share each ``llama_decode`` and which verify a speculative
+draft (a call of their own). It never touches llama.cpp, so the order and grouping are
+tested without a model. After these calls the worker decodes one prompt piece of the
+oldest request still reading its prompt; that request is chosen then, not here, since a
+failed generation step may send a request back to reading its prompt.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ class StepPlan(Generic[T]):
     """Generating requests whose next token shares a ``llama_decode``, one call per group."""
     verify: tuple[T, ...]
     """Requests verifying a draft, each in its own call (rows roll back on rejection)."""
-    prompt_piece: T | None
-    """The request whose next prompt piece is decoded (one at a time, never mixed)."""
 
 
 def row_limit(n_generating: int, *, deterministic: bool, kv_unified: bool, exact_rows: int) -> int:
@@ -45,14 +45,12 @@ def plan_step(
     generating: Sequence[T],
     *,
     drafting: Callable[[T], bool],
-    reading: Sequence[T],
     limit: int,
     lora_of: Callable[[T], Hashable],
     turn: int,
 ) -> StepPlan[T]:
     """Plan one step for ``generating`` (in slot order), of which those ``drafting``
-    says carry a draft to verify; ``reading`` are the requests still reading their prompt, oldest
-    first. Requests with different LoRA sets never share a call (the adapters are set
+    says carry a draft to verify. Requests with different LoRA sets never share a call (the adapters are set
     per context); ``turn`` rotates which set goes first; each set's requests are split
     into the fewest calls of at most ``limit`` rows."""
     plain = [r for r in generating if not drafting(r)]
@@ -62,4 +60,4 @@ def plan_step(
         for group in balanced_groups(part, limit)
     )
     verify = tuple(r for r in generating if drafting(r))
-    return StepPlan(groups, verify, reading[0] if reading else None)
+    return StepPlan(groups, verify)

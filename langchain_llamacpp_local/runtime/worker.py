@@ -543,7 +543,6 @@ class _WorkerState:
         plan = plan_step(
             gen,
             drafting=lambda a: id(a) in drafts,
-            reading=[a for a in self.active if a.pending is None and a.prefilling],
             limit=row_limit(
                 len(gen) - len(drafts),
                 deterministic=self.config.deterministic,
@@ -560,8 +559,9 @@ class _WorkerState:
         for act in plan.verify:  # a verify step is its own decode call (see _decode_verify)
             if act in self.active:
                 self._decode_verify(act, drafts[id(act)])
-        if plan.prompt_piece is not None and plan.prompt_piece in self.active:
-            self._decode_prompt_piece(plan.prompt_piece)
+        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
+        if reading is not None:
+            self._decode_prompt_piece(reading)
 
     def _decode_generation(self, gen: list[_Active]) -> None:
         eng = self.engine

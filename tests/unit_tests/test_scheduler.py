@@ -1,4 +1,4 @@
-"""The worker's step plan without a model: grouping, drafts, LoRA sets, the prompt piece.
+"""The worker's step plan without a model: grouping, drafts, LoRA sets.
 
 The worker applies the plan on real llama.cpp (tests/integration_tests/test_slots.py,
 test_exactness.py, test_lora.py, test_speculative.py)."""
@@ -12,7 +12,6 @@ def plan(
     generating: list[str],
     *,
     drafting: set[str] = frozenset(),  # type: ignore[assignment]
-    reading: list[str] | None = None,
     limit: int = 8,
     lora: dict[str, str] | None = None,
     turn: int = 0,
@@ -20,7 +19,6 @@ def plan(
     return plan_step(
         generating,
         drafting=lambda r: r in drafting,
-        reading=reading or [],
         limit=limit,
         lora_of=lambda r: (lora or {}).get(r, ""),
         turn=turn,
@@ -28,8 +26,8 @@ def plan(
 
 
 def test_every_generating_request_shares_one_decode_by_default() -> None:
-    step = plan(["a", "b", "c", "d"], reading=["e", "f"])
-    assert step == StepPlan((("a", "b", "c", "d"),), (), "e")
+    step = plan(["a", "b", "c", "d"])
+    assert step == StepPlan((("a", "b", "c", "d"),), ())
 
 
 def test_a_row_limit_splits_into_the_fewest_even_calls() -> None:
@@ -51,7 +49,7 @@ def test_lora_sets_never_share_a_call_and_take_turns_going_first() -> None:
 
 
 def test_nothing_to_do() -> None:
-    assert plan([]) == StepPlan((), (), None)
+    assert plan([]) == StepPlan((), ())
 
 
 def test_row_limit_by_mode() -> None:
