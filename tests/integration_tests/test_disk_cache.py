@@ -25,7 +25,7 @@ from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.cache import disk as disk_cache
 from langchain_llamacpp_local.runtime import registry
 from tests.compare import GREEDY as _GREEDY
-from tests.compare import assert_identical
+from tests.compare import assert_identical, assert_same_greedy
 from tests.gguf_models import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,13 +141,18 @@ def test_a_corrupt_file_is_skipped_and_the_call_served(
 
 def _assert_restores(path: str, cache: Path, **kw: Any) -> None:
     """A conversation saved by one instance resumes from disk in the next, with another
-    last message, and gives what the reference gives (see :func:`_reference`)."""
+    last message, and gives what the reference gives (see :func:`_reference`): bit for
+    bit in deterministic mode; by default the same greedy tokens, as flash attention is
+    off on the CPU and its matrix-multiply path rounds with the KV cells in use."""
     first = [PREAMBLE, HumanMessage("first question")]
     _call(path, first, cache, **kw)
     msgs = [PREAMBLE, HumanMessage("a different question")]
     warm = _call(path, msgs, cache, **kw)
     assert _cached(warm) > 0
-    assert_identical(warm, _reference(path, first, msgs, **kw))
+    if kw.get("deterministic"):
+        assert_identical(warm, _reference(path, first, msgs, **kw))
+    else:  # the default mode promises the tokens, not the last digits of a logit
+        assert_same_greedy(warm, _reference(path, first, msgs, **kw))
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
