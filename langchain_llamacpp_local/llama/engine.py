@@ -449,7 +449,6 @@ class Engine(vocab.VocabMethods):
         init_backend()
         self.config = config
         check_load_config(config)
-        check_gguf_file(config.model_path)
         type_k = _kv_type(config.type_k, "type_k")
         type_v = _kv_type(config.type_v, "type_v")
 
