@@ -9,7 +9,7 @@ that after every step.
 
 Which slot a request takes and how it is filled is decided by the pure functions of
 :mod:`~.slot_plan` (llama.cpp's server selection); this class applies their plans.
-by default a request reuses the whole common prefix, the previous reply included
+By default a request reuses the whole common prefix, the previous reply included
 (as llama.cpp's server does); in deterministic mode reuse stops at the fixed decode
 grid of :mod:`chunking` so a warm request computes exactly what a fresh one would.
 """
@@ -198,7 +198,7 @@ class SlotMemory:
             on_disk = self._from_disk(tokens, max(best_slot, n_cached))
             if on_disk is not None:
                 cached, n_cached = on_disk
-        plan = plan_fill(states, choice.target, n_cached if cached else 0, can_copy=can_copy)
+        plan = plan_fill(states, choice.target, n_cached, can_copy=can_copy)
         if plan.action == "restore":
             assert cached is not None
             # Take it out first: parking the target may evict cache entries (this one too).

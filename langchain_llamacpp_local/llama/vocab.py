@@ -7,6 +7,7 @@ embedding context and the weights-free vocabulary model used to count tokens).
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,7 @@ class VocabInfo:
         return sorted(found, key=len, reverse=True)
 
 
+@functools.cache
 def _attr_getter() -> Any:
     """``llama_vocab_get_attr`` called without releasing the GIL: the call is a lookup,
     and a scan that released it 262k times would trade it with every other thread."""
