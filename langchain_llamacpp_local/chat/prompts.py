@@ -138,6 +138,7 @@ class PreparedPrompt:
     prefill: str = ""  # the end of the rendered prompt (what the template already opened)
     analysis: TemplateAnalysis | None = None  # for parse_format "auto"
     lora_start: int = 0  # where the LoRA adapters take effect (an activated LoRA's invocation)
+    calls: bool = False  # tools are bound: the output may hold calls
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:
@@ -146,7 +147,8 @@ class PreparedPrompt:
             self.parse_format or "content",
             reasoning=self.reasoning,
             think_open=self.think_open,
-            tools=self.tools or None,
+            # with no tools bound nothing is a call: markup stays content, as in llama.cpp
+            tools=list(self.tools) if self.calls else [],
             prefill=self.prefill,
             analysis=self.analysis,
         )
@@ -170,6 +172,18 @@ def _channel_markup(fmt: str | None) -> bool:
     always parsed (reasoning extracted) so the markup never reaches ``content``."""
     family = FAMILIES.get(fmt or "")
     return family is not None and family.channel_markup
+
+
+def _plain_format(fmt: str | None, reasoning: bool | None) -> str | None:
+    """The parser for a request with no tools bound, as llama.cpp keeps the family's own:
+    its turn and channel markup is removed and its own think markers are read; call markup
+    stays content. None: the text needs no parsing beyond generic ``<think>`` blocks."""
+    family = FAMILIES.get(fmt or "")
+    if family is None or fmt in _NO_OWN_SYNTAX:
+        return None
+    if family.plain_markup or (reasoning is not None and family.own_think):
+        return fmt
+    return None
 
 
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
@@ -334,8 +348,8 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 
     reasoning = job.reasoning
-    if parse_format is None and _channel_markup(tool_format):
-        parse_format = tool_format
+    if not use_tools:
+        parse_format = _plain_format(tool_format, reasoning)
     if reasoning is None and _channel_markup(parse_format):
         reasoning = False  # extract what the model thinks uninvited; never leak markup
     return PreparedPrompt(
@@ -350,6 +364,7 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         tools=tuple(tools) if use_tools else (),
         prefill=text[-_PREFILL_CHARS:],
         analysis=analysis if parse_format == "auto" else None,
+        calls=use_tools,
     )
 
 

@@ -181,12 +181,16 @@ class Options:
     uninvited still gets its thoughts returned as reasoning, as llama.cpp does).
     ``prefill`` is the end of the rendered prompt (the template's generation prompt):
     a think block or a recipient marker (``>>>``) it opens is known to be open.
+    ``calls`` is False when the request bound no tools: as in llama.cpp, nothing is then
+    a call (call markup stays in the content as written), while reasoning and the
+    family's turn and channel markup are still handled.
     """
 
     reasoning: bool | None = None
     think_open: bool = False
     schemas: Mapping[str, Any] = field(default_factory=dict)
     prefill: str = ""
+    calls: bool = True
 
     @classmethod
     def make(
@@ -196,7 +200,8 @@ class Options:
         tools: Sequence[Mapping[str, Any]] | None,
         prefill: str,
     ) -> Options:
-        return cls(reasoning, think_open, tool_schemas(tools), prefill or "")
+        calls = tools is None or len(tools) > 0  # an empty list: the request bound none
+        return cls(reasoning, think_open, tool_schemas(tools), prefill or "", calls)
 
     def opened(self, marker: str) -> bool:
         """Whether the prompt ends inside ``marker`` (e.g. a prefilled ``<think>``)."""

@@ -36,7 +36,10 @@ class Spec:
 
     think: tuple[str, str] | None = ("<think>", "</think>")
     regions: tuple[tuple[str, str | None, Body], ...] = ()
-    strip: tuple[str, ...] = ()  # wrapper markers removed from content
+    strip: tuple[str, ...] = ()  # turn and channel wrapper markers removed from content
+    #: call-section markers removed from content when calls are read (with no tools
+    #: bound they are call markup like the rest and stay)
+    section: tuple[str, ...] = ()
     #: text the template's generation prompt puts before the reasoning (kept in reasoning)
     reasoning_lead: str = ""
     held: tuple[str, ...] = field(default=())  # extra markers held back while streaming

@@ -488,7 +488,11 @@ def _scan_multi(
                 start,
             )
             return content, calls, len(text)
-        add(body(text[i + len(start) : j], True, opts), start)
+        region = text[i + len(start) : j]
+        found = body(region, True, opts)
+        if not found and region.strip():  # a region no call could be read from is reported
+            found = [_Call(None, None, region, error=f"cannot read a tool call in {start}…{end}")]
+        add(found, start)
         pos = j + len(end)
 
 
@@ -496,17 +500,20 @@ def _scan_spec(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, li
     spec = FAMILIES[fmt].spec
     assert spec is not None
     calls: list[_Call] = []
-    if fmt == "functionary_v3_1" and "<|python_tag|>" in rest:
+    if opts.calls and fmt == "functionary_v3_1" and "<|python_tag|>" in rest:
         i = rest.index("<|python_tag|>")
         code = rest[i + len("<|python_tag|>") :]
         rest = rest[:i]
         calls.append(_Call("python", {"code": code}, code, complete=final))
-    pieces, found, settled_at = _scan_multi(rest, spec.regions, opts, final)
+    # no tools bound: call markup is content, only turn and channel markup goes
+    regions = spec.regions if opts.calls else ()
+    strip = (*spec.strip, *spec.section) if opts.calls else spec.strip
+    pieces, found, settled_at = _scan_multi(rest, regions, opts, final)
     content = "".join(pieces)
-    if not final and spec.strip:
+    if not final and strip:
         # a stripped marker may be the start of a longer one: settle only what cannot grow
-        content = content[: len(content) - _held_suffix(content, spec.strip)]
-    for m in spec.strip:
+        content = content[: len(content) - _held_suffix(content, strip)]
+    for m in strip:
         content = content.replace(m, "")
     if spec.strip_re:
         if not final:  # a header still being written is held back
@@ -593,10 +600,30 @@ _EMPTY_FENCE = re.compile(r"```(?:xml|json|JSON)?[ \t]*\n\s*```[ \t]*\n?")
 _OPEN_FENCE = re.compile(r"```(?:[A-Za-z]{0,3}|xml|json|JSON)[ \t]*(?:\n\s*(?:`{0,2}|<[^\n>]*))?$")
 
 
+def _legacy_plain(
+    rest: str, fmt: str, opts: Options, final: bool
+) -> tuple[str, list[_Call], bool] | None:
+    """A classic format's output when no tools are bound: its wrappers go, calls stay text."""
+    if fmt == "granite":
+        return rest.replace("<response>", "").replace("</response>", ""), [], True
+    if fmt == "functionary_v3_2":
+        # the generation prompt ends with ">>>": plain text is the "all" recipient's message
+        text = rest if opts.opened(">>>") else rest.removeprefix(">>>")
+        if not final and len(text) < len(_ALL) and _ALL.startswith(text):
+            return None
+        return text.removeprefix(_ALL), [], True
+    return rest, [], True
+
+
+_ALL = "all\n"
+
+
 def _legacy_body(
     rest: str, fmt: str, opts: Options, final: bool
 ) -> tuple[str, list[_Call], bool] | None:
     """Content and calls of the classic formats; None: hold everything back (streaming)."""
+    if not opts.calls:
+        return _legacy_plain(rest, fmt, opts, final)
     if fmt == "hermes":
         pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
         content = "".join(pieces)
@@ -686,6 +713,7 @@ def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis
         think_open=opts.think_open,
         tools=[{"function": {"name": k, "parameters": v}} for k, v in opts.schemas.items()] or None,
         generation_prompt=gen,
+        calls=opts.calls,
     )
     content = out.content[: len(out.content) - out.held] if not final and out.held else out.content
     return _Scan(out.reasoning, content, out.calls, out.settled)
@@ -803,7 +831,7 @@ def _muse(text: str, opts: Options, final: bool) -> _Scan:
             content.append(body)
         else:
             done = e is not None or final
-            pieces, found, _ = _scan_multi(body, regions, opts, done)
+            pieces, found, _ = _scan_multi(body, regions if opts.calls else (), opts, done)
             calls.extend(found)
             content.append("".join(pieces).strip())
             if not done:
@@ -823,7 +851,8 @@ def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
     ``analysis`` is reasoning; ``final`` and recipient-less ``commentary`` are content; a
     ``to=functions.NAME`` recipient makes the body a call's JSON arguments; other
     recipients (built-in tools such as ``python``, ``container.exec``) are not function
-    calls and are dropped, like llama.cpp does. The end of generation (``<|call|>`` is an
+    calls and are dropped, like llama.cpp does; with no tools bound, so are messages to
+    ``functions.*``. The end of generation (``<|call|>`` is an
     end-of-generation token) ends the last message.
     """
     content: list[str] = []
@@ -857,7 +886,12 @@ def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
         channel = chan[-1] if chan else ""
         to = [t for t in re.findall(r"to=([^\s<]+)", header) if t != "assistant"]
         recipient = to[-1] if to else None
-        if recipient is not None:
+        if recipient is not None and not opts.calls:
+            # no tools bound: a message to any recipient is consumed, as llama.cpp's
+            # harmony parser consumes "unsolicited" calls (its recorded cases expect it)
+            if final:
+                logger.info("gpt-oss addressed a message to %s with no tools bound", recipient)
+        elif recipient is not None:
             if recipient.startswith("functions."):
                 name = recipient[len("functions.") :]
                 if not m and not final:
@@ -969,7 +1003,9 @@ def _markers(fmt: str) -> tuple[str, ...]:
     spec = _spec(fmt)
     out = list(FAMILIES[fmt].markers)
     if spec is not None:
-        out += [r[0] for r in spec.regions] + list(spec.strip) + list(spec.held)
+        out += (
+            [r[0] for r in spec.regions] + list(spec.strip) + list(spec.section) + list(spec.held)
+        )
         if spec.think is not None:
             out += [m for m in spec.think if m]
     else:

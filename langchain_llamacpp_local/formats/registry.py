@@ -128,6 +128,28 @@ class Family:
     #: plain chat output carries channel/turn markup: always parsed (reasoning
     #: extracted) so the markup never reaches ``content``
     channel_markup: bool = False
+    #: plain chat output carries turn or wrapper markup outside the spec's ``strip``
+    #: (Granite's ``<response>``, Functionary's ``all`` recipient)
+    turn_markup: bool = False
+
+    @property
+    def plain_markup(self) -> bool:
+        """Whether plain chat output (no tools bound) carries markup the parser removes."""
+        spec = self.spec
+        strips = spec is not None and bool(spec.strip or spec.strip_re)
+        return self.channel_markup or self.turn_markup or strips
+
+    @property
+    def own_think(self) -> bool:
+        """Whether the family thinks in markers of its own (not ``<think>``)."""
+        spec = self.spec
+        if spec is None or spec.think is None:
+            return False
+        return (
+            spec.think != ("<think>", "</think>")
+            or spec.think_implicit
+            or bool(spec.reasoning_lead)
+        )
 
 
 def _wrapped(opening: str, closing: str, shape: str = "list", **kw: str) -> dict[str, object]:
@@ -169,7 +191,7 @@ _RECORDS: tuple[Family, ...] = (
                     rewrap("<function=", "</function>", qwen3_coder_body),
                 ),
             ),
-            strip=("</tool_call>",),
+            section=("</tool_call>",),
             think_stops=("<tool_call>",),
         ),
         **_markup(
@@ -214,8 +236,9 @@ _RECORDS: tuple[Family, ...] = (
         clues=((50, ("<|tool_call|>",)),),
         markers=("<|tool_call|>", "<response>", "</response>"),
         **_wrapped("<|tool_call|>", ""),
+        turn_markup=True,
     ),
-    Family("functionary_v3_2", handlers=("functionary_v3_2",), markers=(">>>",)),
+    Family("functionary_v3_2", handlers=("functionary_v3_2",), markers=(">>>",), turn_markup=True),
     Family(
         "deepseek_r1",
         clues=((20, ("tool▁calls▁begin",)),),
@@ -569,7 +592,8 @@ _RECORDS: tuple[Family, ...] = (
         spec=Spec(
             think=("<|think|>", "<|end|>"),
             regions=(("<|tool_call:begin|>", "<|tool_call:end|>", solar_body),),
-            strip=("<|begin|>assistant", "<|content|>", "<|end|>", "<|tool_calls|>", "<|calls|>"),
+            strip=("<|begin|>assistant", "<|content|>", "<|end|>"),
+            section=("<|tool_calls|>", "<|calls|>"),
         ),
         **_markup(
             "<|tool_call:begin|>",

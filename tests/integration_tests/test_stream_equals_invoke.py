@@ -202,3 +202,77 @@ def test_family_stream_concatenation_equals_invoke(case: dict[str, Any], tmp_pat
         json.loads(c["arguments"]) for c in expect["tool_calls"]
     ]
     assert str(ref.content).strip() == expect["content"].strip()
+
+
+# --------------------------------------------------------------------------- no tools bound
+
+SEED_CALL = (
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+    "</function>\n</seed:tool_call>"
+)
+GLM_CALL = (
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+)
+CMD_ACTION = 'Action: ```json\n[{"tool_name": "get_weather", "parameters": {"city": "Paris"}}]\n```'
+
+#: (template, what the model prints, reasoning, content, reasoning content): llama.cpp's
+#: no-tools parsers (tests/unit_tests/test_no_tools_output.py names them) remove the turn
+#: wrappers, extract reasoning in the family's markers and leave call markup as content
+NO_TOOLS = [
+    (
+        # the prompt opened the turn; its end is the end-of-generation token
+        "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+        CMD_ACTION,
+        None,
+        CMD_ACTION,
+        None,
+    ),
+    (
+        "ByteDance-Seed-OSS.jinja",
+        f"<seed:think>Look it up.</seed:think>Sure. {SEED_CALL}",
+        True,
+        f"Sure. {SEED_CALL}",
+        "Look it up.",
+    ),
+    (
+        "inclusionai-ling-3.0-flash.jinja",
+        f"Calling {GLM_CALL}<|role_end|>",
+        None,
+        f"Calling {GLM_CALL}",
+        None,
+    ),
+    ("meetkai-functionary-medium-v3.2.jinja", "all\nHello there", None, "Hello there", None),
+    ("ibm-granite-granite-3.3-2B-Instruct.jinja", "<response>Hi.</response>", None, "Hi.", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("template", "text", "reasoning", "content", "thought"),
+    NO_TOOLS,
+    ids=[t[0].removesuffix(".jinja") for t in NO_TOOLS],
+)
+def test_no_tools_bound_output_is_content_in_the_familys_own_terms(
+    template: str,
+    text: str,
+    reasoning: bool | None,
+    content: str,
+    thought: str | None,
+    tmp_path: Path,
+) -> None:
+    source = (TEMPLATES / template).read_text(encoding="utf-8")
+    path, _ = write_printing_llama(tmp_path / "m.gguf", text, chat_template=source)
+    llm = ChatLlamaCpp(
+        model_path=str(path),
+        temperature=0,
+        n_ctx=8192,
+        max_tokens=len(text) + 8,
+        reasoning=reasoning,
+    )
+    ref = llm.invoke("Hey there!")
+    assert _view(ref, ids=False) == {
+        "content": content,
+        "reasoning": thought,
+        "tool_calls": [],
+        "invalid_tool_calls": [],
+    }
+    assert _view(_merged(list(llm.stream("Hey there!"))), ids=False) == _view(ref, ids=False)

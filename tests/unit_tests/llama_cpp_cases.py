@@ -62,7 +62,7 @@ def _settings(case: dict[str, Any]) -> dict[str, Any]:
     extract = case["reasoning_format"] != "none"
     return {
         "reasoning": (bool(case["enable_thinking"]) if extract else None),
-        "tools": tools or None,
+        "tools": tools,  # an empty list: no tools bound (llama.cpp reads no calls then)
         "prefill": _generation_prompt(
             case["template"], json.dumps(case["tools"]), case["enable_thinking"]
         ),

@@ -313,7 +313,9 @@ def test_garbage_and_unknown_inputs_are_refused() -> None:
 
 def test_decoding_a_large_base64_image_never_stalls_other_threads_long() -> None:
     """A 72 MB base64 payload decoded on a worker thread: the main thread (an event loop,
-    say) never waits more than 50 ms for the GIL."""
+    say) never waits more than 150 ms for the GIL, where one whole ``b64decode`` holds it
+    for about a third of a second (the margin absorbs a page-fault or collector pause on a
+    loaded machine, which cost the former 50 ms bound a failure in a full run)."""
     import base64
     import os
     import threading
@@ -346,4 +348,4 @@ def test_decoding_a_large_base64_image_never_stalls_other_threads_long() -> None
             worst, last = max(worst, now - last), now
         thread.join()
         assert errors and "image" in str(errors[0]).lower()
-        assert worst < 0.05, f"the main thread waited {worst * 1000:.0f} ms"
+        assert worst < 0.15, f"the main thread waited {worst * 1000:.0f} ms"

@@ -628,6 +628,7 @@ def _parse(
     reasoning: bool | None,
     think_open: bool,
     tools: Sequence[Mapping[str, Any]] | None,
+    read_calls: bool = True,
 ) -> AnalysisParse:
     r, rest, r_done = _split_reasoning(text, a, reasoning, think_open, final)
     markers = a.markers
@@ -645,7 +646,7 @@ def _parse(
     trigger = a.trigger
     settled = True
     content = rest
-    if a.tool_format != "none":
+    if a.tool_format != "none" and read_calls:
         if trigger or _bare_call_prefix(a):
             i = _tool_start(a, rest)
         else:
@@ -688,6 +689,7 @@ def parse_with_analysis(
     think_open: bool,
     tools: Sequence[Mapping[str, Any]] | None = None,
     generation_prompt: str | None = None,
+    calls: bool = True,
 ) -> AnalysisParse:
     """Split model output into content, reasoning and tool calls with a learned format.
 
@@ -701,7 +703,8 @@ def parse_with_analysis(
     ``add_generation_prompt``) and the parser sees what llama.cpp's does: the
     reasoning block it opened, boilerplate included, is parsed with the output.
     ``tools`` (OpenAI tool dicts) make tagged values schema-typed: a ``string``
-    parameter stays a string. Never raises.
+    parameter stays a string. ``calls=False`` (no tools bound) reads no calls: their
+    markup stays in the content. Never raises.
     """
     try:
         if generation_prompt is not None:
@@ -712,7 +715,7 @@ def parse_with_analysis(
             prefill = ""
         if prefill.strip():
             text, think_open = prefill + text, False
-        return _parse(text, analysis, final, reasoning, think_open, tools)
+        return _parse(text, analysis, final, reasoning, think_open, tools, calls)
     except Exception:  # defensive: model output must never crash a request
         logger.exception("analysis-driven parse failed; returning the text as content")
         return AnalysisParse(text, None, [], 0, 0, final)
