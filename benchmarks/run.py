@@ -157,29 +157,60 @@ class RawLlama(Contender):
 # --------------------------------------------------------------------------- workloads
 
 
-def agent_loop(contenders: list[Contender], turns: int) -> dict[str, Any]:
-    """A tool-using conversation with a growing history: TTFT and decoded prompt tokens per turn."""
+#: the question each repeat of the agent loop starts with (a new conversation each time)
+QUESTIONS = ("red boxes", "blue crates", "green pallets", "white bins", "black tubs")
+
+
+def growth_per_turn(ttfts: list[float]) -> float:
+    """Least-squares slope of time to first token over turns 2..n (seconds per turn):
+    how fast it grows with the history, less sensitive to one noisy turn than the
+    difference of the two end points."""
+    ys = ttfts[1:]
+    xs = list(range(len(ys)))
+    if len(ys) < 2:
+        return 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    return num / sum((x - mx) ** 2 for x in xs)
+
+
+def agent_loop(contenders: list[Contender], turns: int, repeats: int = 1) -> dict[str, Any]:
+    """A tool-using conversation with a growing history: TTFT and decoded prompt tokens
+    per turn. ``repeats`` conversations (each a new question) run one after the other;
+    the time of each turn is the median over them."""
     out: dict[str, Any] = {}
     for c in contenders:
-        history: list[BaseMessage] = [HumanMessage(SYSTEM + "\nHow many red boxes are in stock?")]
-        ttfts, decoded, inputs = [], [], []
-        for turn in range(turns):
-            t, text, n = c.ttft(history, max_tokens=24)
-            ttfts.append(t)
-            decoded.append(n)
-            inputs.append(getattr(c, "last_input_tokens", None))
-            call = f'<tool_call>\n{{"name": "stock", "arguments": {{"item": "item {turn}"}}}}\n</tool_call>'
-            history += [
-                AIMessage(text + "\n" + call),
-                HumanMessage(
-                    f'<tool_response>\n{{"item {turn}": {turn * 7}}}\n</tool_response>\nAnd item {turn + 1}?'
-                ),
+        runs: list[list[float]] = []
+        decoded: list[int | None] = []
+        inputs: list[int | None] = []
+        for r in range(repeats):
+            question = QUESTIONS[r % len(QUESTIONS)]
+            history: list[BaseMessage] = [
+                HumanMessage(SYSTEM + f"\nHow many {question} are in stock?")
             ]
+            ttfts = []
+            for turn in range(turns):
+                t, text, n = c.ttft(history, max_tokens=24)
+                ttfts.append(t)
+                if r == 0:
+                    decoded.append(n)
+                    inputs.append(getattr(c, "last_input_tokens", None))
+                call = f'<tool_call>\n{{"name": "stock", "arguments": {{"item": "item {turn}"}}}}\n</tool_call>'
+                history += [
+                    AIMessage(text + "\n" + call),
+                    HumanMessage(
+                        f'<tool_response>\n{{"item {turn}": {turn * 7}}}\n</tool_response>\nAnd item {turn + 1}?'
+                    ),
+                ]
+            runs.append(ttfts)
+        per_turn = [statistics.median(ts) for ts in zip(*runs, strict=True)]
         out[c.name] = {
-            "ttft_s": ttfts,
+            "ttft_s": per_turn,
+            "ttft_runs_s": runs,
             "prompt_tokens_decoded": decoded,
             "input_tokens": inputs,
-            "median_ttft_s": statistics.median(ttfts[1:]),
+            "median_ttft_s": statistics.median(per_turn[1:]),
+            "growth_s_per_turn": growth_per_turn(per_turn),
         }
     return out
 
@@ -198,14 +229,14 @@ def make_contender(path: str, kind: str) -> Contender:
 AGENT_LOOP_KINDS = ("default", "deterministic", "community", "llama")
 
 
-def agent_loop_isolated(path: str, turns: int) -> dict[str, Any]:
+def agent_loop_isolated(path: str, turns: int, repeats: int = 5) -> dict[str, Any]:
     """:func:`agent_loop` for each contender in a fresh process of its own, one after the
     other: no contender runs after another one's model, threads or OpenMP team (ggml's
     CPU threads) in the same process, whose order would otherwise favour one of them."""
     out: dict[str, Any] = {}
     for kind in AGENT_LOOP_KINDS:
         cmd = [sys.executable, __file__, "--model", path, "--agent-loop-only", kind]
-        cmd += ["--turns", str(turns)]
+        cmd += ["--turns", str(turns), "--repeats", str(repeats)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
         out.update(json.loads(res.stdout.strip().splitlines()[-1]))
     return out
@@ -222,7 +253,11 @@ def decode_floor(path: str, rows: list[tuple[int, int]], runs: int = 3) -> dict[
     code = _FLOOR_SNIPPET.format(root=str(ROOT), path=path, n_ctx=N_CTX, rows=rows, runs=runs)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     per_turn = json.loads(res.stdout.strip().splitlines()[-1])
-    return {"decode_s": per_turn, "median_decode_s": statistics.median(per_turn[1:])}
+    return {
+        "decode_s": per_turn,
+        "median_decode_s": statistics.median(per_turn[1:]),
+        "growth_s_per_turn": growth_per_turn(per_turn),
+    }
 
 
 _FLOOR_SNIPPET = """
@@ -567,11 +602,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--agent-loop-only", choices=AGENT_LOOP_KINDS, help=argparse.SUPPRESS)
     ap.add_argument("--turns", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--repeats", type=int, default=5, help="agent-loop conversations per contender")
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
     turns = args.turns or (4 if args.quick else 10)
     if args.agent_loop_only:  # one contender's agent loop in this fresh process
-        print(json.dumps(agent_loop([make_contender(path, args.agent_loop_only)], turns)))
+        contender = make_contender(path, args.agent_loop_only)
+        print(json.dumps(agent_loop([contender], turns, args.repeats)))
         return
     results: dict[str, Any] = {"machine": machine_info(path), "model": Path(path).name}
     print(flags_line(results["machine"]), flush=True)
@@ -583,7 +620,7 @@ def main(argv: list[str] | None = None) -> None:
     det = Ours(path, deterministic=True)
     contenders: list[Contender] = [ours, det, Community(path), RawLlama(path)]
     log("agent loop (each contender in a fresh process)...")
-    results["agent_loop"] = agent_loop_isolated(path, turns)
+    results["agent_loop"] = agent_loop_isolated(path, turns, 1 if args.quick else args.repeats)
     mine = results["agent_loop"][ours.name]
     rows = [
         (n_in - n_new, n_new)
@@ -645,6 +682,8 @@ def main(argv: list[str] | None = None) -> None:
         name: {
             "median_ttft_s": r["median_ttft_s"],
             "prompt_tokens_decoded": r["prompt_tokens_decoded"],
+            "ttft_turn_2_to_n_s": [r["ttft_s"][1], r["ttft_s"][-1]],
+            "growth_s_per_turn": r["growth_s_per_turn"],
         }
         for name, r in results["agent_loop"].items()
     }

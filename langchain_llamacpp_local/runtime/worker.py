@@ -614,9 +614,13 @@ class _WorkerState:
     def _rollback_mode(self, act: _Active, n_rows: int) -> bool:
         """True if rejected positions of a verify step need a state restore (not seq_rm).
 
-        Recurrent/hybrid memory cannot be trimmed; a sliding-window cache prunes
-        positions that left the window while the draft was decoded, unless the whole
-        sequence still fits in half a window (any SWA type).
+        Recurrent/hybrid memory cannot be trimmed. A sliding-window cache can, as
+        llama.cpp's server trims it: a step that fits one ubatch only reuses cells
+        masked for its first position (``find_slot`` tests the mask against the
+        sequence's end before the step), which no position after it attends to. In
+        deterministic mode the kept rows are decoded again from a restored state
+        instead, so that every cell sits where a fresh run puts it (the order of
+        the attention sums), unless the whole sequence fits in half a window.
         """
         eng = self.engine
         assert eng is not None
@@ -624,6 +628,8 @@ class _WorkerState:
         if kind is MemoryKind.PARTIAL:
             return False
         if kind is MemoryKind.SWA:
+            if not self.config.deterministic and n_rows <= eng.n_ubatch:
+                return False
             return act.slot.n_past + n_rows >= eng.n_swa // 2
         return True
 

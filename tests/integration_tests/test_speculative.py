@@ -268,6 +268,32 @@ def test_gemma_exact_mode_and_fast_mode(gemma: str) -> None:
     assert _spec(got)["accepted"] > 0
 
 
+def test_gemma_rollback_past_the_sliding_window_trims_like_llama_cpp(gemma: str) -> None:
+    """Default mode, a sequence longer than Gemma's 512-position window: rejected
+    draft rows are trimmed with ``seq_rm`` (no state copy per step, as llama.cpp's
+    server does), and the tokens stay those of plain decoding. The suite's KV check
+    asserts after every step that the slot holds what the worker tracks."""
+    # the same few words in ever other orders: a copied n-gram's last occurrence
+    # often continues differently, so drafts are partly rejected
+    who, did, what = ["cat", "dog", "bird"], ["saw", "ate", "hid"], ["mat", "log", "hat"]
+    text = " ".join(
+        f"the {who[i % 3]} {did[i * 7 % 3]} the {what[i * 5 // 3 % 3]}." for i in range(90)
+    )
+    prompt = f"Copy this text exactly:\n\n{text}\n\nCopy:\n\n{text[:300]}"
+    llm = ChatLlamaCpp(model_path=gemma, max_tokens=40, n_ctx=2048, n_slots=1, **GREEDY)
+    n_prompt = llm.get_num_tokens(prompt)
+    assert n_prompt > 512, n_prompt
+    ref = llm.invoke(prompt, cache_prompt=False)
+    got = llm.invoke(prompt, cache_prompt=False, speculative="ngram")
+    assert_same_greedy(got, ref, tol=1.0)
+    spec = _spec(got)
+    assert spec["accepted"] > 0 and spec["drafted"] > spec["accepted"]  # rolled back too
+    turn = [HumanMessage(prompt), AIMessage(got.content), HumanMessage("Again.")]
+    assert_same_greedy(
+        llm.invoke(turn, speculative="ngram"), llm.invoke(turn, cache_prompt=False), tol=1.0
+    )
+
+
 # --------------------------------------------------------------------------- images
 
 
