@@ -368,9 +368,16 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     elif found == -1:
         return _Reasoning("", "", "", False, held=True)
     elif found is None:
-        if not (spec is not None and spec.think_implicit and end in text):
+        # a family that may skip the opener (MiniMax M3) marks a turn without thoughts by
+        # a bare end marker at the start; text before an end marker is not reasoning
+        # (llama.cpp: optional(block | THINK_END)), so a stream never takes content back
+        implicit = spec is not None and spec.think_implicit
+        head = text.lstrip()
+        if implicit and not final and head and end.startswith(head) and head != end:
+            return _Reasoning("", "", "", False, held=True)
+        if not (implicit and head.startswith(end)):
             return _Reasoning(None, "", text, True)
-        found = 0
+        found = len(text) - len(head)
     body_start = found
     j = text.find(end, body_start)
     end_len = len(end)

@@ -110,6 +110,25 @@ CASES: list[tuple[str, str, str, dict[str, Any], str, str | None]] = [
         f"Here: {MM3_CALL}",
         "Thinking it over.",
     ),
+    # the same text with no opener in the prompt or the output (thinking_mode
+    # "adaptive"): minimax-m3.cpp reads optional(block | THINK_END), so nothing is
+    # reasoning; streamed, no content is taken back
+    (
+        "minimax_m3 no opener",
+        "minimax_m3",
+        "Thinking it over.</mm:think>Here.",
+        {"reasoning": True, "prefill": "ai\n"},
+        "Thinking it over.</mm:think>Here.",
+        None,
+    ),
+    (
+        "minimax_m3 bare end",
+        "minimax_m3",
+        "</mm:think>Here.",
+        {"reasoning": True, "prefill": "ai\n"},
+        "Here.",
+        None,
+    ),
     # gemma4.cpp: the tool rule exists only with tools; channels are still read
     (
         "gemma4",
