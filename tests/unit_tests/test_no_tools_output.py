@@ -16,10 +16,13 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from langchain_llamacpp_local.formats import parse
+from langchain_llamacpp_local.formats import detect_format, parse
 from langchain_llamacpp_local.formats.families import _MM
 
+from .llama_cpp_cases import _settings, _template, load_cases
 from .test_stream_equals_parse import check_stream
 
 SEED_CALL = (
@@ -219,3 +222,24 @@ def test_an_unreadable_call_region_is_reported_not_dropped(fmt: str, text: str) 
     (bad,) = out.invalid_tool_calls
     assert "garbage" in bad["args"] or "not a call" in bad["args"]
     assert bad["error"]
+
+
+# ------------------------------------------------------------------- every recorded output
+
+RECORDED = [c for c in load_cases()["cases"] if not c["is_partial"]]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(RECORDED), st.floats(0.0, 1.0), st.integers(0, 2**32))
+def test_any_recorded_output_with_no_tools_bound_streams_to_its_parse(
+    case: dict[str, Any], cut: float, seed: int
+) -> None:
+    """llama.cpp's recorded outputs of every family, cut anywhere and chunked at random,
+    parsed as if the request had bound no tools: the chunks merge to the one-shot parse
+    and nothing is a call."""
+    text = case["input"][: round(len(case["input"]) * cut)]
+    fmt = detect_format(_template(case["template"]).source)
+    opts = {**_settings(case), "tools": []}
+    check_stream(text, fmt, opts, random.Random(seed))
+    out = parse(text, fmt, **opts)
+    assert out.tool_calls == [] and out.invalid_tool_calls == []
