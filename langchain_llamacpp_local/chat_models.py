@@ -271,7 +271,7 @@ class ChatLlamaCpp(BaseChatModel):
     ``"draft"`` asks ``draft_model_path``'s model. Verified by this model with the
     request's own sampler, so the output is the same as without it; overridable per call.
     None: ``"draft"`` when ``draft_model_path`` is set, else off."""
-    speculative_max_draft: int = 8
+    speculative_max_draft: int = 16
     """Most draft tokens per verify step (adapted per request below it). With
     ``deterministic`` a step also stays within what the model's kernels verify exactly
     (probed at load; a model that allows no multi-token step then does not speculate)."""

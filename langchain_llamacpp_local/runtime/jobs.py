@@ -36,7 +36,7 @@ class ChatJob:
     cache_prompt: bool = True
     #: "ngram" (prompt lookup) or "draft" (the worker's draft model); None: off
     speculative: str | None = None
-    speculative_max_draft: int = 8
+    speculative_max_draft: int = 16
     #: LoRA adapters applied, ((name, scale), ...) (lora.request_key); None: the model
     #: has none configured
     lora: tuple[tuple[str, float], ...] | None = None
