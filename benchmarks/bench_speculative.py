@@ -327,7 +327,10 @@ def main(argv: list[str] | None = None) -> None:
         "--draft-self", action="store_true", help="also run Gemma as its own draft model"
     )
     ap.add_argument(
-        "--max-draft", type=int, default=16, help="speculative_max_draft of our contenders"
+        "--max-draft",
+        type=int,
+        default=ChatLlamaCpp.model_fields["speculative_max_draft"].default,
+        help="speculative_max_draft of our contenders (default: the package's)",
     )
     args = ap.parse_args(argv)
     path = args.model or gemma_path()

@@ -159,6 +159,8 @@ class RawLlama(Contender):
 
 #: the question each repeat of the agent loop starts with (a new conversation each time)
 QUESTIONS = ("red boxes", "blue crates", "green pallets", "white bins", "black tubs")
+#: agent-loop conversations per contender (``--repeats``)
+REPEATS = 5
 
 
 def growth_per_turn(ttfts: list[float]) -> float:
@@ -166,12 +168,9 @@ def growth_per_turn(ttfts: list[float]) -> float:
     how fast it grows with the history, less sensitive to one noisy turn than the
     difference of the two end points."""
     ys = ttfts[1:]
-    xs = list(range(len(ys)))
     if len(ys) < 2:
         return 0.0
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    return num / sum((x - mx) ** 2 for x in xs)
+    return statistics.linear_regression(range(len(ys)), ys).slope
 
 
 def agent_loop(contenders: list[Contender], turns: int, repeats: int = 1) -> dict[str, Any]:
@@ -229,7 +228,7 @@ def make_contender(path: str, kind: str) -> Contender:
 AGENT_LOOP_KINDS = ("default", "deterministic", "community", "llama")
 
 
-def agent_loop_isolated(path: str, turns: int, repeats: int = 5) -> dict[str, Any]:
+def agent_loop_isolated(path: str, turns: int, repeats: int = REPEATS) -> dict[str, Any]:
     """:func:`agent_loop` for each contender in a fresh process of its own, one after the
     other: no contender runs after another one's model, threads or OpenMP team (ggml's
     CPU threads) in the same process, whose order would otherwise favour one of them."""
@@ -602,7 +601,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--agent-loop-only", choices=AGENT_LOOP_KINDS, help=argparse.SUPPRESS)
     ap.add_argument("--turns", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--repeats", type=int, default=5, help="agent-loop conversations per contender")
+    ap.add_argument(
+        "--repeats", type=int, default=REPEATS, help="agent-loop conversations per contender"
+    )
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
     turns = args.turns or (4 if args.quick else 10)

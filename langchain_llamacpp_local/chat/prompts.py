@@ -179,9 +179,7 @@ def _plain_format(fmt: str | None, reasoning: bool | None) -> str | None:
     its turn and channel markup is removed and its own think markers are read; call markup
     stays content. None: the text needs no parsing beyond generic ``<think>`` blocks."""
     family = FAMILIES.get(fmt or "")
-    if family is None or fmt in _NO_OWN_SYNTAX:
-        return None
-    if family.plain_markup or (reasoning is not None and family.own_think):
+    if family is not None and (family.plain_markup or (reasoning is not None and family.own_think)):
         return fmt
     return None
 

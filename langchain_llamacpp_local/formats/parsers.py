@@ -612,7 +612,7 @@ def _legacy_plain(
 ) -> tuple[str, list[_Call], bool] | None:
     """A classic format's output when no tools are bound: its wrappers go, calls stay text."""
     if fmt == "granite":
-        return rest.replace("<response>", "").replace("</response>", ""), [], True
+        return _granite_unwrap(rest), [], True
     if fmt == "functionary_v3_2":
         # the generation prompt ends with ">>>": plain text is the "all" recipient's message
         text = rest if opts.opened(">>>") else rest.removeprefix(">>>")
@@ -623,6 +623,11 @@ def _legacy_plain(
 
 
 _ALL = "all\n"
+
+
+def _granite_unwrap(text: str) -> str:
+    """Granite's answer without its ``<response>`` wrapper (with or without tools)."""
+    return text.replace("<response>", "").replace("</response>", "")
 
 
 def _legacy_body(
@@ -649,7 +654,7 @@ def _legacy_body(
                 return "", bare, True
         return content, calls, settled_at >= len(rest)
     if fmt == "granite":
-        c = rest.replace("<response>", "").replace("</response>", "")
+        c = _granite_unwrap(rest)
         pieces, calls, settled_at = _scan_regions(c, "<|tool_call|>", None, _list_body, final)
         return "".join(pieces), calls, settled_at >= len(c)
     if fmt == "functionary_v3_2":
