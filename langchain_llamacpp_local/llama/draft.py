@@ -166,6 +166,9 @@ class DraftModel:
             self.engine: Engine | None = Engine(config)
         finally:
             ref.release()  # the engine holds its own reference
+        # the draft decodes on its target's thread, between the target's decodes: one
+        # team of the process-wide CPU budget, not two that would split the CPUs
+        self.engine.team = target.team
         self.n_ctx = self.engine.n_ctx
         self.trimmable = self.engine.memory_kind is MemoryKind.PARTIAL
         self._held: dict[int, list[int]] = {}  # tokens each draft sequence holds

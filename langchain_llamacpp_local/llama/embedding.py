@@ -50,6 +50,12 @@ from langchain_llamacpp_local.llama.context import (
     new_context,
 )
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
+from langchain_llamacpp_local.llama.threads import (
+    cpu_budget,
+    default_cpu_view,
+    log_thread_plan,
+    plan_threads,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -243,9 +249,15 @@ class EmbeddingEngine:
         cparams.kv_unified = True
         cparams.embeddings = True
         cparams.pooling_type = POOLING_TYPES[ctx_pooling]
-        threads = config.n_threads or max(1, os.cpu_count() or 1)
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
+        # texts are prompt steps (compute-bound): the batch thread count for both
+        self.thread_plan = plan = plan_threads(
+            default_cpu_view(), config.n_threads, config.n_threads
+        )
+        log_thread_plan(plan)
+        self._threads_set = plan.n_threads_batch
+        self._budgeted = config.n_threads is None
+        cparams.n_threads = plan.n_threads_batch
+        cparams.n_threads_batch = plan.n_threads_batch
         cparams.no_perf = True
         if config.flash_attn is not None:
             cparams.flash_attn_type = flash_attn_type(config.flash_attn)
@@ -384,7 +396,14 @@ class EmbeddingEngine:
         seq_ids = [s for s, text in enumerate(group) for _ in text]
         # pooled embeddings need every token as an output
         fill_batch(batch, tokens, positions, seq_ids, [True] * len(tokens))
-        rc = C.llama_decode(self.ctx, batch)
+        if self._budgeted:
+            with cpu_budget().threads(id(self), self.thread_plan.n_threads_batch) as got:
+                if got != self._threads_set:
+                    C.llama_set_n_threads(self.ctx, got, got)
+                    self._threads_set = got
+                rc = C.llama_decode(self.ctx, batch)
+        else:
+            rc = C.llama_decode(self.ctx, batch)
         if rc != 0:
             self._clear()
             raise DecodeError(f"llama_decode failed with code {rc} on an embedding batch")

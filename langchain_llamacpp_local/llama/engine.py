@@ -52,6 +52,12 @@ from langchain_llamacpp_local.llama.gguf import (
 )
 from langchain_llamacpp_local.llama.rpc import DevicePlacement
 from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, KV_TYPES, check_load_settings
+from langchain_llamacpp_local.llama.threads import (
+    cpu_budget,
+    default_cpu_view,
+    log_thread_plan,
+    plan_threads,
+)
 from langchain_llamacpp_local.llama.weights import (
     AMX,
     TensorInfo,
@@ -477,9 +483,24 @@ class Engine(vocab.VocabMethods):
             cparams.n_ubatch = min(config.n_ubatch or config.n_batch, cparams.n_batch)
             cparams.n_seq_max = n_seq
             cparams.kv_unified = config.kv_unified
-            threads = config.n_threads or max(1, os.cpu_count() or 1)
-            cparams.n_threads = threads
-            cparams.n_threads_batch = config.n_threads_batch or threads
+            self.thread_plan = plan = plan_threads(
+                default_cpu_view(), config.n_threads, config.n_threads_batch
+            )
+            log_thread_plan(plan)
+            threads = plan.n_threads_batch
+            cparams.n_threads = plan.n_threads
+            cparams.n_threads_batch = plan.n_threads_batch
+            #: decodes of this context (and of a draft model's, which runs on the same
+            #: thread) draw threads from the process-wide budget under one id
+            self.team = id(self)
+            self._threads_set = (plan.n_threads, plan.n_threads_batch)
+            # an explicit setting always wins; deterministic mode keeps one team size
+            # (its exactness probes are keyed by it)
+            self._budgeted = (
+                config.n_threads is None
+                and config.n_threads_batch is None
+                and not config.deterministic
+            )
             cparams.swa_full = config.swa_full
             cparams.no_perf = True
             cparams.flash_attn_type = flash_attn_type(flash_attn_setting(config))
@@ -888,7 +909,14 @@ class Engine(vocab.VocabMethods):
         fill_batch(batch, tokens, positions, seq_ids, outputs)
         self._abort_flag = cancel
         try:
-            rc = C.llama_decode(self.ctx, batch)
+            if self._budgeted:
+                plan = self.thread_plan
+                want = plan.n_threads if n == 1 else plan.n_threads_batch
+                with cpu_budget().threads(self.team, want) as got:
+                    self._use_threads(min(plan.n_threads, got), min(plan.n_threads_batch, got))
+                    rc = C.llama_decode(self.ctx, batch)
+            else:
+                rc = C.llama_decode(self.ctx, batch)
         finally:
             self._abort_flag = None
             aborting.active = False
@@ -899,6 +927,13 @@ class Engine(vocab.VocabMethods):
                 f"llama_decode failed with code {rc} "
                 f"({'no KV slot for the batch' if rc == 1 else 'backend error'})"
             )
+
+    def _use_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """Set the context's thread counts for the next decode (llama.cpp reads them
+        per graph, so changing them between decodes is free)."""
+        if (n_threads, n_threads_batch) != self._threads_set:
+            C.llama_set_n_threads(self.ctx, n_threads, n_threads_batch)
+            self._threads_set = (n_threads, n_threads_batch)
 
     def logits(self, idx: int = -1) -> np.ndarray:
         """A copy of the logits of output ``idx`` of the last decode (-1: the last one)."""

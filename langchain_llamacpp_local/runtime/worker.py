@@ -79,6 +79,9 @@ class ModelInfo:
     tool_format: str
     #: MiB of weights per buffer type, as llama.cpp reported the load (CPU_REPACK, AMX...)
     weight_buffers: dict[str, float] = field(default_factory=dict)
+    #: the CPU threads chosen at load (``n_threads``, ``n_threads_batch``, the usable
+    #: CPUs they were chosen from and why); under load fewer may run at a time
+    threads: dict[str, object] = field(default_factory=dict)
 
 
 _STOP = object()
@@ -316,6 +319,7 @@ class _WorkerState:
             template_origin=self.format.template.origin,
             tool_format=self.format.call_format,
             weight_buffers=dict(eng.weight_buffers),
+            threads=eng.thread_plan.as_dict(),
         )
         # what requests need of the vocabulary (control-token texts): not part of loading
         scan_in_background(eng)

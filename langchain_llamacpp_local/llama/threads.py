@@ -1,0 +1,430 @@
+"""How many CPU threads llama.cpp may use, and how they wait.
+
+Three parts, each for a different failure of the naive ``os.cpu_count()`` default:
+
+* :func:`read_cpu_view` reads the CPUs this process may really use: its affinity mask,
+  a cgroup v1/v2 CPU quota (a container started with ``--cpus=2`` on a 64-core host),
+  and physical cores rather than SMT siblings (and performance cores on hybrid Intel
+  CPUs, as llama.cpp's ``cpu_get_num_math`` does). :func:`plan_threads` is the pure
+  decision on top of it; an explicit ``n_threads``/``n_threads_batch`` always wins.
+* :func:`prepare_openmp` bounds how long llama.cpp's OpenMP threads spin at a barrier
+  before they sleep. It must run before the OpenMP runtime is loaded (libgomp reads its
+  environment once, when it is loaded), so the package calls it on import.
+* :class:`CpuBudget` is the process-wide budget shared by every context (chat models,
+  embeddings, rerankers): the threads that decode at the same time never add up to more
+  than the CPUs the process may use, and when another program keeps a CPU busy
+  (measured as time this process's decoding thread waits for a CPU) the budget shrinks
+  until that CPU is free again. A thread team that is larger than the CPUs it gets
+  spins at every one of the hundreds of barriers a token costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- the CPUs
+
+
+@dataclass(frozen=True)
+class CpuView:
+    """The CPUs this process may use, as the operating system describes them."""
+
+    affinity: int
+    """CPUs in the process's affinity mask (``os.sched_getaffinity``)."""
+    quota: float | None = None
+    """The cgroup CPU quota in CPUs (``cpu.max`` or ``cfs_quota_us``); None: none set."""
+    cores: int | None = None
+    """Physical cores among the affinity CPUs (SMT siblings counted once, efficiency
+    cores of a hybrid CPU left out); None: the topology could not be read."""
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """Threads per context: ``n_threads`` for one-token steps (generation, memory-bound)
+    and ``n_threads_batch`` for prompt steps (compute-bound)."""
+
+    n_threads: int
+    n_threads_batch: int
+    usable: int
+    """CPUs this process may keep busy: the size of the process-wide budget."""
+    reason: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads_batch,
+            "usable_cpus": self.usable,
+            "reason": self.reason,
+        }
+
+
+def usable_cpus(view: CpuView) -> int:
+    """CPUs the process can keep busy at once: the affinity mask, cut to the cgroup
+    quota (rounded down: a thread team larger than the quota is throttled in the middle
+    of a graph, and every other thread then waits at the next barrier)."""
+    n = max(1, view.affinity)
+    if view.quota is not None:
+        n = min(n, max(1, math.floor(view.quota + 1e-9)))
+    return n
+
+
+def plan_threads(
+    view: CpuView, n_threads: int | None = None, n_threads_batch: int | None = None
+) -> ThreadPlan:
+    """The threads a context gets by default, from what the process may use.
+
+    Both kinds of step default to one thread per usable physical core: SMT siblings
+    share a core's vector units, which llama.cpp's kernels already fill (llama.cpp's own
+    tools count physical cores too). Measured on a 2-CPU machine, generation with both
+    CPUs is 1.5-1.7x one CPU, so nothing is held back on an idle machine; on a busy one
+    the process-wide :class:`CpuBudget` lowers the threads in use, not this plan.
+    An explicit setting always wins, and ``n_threads_batch`` follows an explicit
+    ``n_threads`` when only that is given, as llama-cpp-python does not, but as a user
+    who pins one number expects.
+    """
+    usable = usable_cpus(view)
+    cores = usable if view.cores is None else max(1, min(usable, view.cores))
+    why = [f"{view.affinity} CPUs in the affinity mask"]
+    if view.quota is not None:
+        why.append(f"cgroup quota {view.quota:g} CPUs")
+    if view.cores is not None and view.cores < view.affinity:
+        why.append(f"{view.cores} physical cores")
+    gen = n_threads if n_threads is not None else cores
+    batch = n_threads_batch if n_threads_batch is not None else (n_threads or cores)
+    if n_threads is not None or n_threads_batch is not None:
+        why.append("explicit setting")
+    return ThreadPlan(gen, batch, usable, ", ".join(why))
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """``"0-3,8,10-11"`` (the kernel's CPU list format) as a set of CPU numbers."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        a = int(lo)
+        out.update(range(a, int(hi) + 1) if hi else (a,))
+    return out
+
+
+def parse_cgroup_v2_max(text: str) -> float | None:
+    """``cpu.max`` (``"max 100000"`` or ``"200000 100000"``) as CPUs, None for no limit."""
+    parts = text.split()
+    if len(parts) < 1 or parts[0] == "max":
+        return None
+    period = int(parts[1]) if len(parts) > 1 else 100000
+    quota = int(parts[0])
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def parse_cgroup_v1(quota_text: str, period_text: str) -> float | None:
+    """``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` as CPUs (a quota of -1: no limit)."""
+    quota, period = int(quota_text.strip()), int(period_text.strip())
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _cgroup_dirs(root: Path, rel: str, mount: Path) -> list[Path]:
+    """The cgroup's own directory and its ancestors (a limit anywhere up the tree
+    applies), tried both under the process's cgroup path and at the mount's root (a
+    container usually sees its own cgroup mounted at the root)."""
+    rel = rel.strip().lstrip("/")
+    dirs: list[Path] = []
+    if rel:
+        p = Path(rel)
+        while True:
+            dirs.append(root / mount.relative_to("/") / p)
+            if p == p.parent or str(p.parent) == ".":
+                break
+            p = p.parent
+    dirs.append(root / mount.relative_to("/"))
+    return dirs
+
+
+def read_cgroup_quota(root: Path = Path("/")) -> float | None:
+    """The tightest CPU quota of this process's cgroups (v2 ``cpu.max``, v1
+    ``cpu.cfs_quota_us``), in CPUs; None when none is set or none can be read."""
+    cgroup = _read(root / "proc/self/cgroup")
+    if cgroup is None:
+        return None
+    limits: list[float] = []
+    for line in cgroup.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        if hid == "0" and controllers == "":
+            for d in _cgroup_dirs(root, rel, Path("/sys/fs/cgroup")):
+                text = _read(d / "cpu.max")
+                if text is not None:
+                    with contextlib.suppress(ValueError):
+                        q = parse_cgroup_v2_max(text)
+                        if q is not None:
+                            limits.append(q)
+        elif "cpu" in controllers.split(","):
+            for name in (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                for d in _cgroup_dirs(root, rel, Path("/sys/fs/cgroup") / name):
+                    q_text, p_text = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+                    if q_text is not None and p_text is not None:
+                        with contextlib.suppress(ValueError):
+                            q = parse_cgroup_v1(q_text, p_text)
+                            if q is not None:
+                                limits.append(q)
+    return min(limits) if limits else None
+
+
+def count_cores(cpus: set[int], root: Path = Path("/")) -> int | None:
+    """Physical cores among ``cpus``: SMT siblings share one core; on a hybrid Intel CPU
+    only performance cores count when any of ``cpus`` is one (llama.cpp's choice:
+    efficiency cores slow every barrier down to their pace)."""
+    sysfs = root / "sys/devices/system/cpu"
+    p_cores = _read(root / "sys/devices/cpu_core/cpus")
+    if p_cores is not None:
+        with contextlib.suppress(ValueError):
+            performance = parse_cpu_list(p_cores) & cpus
+            if performance:
+                cpus = performance
+    seen: set[frozenset[int]] = set()
+    for cpu in cpus:
+        text = _read(sysfs / f"cpu{cpu}/topology/core_cpus_list") or _read(
+            sysfs / f"cpu{cpu}/topology/thread_siblings_list"
+        )
+        if text is None:
+            return None
+        try:
+            seen.add(frozenset(parse_cpu_list(text) & cpus) or frozenset({cpu}))
+        except ValueError:
+            return None
+    return len(seen) or None
+
+
+def read_cpu_view(root: Path = Path("/")) -> CpuView:
+    """The CPUs this process may use (``root`` lets tests read a made-up ``/sys``)."""
+    try:
+        cpus = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = set(range(os.cpu_count() or 1))
+    return CpuView(len(cpus), read_cgroup_quota(root), count_cores(cpus, root))
+
+
+_plan_lock = threading.Lock()
+_default_view: CpuView | None = None
+
+
+def default_cpu_view() -> CpuView:
+    """This process's :class:`CpuView`, read once (affinity changes after the first
+    load are not followed: a running thread team keeps its size)."""
+    global _default_view
+    with _plan_lock:
+        if _default_view is None:
+            _default_view = read_cpu_view()
+        return _default_view
+
+
+_logged_plans: set[ThreadPlan] = set()
+
+
+def log_thread_plan(plan: ThreadPlan) -> None:
+    """Log a thread plan once per process (every load of the same plan is silent)."""
+    with _plan_lock:
+        if plan in _logged_plans:
+            return
+        _logged_plans.add(plan)
+    logger.info(
+        "llama.cpp threads: %d for generation, %d for prompts (%s)",
+        plan.n_threads,
+        plan.n_threads_batch,
+        plan.reason,
+    )
+
+
+# --------------------------------------------------------------------------- OpenMP
+
+#: How many times an idle OpenMP thread checks for work before it sleeps (libgomp's
+#: ``GOMP_SPINCOUNT``). libgomp's default is 300,000 (about 3 ms); llama.cpp's graphs
+#: reach a barrier every few microseconds, so this many checks keeps a thread awake
+#: between two barriers of one token while a thread whose CPU was taken by another
+#: program no longer makes the others burn milliseconds at each barrier.
+SPIN_COUNT = 10_000
+
+#: The variables that say how OpenMP threads wait; one set by the user is respected.
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def prepare_openmp(environ: dict[str, str] | None = None) -> str | None:
+    """Bound OpenMP's spinning, unless the user set any of :data:`WAIT_VARIABLES`.
+
+    Returns the setting made (``"GOMP_SPINCOUNT=10000"``) or None. It only takes effect
+    if the OpenMP runtime is not loaded yet (it reads the environment once), which is
+    why the package calls it before anything loads llama.cpp.
+    """
+    env = os.environ if environ is None else environ
+    if any(name in env for name in WAIT_VARIABLES):
+        return None
+    if environ is None and "llama_cpp" in __import__("sys").modules:
+        logger.debug("llama_cpp was imported first: OpenMP keeps its own spin count")
+    env["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+    return f"GOMP_SPINCOUNT={SPIN_COUNT}"
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def _thread_wait_ns() -> Callable[[], int | None]:
+    """A reader of the calling thread's time spent waiting for a CPU (Linux schedstat);
+    a reader returning None where the kernel does not expose it."""
+    path = "/proc/thread-self/schedstat"
+
+    def read() -> int | None:
+        try:
+            with open(path, "rb") as f:
+                return int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    return read
+
+
+#: A decoding thread that waits for a CPU more than this share of the time shares its
+#: CPUs with other programs: the budget gives one CPU back.
+CONTENDED = 0.15
+#: How long the budget stays lowered before it tries one more CPU again.
+PROBE_AFTER_S = 2.0
+#: Decodes whose waits are averaged before the budget moves.
+WINDOW = 8
+#: A team counts as busy this long after its last decode: two models decoding by turns
+#: (a chat reply and an embedding batch) split the CPUs instead of oversubscribing them.
+BUSY_FOR_S = 0.1
+
+
+@dataclass
+class ContentionState:
+    """What the budget has seen of other programs' load (pure data)."""
+
+    usable: int
+    limit: int
+    waits: list[float] = field(default_factory=list)
+    lowered_at: float = 0.0
+    probing: bool = False
+
+
+def next_limit(state: ContentionState, wait_share: float, now: float) -> int:
+    """Decide the budget's CPU limit after one decode whose thread waited ``wait_share``
+    of its time for a CPU. Pure: it updates ``state`` and returns the new limit.
+
+    Averages :data:`WINDOW` decodes; a contended window gives one CPU back (a probe of
+    one more CPU that finds contention is undone at once); an uncontended limit below
+    ``usable`` tries one more CPU every :data:`PROBE_AFTER_S` seconds.
+    """
+    state.waits.append(wait_share)
+    if state.probing and wait_share > CONTENDED:
+        state.probing = False
+        state.waits.clear()
+        state.limit = max(1, state.limit - 1)
+        state.lowered_at = now
+        return state.limit
+    if len(state.waits) < WINDOW:
+        return state.limit
+    mean = sum(state.waits) / len(state.waits)
+    state.waits.clear()
+    if mean > CONTENDED and state.limit > 1:
+        state.limit -= 1
+        state.lowered_at = now
+        state.probing = False
+    elif mean <= CONTENDED:
+        state.probing = False
+        if state.limit < state.usable and now - state.lowered_at >= PROBE_AFTER_S:
+            state.limit += 1
+            state.lowered_at = now
+            state.probing = True
+    return state.limit
+
+
+class CpuBudget:
+    """The threads all of this process's llama.cpp contexts may use at once.
+
+    A decode asks for its team size and gets ``min(want, fair share)``, where the fair
+    share divides the current limit among the teams busy in the last
+    :data:`BUSY_FOR_S`; it waits while the CPUs it needs are taken (more busy teams than
+    CPUs then take turns). The limit starts at the usable CPUs and follows
+    :func:`next_limit`.
+    """
+
+    def __init__(self, usable: int, *, adaptive: bool = True) -> None:
+        self._cond = threading.Condition()
+        self._in_use = 0
+        self._busy: dict[int, float] = {}
+        self._state = ContentionState(usable=usable, limit=usable)
+        self._adaptive = adaptive
+        self._wait_ns = _thread_wait_ns()
+
+    @property
+    def limit(self) -> int:
+        return self._state.limit
+
+    @property
+    def usable(self) -> int:
+        return self._state.usable
+
+    def _share(self, team: int, want: int, now: float) -> int:
+        self._busy = {t: at for t, at in self._busy.items() if now - at < BUSY_FOR_S}
+        self._busy[team] = now
+        share = max(1, self._state.limit // len(self._busy))
+        return max(1, min(want, share))
+
+    @contextlib.contextmanager
+    def threads(self, team: int, want: int) -> Iterator[int]:
+        """Hold up to ``want`` threads for one decode of ``team`` (any id unique to a
+        context); yields the number to use."""
+        with self._cond:
+            now = time.monotonic()
+            n = self._share(team, want, now)
+            while self._in_use + n > self._state.limit and self._in_use > 0:
+                self._cond.wait(0.05)
+                n = self._share(team, want, time.monotonic())
+            self._in_use += n
+        w0 = self._wait_ns() if self._adaptive else None
+        t0 = time.perf_counter_ns()
+        try:
+            yield n
+        finally:
+            wall = time.perf_counter_ns() - t0
+            w1 = self._wait_ns() if w0 is not None else None
+            with self._cond:
+                self._in_use -= n
+                self._busy[team] = time.monotonic()
+                if w0 is not None and w1 is not None and wall > 0:
+                    before = self._state.limit
+                    after = next_limit(self._state, (w1 - w0) / wall, time.monotonic())
+                    if after != before:
+                        logger.debug("CPU budget %d -> %d (other programs' load)", before, after)
+                self._cond.notify_all()
+
+
+_budget: CpuBudget | None = None
+
+
+def cpu_budget() -> CpuBudget:
+    """The process-wide budget, sized by :func:`default_cpu_view`."""
+    global _budget
+    view = default_cpu_view()
+    with _plan_lock:
+        if _budget is None:
+            _budget = CpuBudget(usable_cpus(view))
+        return _budget

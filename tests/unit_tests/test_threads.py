@@ -1,0 +1,287 @@
+"""The thread-count decision and the process-wide CPU budget, without a model.
+
+The CPU view is read from a made-up ``/proc`` and ``/sys`` tree (cgroup v1 and v2
+quotas, SMT siblings, hybrid Intel cores); the budget's decisions are pure functions of
+what it observed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from langchain_llamacpp_local.llama import threads as T
+from langchain_llamacpp_local.llama.threads import (
+    ContentionState,
+    CpuBudget,
+    CpuView,
+    next_limit,
+    plan_threads,
+    prepare_openmp,
+    usable_cpus,
+)
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+
+
+def _topology(root: Path, siblings: list[str]) -> None:
+    for cpu, text in enumerate(siblings):
+        _write(root, f"sys/devices/system/cpu/cpu{cpu}/topology/core_cpus_list", text + "\n")
+
+
+# ---------------------------------------------------------------- the decision
+
+
+def test_defaults_are_one_thread_per_usable_core() -> None:
+    plan = plan_threads(CpuView(affinity=8, quota=None, cores=8))
+    assert (plan.n_threads, plan.n_threads_batch, plan.usable) == (8, 8, 8)
+
+
+def test_affinity_mask_bounds_the_threads() -> None:
+    plan = plan_threads(CpuView(affinity=1, quota=None, cores=1))
+    assert (plan.n_threads, plan.n_threads_batch, plan.usable) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("quota", "expected"), [(2.0, 2), (1.5, 1), (0.5, 1), (2.999, 2), (64.0, 16)]
+)
+def test_cgroup_quota_bounds_the_threads_rounded_down(quota: float, expected: int) -> None:
+    plan = plan_threads(CpuView(affinity=16, quota=quota, cores=16))
+    assert plan.n_threads == plan.n_threads_batch == plan.usable == expected
+    assert "cgroup quota" in plan.reason
+
+
+def test_smt_siblings_count_once() -> None:
+    plan = plan_threads(CpuView(affinity=16, quota=None, cores=8))
+    assert (plan.n_threads, plan.n_threads_batch) == (8, 8)
+    assert plan.usable == 16  # the budget still knows every CPU the process may use
+    assert "8 physical cores" in plan.reason
+
+
+def test_quota_below_the_cores_wins() -> None:
+    assert plan_threads(CpuView(affinity=64, quota=2.0, cores=32)).n_threads == 2
+
+
+@pytest.mark.parametrize(
+    ("n_threads", "n_threads_batch", "expected"),
+    [(3, None, (3, 3)), (None, 5, (1, 5)), (1, 6, (1, 6)), (12, None, (12, 12))],
+)
+def test_explicit_settings_always_win(
+    n_threads: int | None, n_threads_batch: int | None, expected: tuple[int, int]
+) -> None:
+    plan = plan_threads(CpuView(affinity=4, quota=1.0, cores=4), n_threads, n_threads_batch)
+    assert (plan.n_threads, plan.n_threads_batch) == expected
+    assert "explicit" in plan.reason
+
+
+def test_unknown_topology_uses_the_usable_cpus() -> None:
+    assert usable_cpus(CpuView(affinity=6, quota=None, cores=None)) == 6
+    assert plan_threads(CpuView(affinity=6, quota=None, cores=None)).n_threads == 6
+
+
+# ---------------------------------------------------------------- reading /proc and /sys
+
+
+def test_cgroup_v2_quota_is_read_up_the_tree(tmp_path: Path) -> None:
+    _write(tmp_path, "proc/self/cgroup", "0::/system.slice/app.service\n")
+    _write(tmp_path, "sys/fs/cgroup/system.slice/app.service/cpu.max", "max 100000\n")
+    _write(tmp_path, "sys/fs/cgroup/system.slice/cpu.max", "250000 100000\n")
+    assert T.read_cgroup_quota(tmp_path) == 2.5
+
+
+def test_cgroup_v2_quota_mounted_at_the_root_in_a_container(tmp_path: Path) -> None:
+    # docker run --cpus=2: the container sees its own cgroup at /sys/fs/cgroup
+    _write(tmp_path, "proc/self/cgroup", "0::/\n")
+    _write(tmp_path, "sys/fs/cgroup/cpu.max", "200000 100000\n")
+    assert T.read_cgroup_quota(tmp_path) == 2.0
+
+
+def test_cgroup_v2_without_a_limit(tmp_path: Path) -> None:
+    _write(tmp_path, "proc/self/cgroup", "0::/user.slice\n")
+    _write(tmp_path, "sys/fs/cgroup/user.slice/cpu.max", "max 100000\n")
+    assert T.read_cgroup_quota(tmp_path) is None
+
+
+def test_cgroup_v1_quota(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        "proc/self/cgroup",
+        "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n",
+    )
+    _write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "150000\n")
+    _write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n")
+    assert T.read_cgroup_quota(tmp_path) == 1.5
+
+
+def test_cgroup_v1_unlimited(tmp_path: Path) -> None:
+    _write(tmp_path, "proc/self/cgroup", "3:cpu,cpuacct:/\n")
+    _write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1\n")
+    _write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n")
+    assert T.read_cgroup_quota(tmp_path) is None
+
+
+def test_no_cgroup_files(tmp_path: Path) -> None:
+    assert T.read_cgroup_quota(tmp_path) is None
+
+
+def test_smt_siblings_from_sysfs(tmp_path: Path) -> None:
+    # 4 cores, 2 threads each: cpu k and k+4 are siblings
+    _topology(tmp_path, [f"{k % 4},{k % 4 + 4}" for k in range(8)])
+    assert T.count_cores(set(range(8)), tmp_path) == 4
+    # an affinity mask with both siblings of one core and one of another: 2 cores
+    assert T.count_cores({0, 4, 1}, tmp_path) == 2
+
+
+def test_hybrid_cpu_counts_performance_cores(tmp_path: Path) -> None:
+    # 2 performance cores with SMT (cpus 0-3) and 4 efficiency cores (4-7)
+    _topology(tmp_path, ["0-1", "0-1", "2-3", "2-3", "4", "5", "6", "7"])
+    _write(tmp_path, "sys/devices/cpu_core/cpus", "0-3\n")
+    assert T.count_cores(set(range(8)), tmp_path) == 2
+    # confined to efficiency cores only: those are what there is
+    assert T.count_cores({5, 6}, tmp_path) == 2
+
+
+def test_unreadable_topology(tmp_path: Path) -> None:
+    assert T.count_cores({0, 1}, tmp_path) is None
+
+
+def test_cpu_list_format() -> None:
+    assert T.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+
+
+# ---------------------------------------------------------------- OpenMP
+
+
+def test_openmp_spinning_is_bounded_by_default() -> None:
+    env: dict[str, str] = {}
+    assert prepare_openmp(env) == f"GOMP_SPINCOUNT={T.SPIN_COUNT}"
+    assert env == {"GOMP_SPINCOUNT": str(T.SPIN_COUNT)}
+
+
+@pytest.mark.parametrize("name", T.WAIT_VARIABLES)
+def test_the_users_wait_setting_is_respected(name: str) -> None:
+    env = {name: "PASSIVE" if name == "OMP_WAIT_POLICY" else "5"}
+    assert prepare_openmp(env) is None
+    assert env == {name: env[name]}
+
+
+# ---------------------------------------------------------------- the budget's decisions
+
+
+def test_contention_gives_a_cpu_back_after_a_window() -> None:
+    state = ContentionState(usable=4, limit=4)
+    for _ in range(T.WINDOW - 1):
+        assert next_limit(state, 0.4, now=10.0) == 4
+    assert next_limit(state, 0.4, now=10.0) == 3
+
+
+def test_a_quiet_window_keeps_the_limit() -> None:
+    state = ContentionState(usable=2, limit=2)
+    for _ in range(3 * T.WINDOW):
+        assert next_limit(state, 0.01, now=1.0) == 2
+
+
+def test_the_limit_never_drops_below_one() -> None:
+    state = ContentionState(usable=2, limit=1)
+    for _ in range(4 * T.WINDOW):
+        assert next_limit(state, 0.9, now=0.0) == 1
+
+
+def test_a_lowered_limit_probes_one_more_cpu_later_and_keeps_it_if_quiet() -> None:
+    state = ContentionState(usable=2, limit=1, lowered_at=0.0)
+    for _ in range(T.WINDOW):
+        next_limit(state, 0.0, now=T.PROBE_AFTER_S / 2)
+    assert state.limit == 1  # too early to probe
+    for _ in range(T.WINDOW):
+        next_limit(state, 0.0, now=T.PROBE_AFTER_S + 1)
+    assert state.limit == 2 and state.probing
+    for _ in range(T.WINDOW):
+        next_limit(state, 0.02, now=T.PROBE_AFTER_S + 2)
+    assert state.limit == 2 and not state.probing
+
+
+def test_a_probe_that_meets_contention_is_undone_at_once() -> None:
+    state = ContentionState(usable=2, limit=1, lowered_at=0.0)
+    for _ in range(T.WINDOW):
+        next_limit(state, 0.0, now=10.0)
+    assert state.limit == 2
+    assert next_limit(state, 0.5, now=10.1) == 1
+
+
+# ---------------------------------------------------------------- the budget's mechanism
+
+
+def test_one_busy_team_gets_every_cpu() -> None:
+    budget = CpuBudget(4, adaptive=False)
+    with budget.threads(team=1, want=4) as n:
+        assert n == 4
+
+
+def test_two_busy_teams_split_the_cpus_and_never_oversubscribe() -> None:
+    budget = CpuBudget(2, adaptive=False)
+    in_use: list[int] = []
+    peak = [0]
+    lock = threading.Lock()
+    got: dict[int, set[int]] = {1: set(), 2: set()}
+    stop = time.monotonic() + 0.5
+
+    def run(team: int) -> None:
+        while time.monotonic() < stop:
+            with budget.threads(team, want=2) as n:
+                with lock:
+                    in_use.append(n)
+                    peak[0] = max(peak[0], sum(in_use))
+                got[team].add(n)
+                time.sleep(0.002)
+                with lock:
+                    in_use.remove(n)
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in (1, 2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert peak[0] <= 2
+    assert 1 in got[1] and 1 in got[2]  # both ran at the split size
+
+
+def test_more_busy_teams_than_cpus_take_turns() -> None:
+    budget = CpuBudget(1, adaptive=False)
+    active = [0]
+    peak = [0]
+    lock = threading.Lock()
+
+    def run(team: int) -> None:
+        for _ in range(20):
+            with budget.threads(team, want=1):
+                with lock:
+                    active[0] += 1
+                    peak[0] = max(peak[0], active[0])
+                time.sleep(0.001)
+                with lock:
+                    active[0] -= 1
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(10)
+    assert peak[0] == 1
+
+
+def test_a_team_alone_again_gets_every_cpu_back() -> None:
+    budget = CpuBudget(2, adaptive=False)
+    with budget.threads(1, 2) as n:
+        assert n == 2
+    with budget.threads(2, 2) as n:
+        assert n == 1  # team 1 decoded a moment ago: it still counts as busy
+    time.sleep(T.BUSY_FOR_S * 1.5)
+    with budget.threads(1, 2) as n:
+        assert n == 2
