@@ -61,3 +61,61 @@ def flags_line(info: dict[str, Any]) -> str:
     if "weight_buffers_mib" in info:
         line += f"; weights (MiB): {info['weight_buffers_mib']}"
     return line
+
+
+def thread_settings() -> dict[str, Any]:
+    """What decides how the CPU threads run: the CPUs this process may use, the package's
+    default plan, and the OpenMP wait settings in force."""
+    from langchain_llamacpp_local.llama import threads
+
+    view = threads.read_cpu_view()
+    return {
+        "affinity_cpus": view.affinity,
+        "cgroup_quota_cpus": view.quota,
+        "physical_cores": view.cores,
+        "default_plan": threads.plan_threads(view).as_dict(),
+        "openmp_env": {k: os.environ.get(k) for k in threads.WAIT_VARIABLES},
+    }
+
+
+def avoid_amx_in_llama() -> str | None:
+    """Make llama-cpp-python's ``Llama`` (and classes built on it) load with llama.cpp's
+    placement minus the AMX buffer type, where this machine has one.
+
+    Its AMX kernel dies on some CPUs (SIGILL or SIGSEGV at the first decode, see
+    docs/configuration.md), which would leave the contenders built on ``Llama`` without
+    any figure; every other placement stays llama.cpp's. Returns what was done, or None.
+    """
+    import ctypes
+
+    import llama_cpp
+    import llama_cpp.llama_cpp as C
+
+    from langchain_llamacpp_local.llama import engine, ggml_cpu
+
+    if "AMX" not in ggml_cpu.extra_buffer_types():
+        return None
+    default = C.llama_model_default_params
+    keep: list[Any] = []
+
+    def params_for(path: str) -> Any:
+        plan = engine.plan_weights(engine.LoadConfig(model_path=path))
+        params = default()
+        params.use_extra_bufts = plan.use_extra_bufts
+        overrides = engine._buft_overrides(plan)
+        if overrides is not None:
+            keep.append(overrides)
+            params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        return params
+
+    original_init = llama_cpp.Llama.__init__
+
+    def init(self: Any, model_path: str, *args: Any, **kwargs: Any) -> None:
+        C.llama_model_default_params = lambda: params_for(model_path)  # type: ignore[assignment]
+        try:
+            original_init(self, model_path, *args, **kwargs)
+        finally:
+            C.llama_model_default_params = default  # type: ignore[assignment]
+
+    llama_cpp.Llama.__init__ = init  # type: ignore[method-assign]
+    return "Llama loads without the AMX buffer type (its kernel crashes on this CPU)"
