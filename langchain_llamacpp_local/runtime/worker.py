@@ -372,12 +372,12 @@ class _WorkerState:
                     item = q.get_nowait()
                 except queue.Empty:
                     item = None
-            self._admit()
-            if self.active:
-                try:
+            try:
+                self._admit()
+                if self.active:
                     self._step()
-                finally:
-                    self._persist_finished()
+            finally:
+                self._persist_finished()
             if self.memory is not None and self.memory.checking:
                 self.memory.check()
 

@@ -26,6 +26,7 @@ from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.channel import Channel
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_identical
+from tests.gguf_models import write_scripted_llama
 
 GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 8, "deterministic": True}
 INT32_MAX = 2**31 - 1
@@ -192,3 +193,41 @@ def test_the_reply_is_sent_before_its_state_is_saved(
     assert events[1][1].startswith("llamacpp-worker")
     assert events[2][1] == "llamacpp-disk-cache"
     assert list(cache.glob("*.llkv"))
+
+
+def test_a_reply_ending_inside_a_verify_step_saves_the_state_it_keeps(
+    tmp_path: Path,
+) -> None:
+    """A stop string inside an accepted draft ends the reply before the step drops its
+    rejected rows: the saved state is taken after the step, so it holds exactly the
+    entries the file lists (a state with more cells would be refused on restore)."""
+    cycle = "abcd efg."
+    model = write_scripted_llama(
+        tmp_path / "cycle.gguf",
+        transitions={c: {cycle[(i + 1) % len(cycle)]: 10.0} for i, c in enumerate(cycle)},
+    )
+    cache = tmp_path / "cache"
+    llm = ChatLlamaCpp(
+        model_path=str(model),
+        chat_template="{{ messages[-1].content }}",
+        n_ctx=512,
+        n_slots=1,
+        prompt_cache_dir=str(cache),
+        max_tokens=40,
+        speculative_max_draft=6,
+        **_GREEDY,
+    )
+    got = llm.invoke(cycle * 5 + "a", stop=["g.ab"], speculative="ngram")
+    assert got.content == "bcd ef" and got.response_metadata["speculative"]["accepted"] > 0
+    assert disk_cache.flush(30)
+
+    def saved(st: Any) -> tuple[int, int, int]:
+        slot = st.slots[0]
+        entry, _ = st.memory.disk.best(slot.entries)
+        item = st.memory.disk.load(entry)
+        assert st.engine.state_set(item.data, slot.seq_id, 0)  # the same state again
+        return len(item.entries), slot.n_past, st.engine.seq_pos_max(slot.seq_id)
+
+    n_file, n_slot, pos_max = llm._worker.call(saved)  # type: ignore[union-attr]
+    assert n_file == n_slot
+    assert pos_max == n_file - 1
