@@ -302,10 +302,9 @@ class DiskPromptCache:
             return list(self._index.values())
 
     def discard(self, entry: DiskEntry) -> None:
-        """Delete a file whose state proved unusable once restored (one log line)."""
-        logger.warning(
-            "prompt cache: deleting %s: its state is not what it claims", entry.path.name
-        )
+        """Delete a file whose state proved unusable once restored (the restore logged
+        why)."""
+        logger.debug("prompt cache: deleting %s", entry.path.name)
         self._forget(entry.path)
         with contextlib.suppress(OSError):
             entry.path.unlink()

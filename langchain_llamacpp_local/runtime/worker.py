@@ -964,12 +964,13 @@ class _WorkerState:
         After the step, so the replies are out and the memory is settled (a verify step
         drops its rejected rows after its request finished); the slots are not reused
         before this. Encoding, hashing and writing happen on the disk cache's thread."""
-        memory = self.memory
         while self.saves:
             slot, pending = self.saves.pop(0)
+            if self.memory is None:
+                pending.fill(None)  # the writer waits for every place it was given
+                continue
             try:
-                assert memory is not None
-                memory.persist(slot, pending)
+                self.memory.persist(slot, pending)  # fills it, even when the copy fails
             except Exception:
                 logger.warning("prompt cache: could not save a conversation", exc_info=True)
 
