@@ -222,7 +222,8 @@ class _Writer:
 
 _writer_lock = threading.Lock()
 _writer: _Writer | None = None
-#: Every cache object, to renew their locks in a forked child.
+#: The cache objects the writer thread has written for, to renew their locks in a forked
+#: child (the thread may have held one at the fork).
 _caches: weakref.WeakSet[DiskPromptCache] = weakref.WeakSet()
 
 
@@ -281,7 +282,6 @@ class DiskPromptCache:
         self._lock = threading.Lock()
         self._last_saved: dict[int, tuple[int, int]] = {}  # seq_id -> (n entries, hash)
         self.dir.mkdir(parents=True, exist_ok=True)
-        _caches.add(self)
 
     # ------------------------------------------------------------------ lookup
 
@@ -385,6 +385,7 @@ class DiskPromptCache:
         if self.max_bytes <= 0:
             return None
         pending = PendingSave()
+        _caches.add(self)  # the writer thread takes its lock from now on
         _get_writer().put(self, pending)
         return pending
 
