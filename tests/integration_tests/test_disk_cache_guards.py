@@ -130,11 +130,12 @@ def test_a_state_with_a_cell_out_of_reach_is_refused_and_the_model_serves(
     llm._worker.call(lambda st: st.memory.check())  # type: ignore[union-attr]
 
 
-def test_reset_removes_a_cell_seq_rm_cannot_reach(tiny_llama: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kv_unified", [False, True])
+def test_reset_removes_a_cell_seq_rm_cannot_reach(tiny_llama: str, kv_unified: bool) -> None:
     """llama.cpp's seq_rm(seq, -1, -1) removes [0, 2**31 - 1): a cell at 2**31 - 1
     stays. Reset still empties the sequence, and the other slot's conversation
-    survives it."""
-    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=2, **GREEDY)
+    survives it (per-sequence streams or one unified cache)."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=2, kv_unified=kv_unified, **GREEDY)
     first = llm.invoke(FIRST)
 
     def plant_and_reset(st: Any) -> tuple[int, int, int]:
