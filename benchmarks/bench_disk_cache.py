@@ -12,7 +12,12 @@ the disk carries over between them:
 Time to first token is measured inside the process, from the call to the first streamed
 text (the load is reported apart). Goal: warm ≤ 20 % of cold.
 
-    python benchmarks/bench_disk_cache.py [--runs 2]
+Then what saving costs each reply: one process continues a conversation on that preamble
+turn by turn (each call a few new tokens, the rest in the slot), with and without
+``prompt_cache_dir``; a reply is sent before its state is copied, and the writer thread
+hashes and writes, so the figures should be close. Goal: with ≤ 1.2 × without.
+
+    python benchmarks/bench_disk_cache.py [--runs 2] [--turns 8]
 """
 
 from __future__ import annotations
@@ -93,6 +98,42 @@ print(json.dumps({"ttft_s": ttft, "load_s": t_load, "cache_read": cache_read,
 """
 
 
+_TURNS_CHILD = r"""
+import json, statistics, sys, time
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.cache import disk as disk_cache
+model, cache_dir, system, turns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+llm = ChatLlamaCpp(model_path=model, n_ctx=8192, temperature=0, max_tokens=8,
+                   prompt_cache_dir=cache_dir or None)
+history = [SystemMessage(system)]
+times = []
+for i in range(turns + 1):
+    history.append(HumanMessage(f"Step {i}: which tool next, and why?"))
+    t0 = time.perf_counter()
+    out = llm.invoke(history)
+    times.append(time.perf_counter() - t0)
+    history.append(AIMessage(out.content))
+assert disk_cache.flush(120)
+print(json.dumps({"per_reply_s": statistics.median(times[1:]),  # the first reads the prompt
+                  "input_tokens": out.usage_metadata["input_tokens"]}))
+"""
+
+
+def turns_child(model: str, cache_dir: Path | None, turns: int) -> dict[str, Any]:
+    """Median seconds per reply of a conversation continued ``turns`` times."""
+    done = subprocess.run(
+        [sys.executable, "-c", _TURNS_CHILD, model, str(cache_dir or ""), preamble(), str(turns)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"turns child failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def child(kind: str, model: str, cache_dir: Path, question: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, kind, model, str(cache_dir), question, preamble()],
@@ -109,6 +150,7 @@ def child(kind: str, model: str, cache_dir: Path, question: str) -> dict[str, An
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=8, help="replies timed per conversation")
     ap.add_argument("--model", default=None, help="GGUF (default: Gemma 3 270M from PyPI)")
     args = ap.parse_args()
     if args.model is None:
@@ -136,6 +178,17 @@ def main() -> None:
             "load_s": statistics.median(r["cold"]["load_s"] for r in runs),
             "runs": runs,
         }
+    per_reply: dict[str, list[float]] = {"without": [], "with": []}
+    for _ in range(args.runs):
+        per_reply["without"].append(turns_child(args.model, None, args.turns)["per_reply_s"])
+        with tempfile.TemporaryDirectory() as d:
+            row = turns_child(args.model, Path(d), args.turns)
+        per_reply["with"].append(row["per_reply_s"])
+    result["per_reply"] = {
+        "input_tokens": row["input_tokens"],
+        "without_dir_s": statistics.median(per_reply["without"]),
+        "with_dir_s": statistics.median(per_reply["with"]),
+    }
     ours, llama = result["contenders"]["ours"], result["contenders"]["llama"]
     n = ours["runs"][-1]["warm"]["input_tokens"]
     read = ours["runs"][-1]["warm"]["cache_read"]
@@ -147,6 +200,12 @@ def main() -> None:
     print(
         f"  Llama + LlamaDiskCache: cold {llama['cold_ttft_s']:.2f} s, warm "
         f"{llama['warm_ttft_s']:.2f} s ({llama['warm_over_cold']:.0%} of cold)"
+    )
+    pr = result["per_reply"]
+    print(
+        f"  a conversation continued ({pr['input_tokens']} tokens at the end): "
+        f"{pr['without_dir_s']:.3f} s per reply without prompt_cache_dir, "
+        f"{pr['with_dir_s']:.3f} s with it"
     )
     print(
         json.dumps(

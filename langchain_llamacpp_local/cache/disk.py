@@ -16,8 +16,9 @@ in files under ``prompt_cache_dir``:
   everything. A mismatched, truncated or corrupt file is skipped with one log line.
 * **LRU under a byte budget.** Restoring a file touches it; the oldest go first, and a
   file whose prefix a newer file of the same conversation extends is dropped.
-* **Off the path to the first token.** The worker takes the state in memory when a
-  reply is done and a writer thread writes it; pending writes are flushed at exit.
+* **Off the reply's path.** When a reply is done the worker sends it, then copies the
+  sequence state once; a writer thread encodes, hashes and writes it. Pending writes are
+  flushed at exit; a forked child starts its own writer.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import struct
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,17 +169,34 @@ def _decode(blob: bytes, key: str, build: str) -> CachedPrompt:
     return CachedPrompt(entries, data, checkpoints, int(header["exact"]))
 
 
+class PendingSave:
+    """A record's place in the writer's queue, taken before the reply is sent and filled
+    after (:meth:`fill`), so that files keep their order and the exit flush waits for it."""
+
+    def __init__(self) -> None:
+        self.item: CachedPrompt | None = None
+        self._ready = threading.Event()
+
+    def fill(self, item: CachedPrompt | None) -> None:
+        """Hand over the record (None: nothing to write); call exactly once."""
+        self.item = item
+        self._ready.set()
+
+    def wait(self) -> CachedPrompt | None:
+        self._ready.wait()
+        return self.item
+
+
 class _Writer:
-    """One background thread writing files in order; flushed at interpreter exit."""
+    """One background thread encoding and writing files in order."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="llamacpp-disk-cache", daemon=True)
         self._thread.start()
-        atexit.register(self.flush, _EXIT_FLUSH_S)
 
-    def put(self, cache: DiskPromptCache, name: str, blob: bytes, entry: tuple[Any, ...]) -> None:
-        self._queue.put(("write", cache, name, blob, entry))
+    def put(self, cache: DiskPromptCache, pending: PendingSave) -> None:
+        self._queue.put(("write", cache, pending))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every file queued before this call is written (True) or ``timeout``."""
@@ -191,15 +210,21 @@ class _Writer:
             if item[0] == "mark":
                 item[1].set()
                 continue
-            _, cache, name, blob, (entries, exact) = item
+            _, cache, pending = item
+            record = pending.wait()
+            if record is None:
+                continue
             try:
-                cache._write(name, blob, entries, exact)
+                cache._write_record(record)
             except Exception:  # a full disk or a removed directory must not kill the thread
-                logger.warning("prompt cache: could not write %s", name, exc_info=True)
+                logger.warning("prompt cache: could not write a record", exc_info=True)
 
 
 _writer_lock = threading.Lock()
 _writer: _Writer | None = None
+#: The cache objects the writer thread has written for, to renew their locks in a forked
+#: child (the thread may have held one at the fork).
+_caches: weakref.WeakSet[DiskPromptCache] = weakref.WeakSet()
 
 
 def _get_writer() -> _Writer:
@@ -207,12 +232,41 @@ def _get_writer() -> _Writer:
     with _writer_lock:
         if _writer is None:
             _writer = _Writer()
+            _flush_at_child_exit()
         return _writer
 
 
 def flush(timeout: float | None = None) -> bool:
     """Wait for the files queued so far to be written (tests, short-lived programs)."""
-    return _get_writer().flush(timeout) if _writer is not None else True
+    writer = _writer
+    return writer.flush(timeout) if writer is not None else True
+
+
+def _flush_at_exit() -> None:
+    flush(_EXIT_FLUSH_S)
+
+
+def _flush_at_child_exit() -> None:
+    """A ``multiprocessing`` child ends with ``os._exit`` (no atexit hooks) but runs its
+    exit finalizers first: flush there too."""
+    import multiprocessing.util  # only where a writer starts
+
+    multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=0)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits the parent's writer but not its thread: what it queued
+    would never be written and its exit flush would wait in vain. It starts afresh (the
+    parent writes what the parent queued)."""
+    global _writer, _writer_lock
+    _writer_lock = threading.Lock()  # the parent's writer thread may have held a lock
+    _writer = None
+    for cache in list(_caches):
+        cache._lock = threading.Lock()
+
+
+atexit.register(_flush_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class DiskPromptCache:
@@ -246,6 +300,14 @@ class DiskPromptCache:
         self._scan()
         with self._lock:
             return list(self._index.values())
+
+    def discard(self, entry: DiskEntry) -> None:
+        """Delete a file whose state proved unusable once restored (the restore logged
+        why)."""
+        logger.debug("prompt cache: deleting %s", entry.path.name)
+        self._forget(entry.path)
+        with contextlib.suppress(OSError):
+            entry.path.unlink()
 
     def load(self, entry: DiskEntry) -> CachedPrompt | None:
         """The verified record of ``entry``, or None (one log line) if it cannot be used."""
@@ -314,13 +376,26 @@ class DiskPromptCache:
 
     def save(self, item: CachedPrompt) -> None:
         """Queue ``item`` for writing (the file appears when it is complete)."""
+        pending = self.reserve()
+        if pending is not None:
+            pending.fill(item)
+
+    def reserve(self) -> PendingSave | None:
+        """A place in the writer's queue for a record handed over later (None: off)."""
         if self.max_bytes <= 0:
-            return
+            return None
+        pending = PendingSave()
+        _caches.add(self)  # the writer thread takes its lock from now on
+        _get_writer().put(self, pending)
+        return pending
+
+    def _write_record(self, item: CachedPrompt) -> None:
+        """Encode and write ``item`` (the writer thread: hashing a whole KV state is slow)."""
         blob = _encode(self.key, self.build, item)
         if len(blob) > self.max_bytes:
             return
         entries = tuple(int(e) for e in item.entries)  # type: ignore[call-overload]
-        _get_writer().put(self, self._name(entries), blob, (entries, item.exact))
+        self._write(self._name(entries), blob, entries, item.exact)
 
     def _name(self, entries: Sequence[int]) -> str:
         h = hashlib.blake2b(digest_size=20)

@@ -132,6 +132,11 @@ class SlotMemory:
         self.deterministic = engine.config.deterministic
         self.checking = check_enabled()
         self._clock = 0
+        #: the file the slot being acquired was restored from (its checkpoints are next)
+        self._restored_file: disk_cache.DiskEntry | None = None
+        #: each sequence's state size while empty (the memory is empty now): what
+        #: :meth:`reset` checks it left
+        self._empty_size = [engine.state_size(s.seq_id) for s in self.slots]
 
     @property
     def uses_checkpoints(self) -> bool:
@@ -162,10 +167,14 @@ class SlotMemory:
         marks: Sequence[int] = (),
     ) -> tuple[Slot, int]:
         """A free slot for ``tokens`` and how many of its entries the request keeps."""
+        self._restored_file = None
         slot = self._choose(tokens, busy)
         if not cache_prompt:
             self.reset(slot)
-        return slot, self._rewind(slot, tokens, media, marks)
+        try:
+            return slot, self._rewind(slot, tokens, media, marks)
+        finally:
+            self._restored_file = None
 
     def _touch(self, slot: Slot) -> Slot:
         self._clock += 1
@@ -194,17 +203,21 @@ class SlotMemory:
                 cached = None
         else:
             n_cached = 0
+        from_disk: disk_cache.DiskEntry | None = None
         if self.disk is not None:  # a state saved by this or an earlier process
             on_disk = self._from_disk(tokens, max(best_slot, n_cached))
             if on_disk is not None:
-                cached, n_cached = on_disk
+                cached, n_cached, from_disk = on_disk
         plan = plan_fill(states, choice.target, n_cached, can_copy=can_copy)
         if plan.action == "restore":
             assert cached is not None
             # Take it out first: parking the target may evict cache entries (this one too).
             self.ram.take(cached)
             self.park(target)
-            self.restore(target, cached)
+            if self.restore(target, cached):
+                self._restored_file = from_disk
+            elif from_disk is not None:
+                self._discard(from_disk)
         elif plan.action == "copy":
             assert plan.source is not None
             self.park(target)
@@ -213,7 +226,9 @@ class SlotMemory:
             self.park(target)
         return self._touch(target)
 
-    def _from_disk(self, tokens: Sequence[Hashable], beat: int) -> tuple[CachedPrompt, int] | None:
+    def _from_disk(
+        self, tokens: Sequence[Hashable], beat: int
+    ) -> tuple[CachedPrompt, int, disk_cache.DiskEntry] | None:
         """The disk cache's record for ``tokens`` if it restores more than ``beat``
         entries (restoring a file is far cheaper than decoding what it holds)."""
         assert self.disk is not None
@@ -227,24 +242,71 @@ class SlotMemory:
         if item is None:
             return None
         logger.debug("prompt cache: %d of %d entries found on disk", n, len(tokens))
-        return item, n
+        return item, n, entry
 
-    def persist(self, slot: Slot) -> None:
-        """Queue ``slot``'s conversation for the disk cache (after a reply is done)."""
+    def _discard(self, entry: disk_cache.DiskEntry) -> None:
+        """Delete a file whose state or checkpoint did not hold what it claims."""
+        if self.disk is not None:
+            self.disk.discard(entry)
+
+    def reserve_save(self, slot: Slot) -> disk_cache.PendingSave | None:
+        """A place in the disk writer's queue for ``slot``'s conversation, taken before
+        its reply is sent (a program may exit right after: the exit flush waits for it);
+        :meth:`persist` fills it. None when there is nothing new to save."""
         disk = self.disk
         if disk is None or slot.n_past < DISK_MIN_ENTRIES:
-            return
+            return None
         if not disk.wants(slot.seq_id, slot.entries):
-            return
-        data = self.engine.state_get(slot.seq_id, 0)
-        disk.save(CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact))
+            return None
+        return disk.reserve()
+
+    def persist(self, slot: Slot, pending: disk_cache.PendingSave) -> None:
+        """Copy ``slot``'s state into ``pending`` (once; the writer thread encodes,
+        hashes and writes it). ``pending`` is filled even when the copy fails."""
+        item = None
+        try:
+            if slot.n_past < DISK_MIN_ENTRIES:  # the step that finished it dropped rows
+                return
+            data = self.engine.state_get(slot.seq_id, 0)
+            item = CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact)
+        finally:
+            pending.fill(item)
 
     # ------------------------------------------------------------------ memory changes
 
     def reset(self, slot: Slot) -> None:
-        """Remove the whole sequence (never fails) and forget its entries."""
+        """Remove the whole sequence (never fails) and forget its entries.
+
+        llama.cpp's ``seq_rm(seq, -1, -1)`` removes positions in [0, 2**31 - 1) only: a
+        cell outside (a state from a file may hold one) would stay and fail every later
+        decode of the sequence, so what is left is checked and purged."""
         self.engine.seq_rm(slot.seq_id, -1, -1)
+        if self.engine.state_size(slot.seq_id) != self._empty_size[slot.seq_id]:
+            logger.warning("slot %d kept cells seq_rm cannot remove: purging them", slot.seq_id)
+            self._purge(slot)
         slot.clear()
+
+    def _purge(self, slot: Slot) -> None:
+        """Empty ``slot``'s sequence whatever positions it holds: clear the whole memory
+        and put the other slots' sequences back (their states are copied first)."""
+        eng = self.engine
+        kept = [(s, eng.state_get(s.seq_id, 0)) for s in self.slots if s is not slot and s.n_past]
+        eng.clear()
+        for other, data in kept:
+            if not eng.state_set(data, other.seq_id, 0):  # it fitted a moment ago
+                logger.error("slot %d could not be put back after a purge", other.seq_id)
+                eng.seq_rm(other.seq_id, -1, -1)
+                other.clear()
+        slot.clear()
+
+    def _holds(self, seq_id: int, n: int) -> bool:
+        """Whether ``seq_id`` holds what a state of ``n`` entries must: its last position
+        ``n - 1``, none below 0, and from 0 on where memory is trimmable."""
+        eng = self.engine
+        lo, hi = eng.seq_pos_min(seq_id), eng.seq_pos_max(seq_id)
+        if hi != n - 1 or not 0 <= lo <= hi:
+            return False
+        return lo == 0 or eng.memory_kind is not MemoryKind.PARTIAL
 
     def park(self, slot: Slot) -> None:
         """Save a conversation to the host-RAM cache before its slot is reused."""
@@ -255,17 +317,27 @@ class SlotMemory:
             CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact)
         )
 
-    def restore(self, slot: Slot, cached: CachedPrompt) -> None:
-        """Load a parked conversation into ``slot`` (cleared first)."""
+    def restore(self, slot: Slot, cached: CachedPrompt) -> bool:
+        """Load a parked or saved conversation into ``slot`` (cleared first). False, the
+        slot left empty, when llama.cpp refuses the state or it does not hold the
+        positions its entries claim (a file's state may hold any position)."""
         self.reset(slot)
-        if self.engine.state_set(cached.data, slot.seq_id, 0):
-            slot.entries = list(cached.entries)
-            slot.exact = cached.exact
-            for ck in cached.checkpoints:
-                slot.checkpoints.add(ck)
-            logger.debug("restored %d cached entries from host RAM", len(cached.entries))
-        else:
+        n = len(cached.entries)
+        if not self.engine.state_set(cached.data, slot.seq_id, 0):
             self.reset(slot)  # a partial load: nothing of it may stay
+            return False
+        if not self._holds(slot.seq_id, n):
+            logger.warning(
+                "a cached state does not hold the %d positions it claims: reading the prompt", n
+            )
+            self._purge(slot)
+            return False
+        slot.entries = list(cached.entries)
+        slot.exact = cached.exact
+        for ck in cached.checkpoints:
+            slot.checkpoints.add(ck)
+        logger.debug("restored %d cached entries", n)
+        return True
 
     def copy(self, src: Slot, dst: Slot, n: int) -> None:
         """Give ``dst`` the first ``n`` entries of ``src`` without decoding them.
@@ -319,6 +391,14 @@ class SlotMemory:
         reach = 1 if kind is MemoryKind.SWA and not self.deterministic else 0
         ck = slot.checkpoints.best_for(n_keep, reach)
         if ck is not None and eng.state_set(ck.data, seq, PARTIAL_ONLY):
+            if not self._holds(seq, ck.n_tokens):  # a file's checkpoint may hold anything
+                logger.warning(
+                    "the checkpoint at %d entries does not hold its positions", ck.n_tokens
+                )
+                self._purge(slot)
+                if self._restored_file is not None:
+                    self._discard(self._restored_file)
+                return 0
             resume = min(ck.n_tokens, n_keep)
             if eng.seq_rm(seq, resume, -1):
                 logger.debug(

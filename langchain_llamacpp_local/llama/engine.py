@@ -957,13 +957,20 @@ class Engine(vocab.VocabMethods):
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)
 
-    def state_get(self, seq_id: int, flags: int = 0) -> bytes:
-        size = C.llama_state_seq_get_size_ext(self.ctx, seq_id, flags)
+    def state_size(self, seq_id: int, flags: int = 0) -> int:
+        """Bytes of ``seq_id``'s state: llama.cpp counts them without copying any data."""
+        return int(C.llama_state_seq_get_size_ext(self.ctx, seq_id, flags))
+
+    def state_get(self, seq_id: int, flags: int = 0) -> bytearray:
+        """``seq_id``'s state, copied once (it may be the whole KV cache of a conversation:
+        no second copy into ``bytes``)."""
+        size = self.state_size(seq_id, flags)
         raw = bytearray(size)  # slicing a ctypes array would build a list of ints
         buf = (ctypes.c_uint8 * size).from_buffer(raw)
         n = C.llama_state_seq_get_data_ext(self.ctx, buf, size, seq_id, flags)
         del buf
-        return bytes(memoryview(raw)[:n])
+        del raw[n:]
+        return raw
 
     def state_set(self, data: bytes, seq_id: int, flags: int = 0) -> bool:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)

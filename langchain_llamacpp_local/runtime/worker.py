@@ -27,6 +27,7 @@ from langchain_llamacpp_local.cache.chunking import (
     marker_cuts,
     piece_end,
 )
+from langchain_llamacpp_local.cache.disk import PendingSave
 from langchain_llamacpp_local.cache.slot_memory import WINDOW_SLACK, CacheOptions, SlotMemory
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.chat import prompts
@@ -293,6 +294,8 @@ class _WorkerState:
         self.active: list[_Active] = []
         self.proposers: dict[str, Proposer] = {}
         self.lora_turn = 0  # steps so far: rotates which adapter group decodes first
+        #: conversations finished this step, their disk-cache places still to fill
+        self.saves: list[tuple[Slot, PendingSave]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -373,9 +376,12 @@ class _WorkerState:
                     item = q.get_nowait()
                 except queue.Empty:
                     item = None
-            self._admit()
-            if self.active:
-                self._step()
+            try:
+                self._admit()
+                if self.active:
+                    self._step()
+            finally:
+                self._persist_finished()
             if self.memory is not None and self.memory.checking:
                 self.memory.check()
 
@@ -925,7 +931,7 @@ class _WorkerState:
         assert self.info is not None
         parsed = getattr(act.parser, "result", None)
         self._release(act)
-        self._persist(act)
+        self._reserve_save(act)
         put(
             (
                 "done",
@@ -942,16 +948,35 @@ class _WorkerState:
             )
         )
 
-    def _persist(self, act: _Active) -> None:
-        """Hand the finished conversation to the disk cache: its state is copied before
-        the reply's last message (so a program may exit right after it: the file is
-        written at exit), the file written by a background thread."""
+    def _reserve_save(self, act: _Active) -> None:
+        """Take the finished conversation's place in the disk cache's queue before the
+        reply's last message (a program may exit right after it: the exit flush waits
+        for the place); :meth:`_persist_finished` fills it after the step."""
         if self.memory is None or self.memory.disk is None:
             return
         try:
-            self.memory.persist(act.slot)
+            pending = self.memory.reserve_save(act.slot)
         except Exception:  # the cache is an optimisation: never fail the worker for it
             logger.warning("prompt cache: could not save a conversation", exc_info=True)
+            return
+        if pending is not None:
+            self.saves.append((act.slot, pending))
+
+    def _persist_finished(self) -> None:
+        """Copy the states of the conversations finished this step for the disk cache.
+
+        After the step, so the replies are out and the memory is settled (a verify step
+        drops its rejected rows after its request finished); the slots are not reused
+        before this. Encoding, hashing and writing happen on the disk cache's thread."""
+        while self.saves:
+            slot, pending = self.saves.pop(0)
+            if self.memory is None:
+                pending.fill(None)  # the writer waits for every place it was given
+                continue
+            try:
+                self.memory.persist(slot, pending)  # fills it, even when the copy fails
+            except Exception:
+                logger.warning("prompt cache: could not save a conversation", exc_info=True)
 
     def _finish_error(self, act: _Active, exc: BaseException) -> None:
         self._release(act)
