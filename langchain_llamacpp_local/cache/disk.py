@@ -43,7 +43,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -486,8 +486,7 @@ class DiskPromptCache:
             return None
         except (_Corrupt, OSError) as exc:
             logger.warning("prompt cache: skipping %s: %s", entry.path.name, exc)
-            self._forget(entry.path)
-            _remove(entry.path)  # it can never restore: make room for good ones
+            self._remove_own(entry.path)  # it can never restore: make room for good ones
             return None
         if (item.entries, item.exact) != (entry.entries, entry.exact):
             self._forget(entry.path)  # rewritten since the scan: read its header again
@@ -499,26 +498,52 @@ class DiskPromptCache:
             self._index.pop(path, None)
             self._seen.pop(path.name, None)
 
+    def _dir_mtime(self) -> int | None:
+        try:
+            return os.stat(self.dir).st_mtime_ns
+        except OSError:
+            return None
+
+    @contextlib.contextmanager
+    def _own_change(self) -> Iterator[None]:
+        """Mark a change this cache makes to the directory (its index already has it): if
+        the directory was as last scanned before, the next lookup need not list it again
+        (with thousands of files a listing costs more than the request). Another process's
+        file written in that instant is found at the next change."""
+        before = self._dir_mtime()
+        try:
+            yield
+        finally:
+            after = self._dir_mtime()
+            with self._lock:
+                if before is not None and before == self._scanned_at:
+                    self._scanned_at = after if after is not None else -1
+
+    def _remove_own(self, path: Path) -> None:
+        with self._own_change():
+            _remove(path)
+        self._forget(path)
+
     def _scan(self) -> None:
         """Read the headers of files written since the last scan (other processes'). A
         file already seen under the same inode is not opened again, whoever's it is."""
-        try:
-            mtime = os.stat(self.dir).st_mtime_ns
-        except OSError:
-            return
-        if mtime == self._scanned_at:
-            return
-        self._scanned_at = mtime
+        mtime = self._dir_mtime()
+        with self._lock:
+            if mtime is None or mtime == self._scanned_at:
+                return
+            self._scanned_at = mtime
+            known = dict(self._seen)  # what a write meanwhile adds is not "gone"
         present: dict[str, int] = {}
         with os.scandir(self.dir) as it:
             for d in it:
                 if len(d.name) == 45 and d.name.endswith(_SUFFIX) and _FILE_NAME.fullmatch(d.name):
                     present[d.name] = d.inode()
+        new = [n for n, ino in present.items() if known.get(n) != ino]
         with self._lock:
-            new = [n for n, ino in present.items() if self._seen.get(n) != ino]
-            for name in set(self._seen) - set(present):
-                del self._seen[name]
-                self._index.pop(self.dir / name, None)
+            for name, ino in known.items():
+                if name not in present and self._seen.get(name) == ino:
+                    del self._seen[name]
+                    self._index.pop(self.dir / name, None)
         for name in new:
             path = self.dir / name
             entry = self._read_entry(path)
@@ -584,18 +609,21 @@ class DiskPromptCache:
         """Write atomically (temporary file, fsync, rename), then enforce the budget."""
         final = self.dir / name
         tmp = self.dir / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}"
-        try:
-            with os.fdopen(os.open(tmp, _CREATE_FLAGS, 0o600), "wb") as f:  # private
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        with self._lock:
-            self._index[final] = DiskEntry(final, entries, exact, len(blob))
+        with self._own_change():
+            try:
+                with os.fdopen(os.open(tmp, _CREATE_FLAGS, 0o600), "wb") as f:  # private
+                    f.write(blob)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise
+            with self._lock:
+                self._index[final] = DiskEntry(final, entries, exact, len(blob))
+                with contextlib.suppress(OSError):
+                    self._seen[name] = os.lstat(final).st_ino
         logger.debug(
             "prompt cache: wrote %s (%d entries, %.1f MiB)", name, len(entries), len(blob) / 2**20
         )
@@ -611,10 +639,8 @@ class DiskPromptCache:
                 and len(e.entries) < len(entries)
                 and entries[: len(e.entries)] == e.entries
             ]
-            for path in covered:
-                del self._index[path]
         for path in covered:
-            _remove(path)
+            self._remove_own(path)
 
     def evict(self) -> None:
         """Delete the least recently used files until the directory fits the budget. Only
@@ -633,14 +659,13 @@ class DiskPromptCache:
                 continue
             if is_tmp:
                 if now - st.st_mtime > _STALE_TMP_S:
-                    _remove(path)
+                    self._remove_own(path)
                 continue
             files.append((st.st_mtime, st.st_size, path))
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files):
             if total <= self.max_bytes:
                 break
-            _remove(path)
+            self._remove_own(path)
             logger.debug("prompt cache: evicted %s", path.name)
             total -= size
-            self._forget(path)
