@@ -534,10 +534,17 @@ class DiskPromptCache:
             self._scanned_at = mtime
             known = dict(self._seen)  # what a write meanwhile adds is not "gone"
         present: dict[str, int] = {}
-        with os.scandir(self.dir) as it:
-            for d in it:
-                if len(d.name) == 45 and d.name.endswith(_SUFFIX) and _FILE_NAME.fullmatch(d.name):
-                    present[d.name] = d.inode()
+        try:
+            with os.scandir(self.dir) as it:
+                for d in it:
+                    if (
+                        len(d.name) == 45
+                        and d.name.endswith(_SUFFIX)
+                        and _FILE_NAME.fullmatch(d.name)
+                    ):
+                        present[d.name] = d.inode()
+        except OSError:  # the directory was removed: nothing to restore
+            return
         new = [n for n, ino in present.items() if known.get(n) != ino]
         with self._lock:
             for name, ino in known.items():

@@ -262,6 +262,26 @@ def test_the_secret_is_private_and_outside_the_directory(
     assert not list((tmp_path / "cache").iterdir())
 
 
+def _first_use(key: str, out: Any) -> None:
+    out.put(disk_cache.load_secret(Path(key)))
+
+
+def test_processes_starting_together_share_one_secret(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")  # nothing to import again: they start at once
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_first_use, args=(str(tmp_path / "k" / "key"), out)) for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    secrets = {out.get(timeout=60) for _ in procs}
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert secrets == {(tmp_path / "k" / "key").read_bytes()}
+    assert [p.name for p in (tmp_path / "k").iterdir()] == ["key"]  # no temporary left
+
+
 def test_a_readable_secret_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     key = tmp_path / "k" / "key"
     monkeypatch.setenv(disk_cache.ENV_KEY_FILE, str(key))
