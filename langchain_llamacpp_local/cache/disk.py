@@ -165,11 +165,14 @@ def key_file_path() -> Path:
     Outside the cache directory, so that whoever can read or fill the cache (a copied or
     synced folder, a backup) cannot sign files."""
     explicit = os.environ.get(ENV_KEY_FILE)
-    if explicit:
-        return Path(explicit).expanduser().absolute()
     state = os.environ.get("XDG_STATE_HOME", "")
-    base = Path(state) if os.path.isabs(state) else Path("~/.local/state").expanduser()
-    return base / "langchain-llamacpp-local" / "prompt-cache.key"
+    raw = explicit or (state if os.path.isabs(state) else "~/.local/state")
+    try:
+        base = Path(raw).expanduser().absolute()
+    except RuntimeError as exc:  # "~user" of no such user, or no home directory
+        where = f"{ENV_KEY_FILE}={explicit!r}" if explicit else "the prompt cache key"
+        raise FileNotFoundError(f"{where}: {exc}") from None
+    return base if explicit else base / "langchain-llamacpp-local" / "prompt-cache.key"
 
 
 def load_secret(path: Path) -> bytes:

@@ -262,6 +262,14 @@ def test_the_secret_is_private_and_outside_the_directory(
     assert not list((tmp_path / "cache").iterdir())
 
 
+def test_a_key_file_of_no_such_user_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(disk_cache.ENV_KEY_FILE, "~nosuchuser-llamacpp/key")
+    with pytest.raises(FileNotFoundError, match="LLAMACPP_PROMPT_CACHE_KEY_FILE"):
+        _cache(tmp_path)
+
+
 def _first_use(key: str, out: Any) -> None:
     out.put(disk_cache.load_secret(Path(key)))
 
