@@ -247,7 +247,8 @@ class ChatLlamaCpp(BaseChatModel):
     first call restores the longest saved prefix (system prompt, tools, history) instead
     of reading it again. None: the ``LLAMACPP_PROMPT_CACHE_DIR`` environment variable,
     else off. Files are keyed by the model file, the load settings and the llama.cpp
-    build (docs/cache.md)."""
+    build, and signed with a per-user secret; the directory must be the user's and not
+    writable by others (created 0700, files 0600; docs/cache.md)."""
     prompt_cache_dir_bytes: int = 4 * 1024**3
     """Byte budget of ``prompt_cache_dir`` (least recently used files go first)."""
     checkpoint_max_count: int = 16

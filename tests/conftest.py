@@ -12,6 +12,7 @@ import ctypes
 import functools
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("LLAMACPP_LOCAL_CHECK_KV", "1")
 # A user's disk prompt cache must not warm (or receive) the suite's models.
 os.environ.pop("LLAMACPP_PROMPT_CACHE_DIR", None)
+# ...nor use the user's secret: the suite signs its cache files with a throwaway key.
+os.environ["LLAMACPP_PROMPT_CACHE_KEY_FILE"] = os.path.join(
+    tempfile.mkdtemp(prefix="llamacpp-test-key-"), "prompt-cache.key"
+)
 
 from tests.gguf_models import write_tiny_hybrid, write_tiny_llama, write_tiny_mamba  # noqa: E402
 

@@ -10,11 +10,15 @@ the file must give exactly what the slot would have held.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import stat
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +85,17 @@ print(json.dumps({"content": out.content, "usage": out.usage_metadata,
 """
 
 
-def _process(path: str, cache_dir: Path | None, question: str) -> dict[str, Any]:
+def _process(
+    path: str, cache_dir: Path | None, question: str, script: str = _SCRIPT, timeout: float = 300
+) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != disk_cache.ENV_DIR}
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, path, str(cache_dir or ""), question, PREAMBLE.content],
+        [sys.executable, "-c", script, path, str(cache_dir or ""), question, PREAMBLE.content],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -172,3 +178,127 @@ def test_gemma_sliding_window_restores_from_disk(
     gemma: str, tmp_path: Path, deterministic: bool
 ) -> None:
     _assert_restores(gemma, tmp_path / "cache", n_ctx=2048, deterministic=deterministic)
+
+
+# ---------------------------------------------------------------- a hostile directory
+
+
+def _split(path: Path) -> tuple[bytes, dict[str, Any], bytes, bytes]:
+    """A cache file's magic, header, entries and state, as anyone who can read it sees."""
+    blob = path.read_bytes()
+    (n,) = struct.unpack_from("<I", blob, 8)
+    header = json.loads(blob[12 : 12 + n])
+    rest = blob[12 + n :]
+    n_entries = 4 * header["n_entries"]
+    return blob[:8], header, rest[:n_entries], rest[n_entries : n_entries + header["data"]]
+
+
+def _only_file(cache: Path, before: set[Path]) -> Path:
+    (path,) = set(cache.glob("*.llkv")) - before
+    return path
+
+
+def test_a_forged_file_does_not_change_the_answer(tiny_llama: str, tmp_path: Path) -> None:
+    """Whoever can read a file can copy its header: a file claiming prompt P's tokens but
+    holding prompt Q's state, with the digest recomputed, would answer P as if asked Q."""
+    cache = tmp_path / "cache"
+    asked = [PREAMBLE, HumanMessage("What is the capital of France?")]
+    other = [PREAMBLE, HumanMessage("What is the capital of Italy? " + "Answer in one word. " * 4)]
+    cold = _call(tiny_llama, asked, None, deterministic=True)
+    _call(tiny_llama, asked, cache, deterministic=True)
+    p_file = _only_file(cache, set())
+    _call(tiny_llama, other, cache, deterministic=True)
+    q_file = _only_file(cache, {p_file})
+    magic, header, entries, _ = _split(p_file)
+    *_, q_state = _split(q_file)
+    header.update(data=len(q_state), checkpoints=[])
+    head = json.dumps(header).encode()
+    body = magic + struct.pack("<I", len(head)) + head + entries + q_state
+    p_file.unlink()
+    q_file.unlink()
+    forged = cache / ("f" * 40 + ".llkv")
+    forged.write_bytes(body + hashlib.blake2b(body, digest_size=32).digest())
+    out = _call(tiny_llama, asked, cache, deterministic=True)
+    assert_identical(out, cold)  # before: logprobs moved, e.g. -1.353 vs -1.415
+    assert _cached(out) == 0
+    assert not forged.exists()
+
+
+def test_a_directory_others_can_write_is_refused(tiny_llama: str, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    llm = ChatLlamaCpp(model_path=tiny_llama, prompt_cache_dir=str(shared), max_tokens=2)
+    try:
+        with pytest.raises(ValueError, match=r"writable by its group and all users") as err:
+            llm.invoke("hi")
+        assert str(shared) in str(err.value) and "chmod go-w" in str(err.value)
+    finally:
+        llm.close()
+        registry.unload()
+
+
+_HOSTILE = """
+import json, os, sys
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_llamacpp_local import ChatLlamaCpp
+os.umask(0)
+path, cache_dir, question, preamble = sys.argv[1:5]
+llm = ChatLlamaCpp(model_path=path, prompt_cache_dir=cache_dir, temperature=0, max_tokens=8,
+                   logprobs=True, top_logprobs=2, deterministic=True)
+for _ in range(3):  # each reply writes a file: the directory is scanned again
+    out = llm.invoke([SystemMessage(preamble), HumanMessage(question)])
+print(json.dumps({"content": out.content, "usage": out.usage_metadata,
+                  "logprobs": out.response_metadata["logprobs"]["content"]}))
+"""
+
+
+def test_a_hostile_directory_neither_hangs_nor_fails_a_call(
+    tiny_llama: str, tmp_path: Path
+) -> None:
+    """FIFOs (a reader blocks until a writer comes), a symlink to one, malformed files of
+    this very key, a sparse 1 TiB file and the user's own files: the calls are served as
+    a cold process serves them, files stay private, and the user's files stay."""
+    cache = tmp_path / "cache"
+    question = "What is the weather in Paris?"
+    _process(tiny_llama, cache, question)
+    (real,) = cache.glob("*.llkv")
+    magic, header, entries, state = _split(real)
+    rest = real.read_bytes()[12 + len(json.dumps(header).encode()) :]
+
+    def plant(name: str, head: Any, tail: bytes = rest) -> Path:
+        blob = json.dumps(head).encode()
+        path = cache / name
+        path.write_bytes(magic + struct.pack("<I", len(blob)) + blob + tail)
+        return path
+
+    for i, bad in enumerate(
+        [
+            {k: v for k, v in header.items() if k != "exact"},
+            {**header, "exact": "all"},
+            {**header, "n_entries": 2**40},
+            {**header, "n_entries": 2**62},
+            {**header, "exact": 1e400},
+        ]
+    ):
+        plant(f"{i:040x}.llkv", bad)
+    huge = plant("a" * 40 + ".llkv", {**header, "data": header["data"] + 2**40})
+    with open(huge, "r+b") as f:
+        f.truncate(huge.stat().st_size + 2**40)
+    os.mkfifo(cache / ("b" * 40 + ".llkv"))
+    os.symlink(cache / ("b" * 40 + ".llkv"), cache / ("c" * 40 + ".llkv"))
+    old = time.time() - 7200
+    for name in ("notes.tmp", "draft.llkv.tmp", "mine.llkv"):
+        (cache / name).write_text("the user's")
+        os.utime(cache / name, (old, old))
+    real.unlink()  # the calls below must not be helped by the good file
+
+    warm = _process(tiny_llama, cache, question, script=_HOSTILE, timeout=90)
+    cold = _process(tiny_llama, None, question)
+    assert warm["content"] == cold["content"] and warm["logprobs"] == cold["logprobs"]
+    for name in ("notes.tmp", "draft.llkv.tmp", "mine.llkv"):
+        assert (cache / name).read_text() == "the user's"
+    assert not huge.exists() and not (cache / f"{0:040x}.llkv").exists()
+    written = [p for p in cache.glob("*.llkv") if stat.S_ISREG(p.lstat().st_mode)]
+    written.remove(cache / "mine.llkv")
+    assert written and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in written)

@@ -17,10 +17,15 @@ the budget (default 25 s of launching, then the running operations end).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import io
 import json
+import logging
 import os
 import random
+import stat
+import struct
 import threading
 import time
 import warnings
@@ -32,6 +37,7 @@ from typing import Any
 
 os.environ["LLAMACPP_LOCAL_CHECK_KV"] = "1"  # read when a worker starts: before any load
 
+from langchain_core.messages import HumanMessage, SystemMessage  # noqa: E402
 from PIL import Image  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
@@ -40,6 +46,7 @@ from langchain_llamacpp_local import (  # noqa: E402
     LlamaCppEmbeddings,
     LlamaCppRerank,
 )
+from langchain_llamacpp_local.cache import disk as disk_cache  # noqa: E402
 from langchain_llamacpp_local.errors import (  # noqa: E402
     RequestCancelledError,
 )
@@ -47,6 +54,7 @@ from langchain_llamacpp_local.runtime import (  # noqa: E402
     registry,
 )
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate  # noqa: E402
+from tests.compare import identical_mismatch  # noqa: E402
 from tests.gguf_models import write_tiny_bert, write_tiny_mmproj  # noqa: E402
 
 SEED = int(os.environ.get("LLAMACPP_SOAK_SEED", "20261123"))
@@ -524,3 +532,212 @@ def test_seeded_soak(tmp_path: Path, tiny_llama: str, gemma: str) -> None:
             f"{len(HOSTILE_TEMPLATES)} hostile templates were not tried",
             stacklevel=1,
         )
+
+
+# ---------------------------------------------------------------- a hostile cache directory
+
+HOSTILE_ROUNDS = 10
+QUESTIONS = [
+    "What is the capital of France?",
+    "What is the capital of Italy?",
+    "Name three rivers.",
+    "Write a haiku about a fox.",
+    "Explain recursion briefly.",
+]
+CACHE_PREAMBLE = "You are a careful assistant. " + " ".join(
+    f"Rule {i}: answer briefly and cite your source." for i in range(10)
+)
+
+
+class _Planter:
+    """Keeps planting what an attacker or a broken disk could put in the cache directory:
+    FIFOs and symlinks to them, forged files (a real header over another file's state,
+    the digest recomputed), malformed headers, a sparse 1 TiB file, damaged copies of
+    real files, garbage; and the user's own files, which must survive."""
+
+    def __init__(self, rng: random.Random, cache: Path) -> None:
+        self.rng = rng
+        self.cache = cache
+        self.stop = threading.Event()
+        self.planted: Counter[str] = Counter()
+        self.error: BaseException | None = None
+        self.user_files = {f"notes-{i}.tmp": f"user file {i}" for i in range(3)}
+        old = time.time() - 7200
+        for name, text in self.user_files.items():
+            (cache / name).write_text(text)
+            os.utime(cache / name, (old, old))
+
+    def _name(self) -> Path:
+        return self.cache / f"{self.rng.getrandbits(160):040x}.llkv"
+
+    def _real(self) -> list[tuple[bytes, dict[str, Any], bytes, bytes, Path]]:
+        out = []
+        for path in self.cache.glob("*.llkv"):
+            try:
+                st = path.lstat()
+                if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+                    continue  # a FIFO, a link or a planted huge file
+                blob = path.read_bytes()
+                (n,) = struct.unpack_from("<I", blob, 8)
+                header = json.loads(blob[12 : 12 + n])
+                k = 12 + n + 4 * int(header["n_entries"])
+                out.append((blob[:8], header, blob[12 + n : k], blob[k:], path))
+            except (OSError, ValueError, KeyError, TypeError, struct.error):
+                continue  # a planted file, or one removed meanwhile
+        return out
+
+    @staticmethod
+    def _file(magic: bytes, header: Any, rest: bytes) -> bytes:
+        head = json.dumps(header).encode()
+        return magic + struct.pack("<I", len(head)) + head + rest
+
+    def plant_one(self) -> None:
+        rng = self.rng
+        real = self._real()
+        what = rng.choice(["fifo", "symlink", "garbage", "forged", "malformed", "huge", "damage"])
+        if what in ("forged", "malformed", "huge", "damage") and not real:
+            what = "garbage"
+        self.planted[what] += 1
+        if what == "fifo":
+            os.mkfifo(self._name())
+        elif what == "symlink":
+            fifo = self._name()
+            os.mkfifo(fifo)
+            os.symlink(fifo, self._name())
+        elif what == "garbage":
+            self._name().write_bytes(rng.randbytes(rng.randint(0, 4000)))
+        elif what == "forged":  # prompt P's tokens over prompt Q's state
+            magic, header, entries, _, _ = rng.choice(real)
+            *_, tail, _ = rng.choice(real)
+            state = tail[:-32]
+            body = self._file(magic, {**header, "data": len(state), "checkpoints": []}, b"")
+            body += entries + state
+            self._name().write_bytes(body + hashlib.blake2b(body, digest_size=32).digest())
+        elif what == "malformed":
+            magic, header, entries, tail, _ = rng.choice(real)
+            bad = rng.choice(
+                [
+                    {k: v for k, v in header.items() if k != "exact"},
+                    {**header, "exact": "x"},
+                    {**header, "exact": 1e400},
+                    {**header, "n_entries": 2**40},
+                    {**header, "n_entries": 2**62},
+                    {**header, "checkpoints": [[1]]},
+                    [header],
+                ]
+            )
+            self._name().write_bytes(self._file(magic, bad, entries + tail))
+        elif what == "huge":
+            magic, header, entries, tail, _ = rng.choice(real)
+            path = self._name()
+            big = {**header, "data": header["data"] + 2**40}
+            path.write_bytes(self._file(magic, big, entries + tail))
+            with open(path, "r+b") as f:
+                f.truncate(path.stat().st_size + 2**40)
+        else:  # a real file damaged in place: a flipped byte or a cut
+            *_, path = rng.choice(real)
+            with contextlib.suppress(OSError), open(path, "r+b") as f:
+                size = f.seek(0, 2)
+                if rng.random() < 0.5:
+                    f.seek(rng.randrange(size))
+                    f.write(bytes([rng.randrange(256)]))
+                else:
+                    f.truncate(rng.randrange(size))
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(0.03):
+                with contextlib.suppress(FileNotFoundError, FileExistsError):
+                    self.plant_one()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            self.error = exc
+
+
+def test_soak_hostile_cache_dir(tmp_path: Path, tiny_llama: str) -> None:
+    """Concurrent calls restore from a disk cache that a planter thread keeps filling
+    with hostile files: every answer equals a cold process's, bit for bit
+    (deterministic mode), nothing hangs, and the user's files stay."""
+    rng = random.Random(SEED)
+    settings: dict[str, Any] = {
+        "model_path": tiny_llama,
+        "deterministic": True,
+        "temperature": 0.0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "max_tokens": 8,
+        "n_slots": 3,
+        "n_ctx": 1536,
+    }
+
+    def msgs(q: str) -> list[Any]:
+        return [SystemMessage(CACHE_PREAMBLE), HumanMessage(q)]
+
+    cold = ChatLlamaCpp(**settings)
+    try:
+        reference = {q: cold.invoke(msgs(q)) for q in QUESTIONS}
+    finally:
+        cold.close()
+        registry.unload()
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    planter = _Planter(rng, cache)
+    planter_thread = threading.Thread(target=planter.run, daemon=True)
+    restored: list[str] = []
+
+    class _Restores(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "found on disk" in record.getMessage():
+                restored.append(record.getMessage())
+
+    handler = _Restores(logging.DEBUG)
+    memory_log = logging.getLogger("langchain_llamacpp_local.cache.slot_memory")
+    memory_log.addHandler(handler)
+    old_level = memory_log.level
+    memory_log.setLevel(logging.DEBUG)
+    failures: list[str] = []
+    calls = 0
+    planter_thread.start()
+    try:
+        for _ in range(HOSTILE_ROUNDS):
+            for _ in range(5):  # a burst as well: each round meets every kind
+                with contextlib.suppress(FileNotFoundError, FileExistsError):
+                    planter.plant_one()
+            llm = ChatLlamaCpp(**settings, prompt_cache_dir=str(cache))
+            picks = [[rng.choice(QUESTIONS) for _ in range(3)] for _ in range(4)]
+
+            def ask(qs: list[str], llm: ChatLlamaCpp = llm) -> None:
+                for q in qs:
+                    try:
+                        out = llm.invoke(msgs(q), timeout=HANG_S)
+                    except Exception as exc:  # noqa: BLE001 - every failure is reported
+                        failures.append(f"{q!r}: {type(exc).__name__}: {exc}")
+                        continue
+                    problem = identical_mismatch(out, reference[q])
+                    if problem is not None:
+                        failures.append(f"{q!r}: {problem}")
+
+            threads = [threading.Thread(target=ask, args=(qs,)) for qs in picks]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(HANG_S * 3)
+                assert not t.is_alive(), "a call hung on the hostile cache directory"
+            calls += sum(len(qs) for qs in picks)
+            llm.close()
+            registry.unload()  # the next round starts with empty slots: from disk
+            assert disk_cache.flush(60)
+    finally:
+        planter.stop.set()
+        planter_thread.join(10)
+        memory_log.removeHandler(handler)
+        memory_log.setLevel(old_level)
+    print(  # noqa: T201 - what the run covered
+        "SOAK-CACHE",
+        json.dumps({"calls": calls, "restores": len(restored), **dict(planter.planted)}),
+    )
+    assert planter.error is None, repr(planter.error)
+    assert not failures, failures[:10]
+    assert restored, "no call restored from disk: the hostile files were not exercised"
+    for name, text in planter.user_files.items():
+        assert (cache / name).read_text() == text
