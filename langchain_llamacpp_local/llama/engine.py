@@ -468,6 +468,8 @@ class Engine(vocab.VocabMethods):
         self.ctx = None
         self.mtmd: object | None = None
         self._batch: C.llama_batch | None = None
+        # the adapter set applied to the context (set_lora); () while probing
+        self._lora_current: tuple[tuple[str, float], ...] = ()
         try:
             self.vocab = C.llama_model_get_vocab(model)
             self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
@@ -678,6 +680,7 @@ class Engine(vocab.VocabMethods):
         from llama_cpp import mtmd_cpp as M
 
         new_pos = C.llama_pos(0)
+        lora = bool(self._lora_current)  # its last row's logits show an overflow
         rc = M.mtmd_helper_eval_chunk_single(
             self.mtmd,
             self.ctx,
@@ -685,11 +688,13 @@ class Engine(vocab.VocabMethods):
             pos,
             seq_id,
             self.n_batch,
-            False,
+            lora,
             ctypes.byref(new_pos),
         )
         if rc != 0:
             raise DecodeError(f"evaluating an image chunk failed with code {rc}")
+        if lora:
+            self._check_finite([(-1, seq_id)])
 
     # ------------------------------------------------------------------ metadata
 
@@ -912,12 +917,13 @@ class Engine(vocab.VocabMethods):
                 f"llama_decode failed with code {rc} "
                 f"({'no KV slot for the batch' if rc == 1 else 'backend error'})"
             )
-        if getattr(self, "_lora_current", ()) and any(outputs):
-            self._check_finite(seq_ids, outputs)
+        if self._lora_current and any(outputs):
+            self._check_finite([(i, seq_ids[i]) for i, out in enumerate(outputs) if out])
 
-    def _check_finite(self, seq_ids: Sequence[int], outputs: Sequence[bool]) -> None:
+    def _check_finite(self, rows: Sequence[tuple[int, int]]) -> None:
         """After a decode under LoRA adapters: raise :class:`NonFiniteOutputError` if an
-        output row holds NaN or inf, once the memory is wiped (:meth:`wipe_memory`).
+        output row (``(index, seq_id)`` pairs) holds NaN or inf, once the memory is wiped
+        (:meth:`wipe_memory`).
 
         A scale within bounds can still overflow a pathological adapter's activations;
         the f16 KV cache then holds inf, and every sequence of a unified pool (every later
@@ -927,11 +933,11 @@ class Engine(vocab.VocabMethods):
         activations.
         """
         bad: set[int] = set()
-        for i, out in enumerate(outputs):
-            if out and int(seq_ids[i]) not in bad:
+        for i, seq in rows:
+            if int(seq) not in bad:
                 row = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, i), (self.n_vocab,))
                 if not np.isfinite(row).all():
-                    bad.add(int(seq_ids[i]))
+                    bad.add(int(seq))
         if not bad:
             return
         adapters = dict(self._lora_current)
