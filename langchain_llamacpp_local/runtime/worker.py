@@ -844,8 +844,8 @@ class _WorkerState:
                 memory.reset(slot)
         for act in list(self.active):
             seq = act.slot.seq_id
-            if seq in exc.seq_ids:
-                self._finish_error(act, exc)
+            if seq in exc.seq_ids:  # one exception object per caller: each raises its own
+                self._finish_error(act, NonFiniteOutputError(str(exc), exc.seq_ids, exc.lost))
             elif seq in exc.lost:
                 self._finish_error(
                     act,
