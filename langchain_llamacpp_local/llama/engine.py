@@ -680,7 +680,6 @@ class Engine(vocab.VocabMethods):
         from llama_cpp import mtmd_cpp as M
 
         new_pos = C.llama_pos(0)
-        lora = bool(self._lora_current)  # its last row's logits show an overflow
         rc = M.mtmd_helper_eval_chunk_single(
             self.mtmd,
             self.ctx,
@@ -688,13 +687,11 @@ class Engine(vocab.VocabMethods):
             pos,
             seq_id,
             self.n_batch,
-            lora,
+            False,  # mtmd ignores it for an image: the text after it is checked
             ctypes.byref(new_pos),
         )
         if rc != 0:
             raise DecodeError(f"evaluating an image chunk failed with code {rc}")
-        if lora:
-            self._check_finite([(-1, seq_id)])
 
     # ------------------------------------------------------------------ metadata
 

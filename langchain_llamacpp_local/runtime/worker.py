@@ -801,6 +801,10 @@ class _WorkerState:
         assert eng is not None and memory is not None
         slot = act.slot
         start = slot.n_past
+        # refused before it is read: the text after an image is what shows (its logits)
+        # whether the image overflowed under adapters, and nothing would follow this one
+        if start + media.n_pos >= len(act.tokens):
+            raise DecodeError("a prompt cannot end with an image: add text after it")
         try:
             eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
             eng.eval_media(media, start, slot.seq_id)
@@ -808,8 +812,6 @@ class _WorkerState:
             memory.sync(slot)
             raise
         memory.record(slot, act.tokens[start : start + media.n_pos], exact=True)
-        if not act.prefilling:  # an image at the very end of the prompt
-            raise DecodeError("a prompt cannot end with an image: add text after it")
 
     def _after_failed_decode(self, plan: list[_Active], exc: BaseException) -> None:
         """Keep each slot's entries equal to what the memory still holds, then recover."""

@@ -483,3 +483,34 @@ for path in ({files["dir"]!r}, {str(fifo)!r}, "/dev/zero"):
     for line in lines[1:]:
         assert line.startswith("ModelLoadError") and "not a regular file" in line, line
     assert "not found" not in proc.stdout
+
+
+def test_an_image_read_under_an_overflowing_adapter_fails_alone(
+    files: dict[str, str], tmp_path: Path
+) -> None:
+    """Image embeddings go through the adapted projections too: the same check applies."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.gguf_models import write_tiny_mmproj
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, format="PNG")
+    image = {"type": "image", "base64": base64.b64encode(buf.getvalue()).decode()}
+    image["mime_type"] = "image/png"
+    llm = _llm(
+        files,
+        mmproj_path=str(write_tiny_mmproj(tmp_path / "mmproj.gguf")),
+        chat_template=ALL,  # text after the image
+        lora_adapters={"hot": files["hot"]},
+        deterministic=False,
+        n_slots=2,
+    )
+    ref = llm.invoke(PROMPT, cache_prompt=False, lora={})
+    ask = [HumanMessage(content=[{"type": "text", "text": "what is it?"}, image])]
+    assert llm.invoke(ask, cache_prompt=False, lora={"hot": 1.0}).content
+    with pytest.raises(NonFiniteOutputError):
+        llm.invoke(ask, cache_prompt=False, lora={"hot": 100.0})
+    assert_same_greedy(llm.invoke(PROMPT, cache_prompt=False, lora={}), ref)
