@@ -26,6 +26,27 @@ class DecodeError(LlamaCppError):
     """``llama_decode`` failed (out of KV space or a backend failure)."""
 
 
+class NonFiniteOutputError(DecodeError):
+    """A decode under LoRA adapters produced NaN or inf logits: the adapter set drove the
+    model's activations out of range. Only the requests whose outputs were non-finite
+    fail; the KV memory is wiped and everything else in it put back first, so no
+    overflowed cell is ever attended to by another request (docs/lora.md, "Bounds").
+
+    ``seq_ids`` are the sequences that failed; ``lost`` the other sequences whose
+    state could not be put back (their cached prefix is gone; a running one fails).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        seq_ids: frozenset[int] = frozenset(),
+        lost: frozenset[int] = frozenset(),
+    ) -> None:
+        super().__init__(message)
+        self.seq_ids = seq_ids
+        self.lost = lost
+
+
 class WorkerDeadError(LlamaCppError):
     """The worker thread that owns the model has stopped; reload the model."""
 

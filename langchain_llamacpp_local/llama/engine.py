@@ -26,9 +26,14 @@ import llama_cpp
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from langchain_llamacpp_local.errors import DecodeError, ModelLoadError, RequestCancelledError
+from langchain_llamacpp_local.errors import (
+    DecodeError,
+    ModelLoadError,
+    NonFiniteOutputError,
+    RequestCancelledError,
+)
 from langchain_llamacpp_local.llama import ggml_cpu, model_handle, vocab
-from langchain_llamacpp_local.llama.adapters import check_adapter_file
+from langchain_llamacpp_local.llama.adapters import check_adapter_file, not_a_file
 from langchain_llamacpp_local.llama.backend import (
     aborting,
     capture_log,
@@ -48,6 +53,7 @@ from langchain_llamacpp_local.llama.gguf import (
     open_regular_file,
     read_gguf_metadata,
     read_hparams,
+    read_tensor_data,
     read_tensor_infos,
 )
 from langchain_llamacpp_local.llama.rpc import DevicePlacement
@@ -390,6 +396,9 @@ def load_adapter(model: object, model_path: str, path: str) -> object:
         adapter = loaded.get(path)
         if adapter is not None:
             return adapter
+        why = not_a_file(path)
+        if why is not None:
+            raise ModelLoadError(f"LoRA adapter {path} is {why}")
         if not Path(path).is_file():
             raise ModelLoadError(f"LoRA adapter file not found: {path}")
         arch = (read_gguf_metadata(model_path, ["general.architecture"]) or {}).get(
@@ -401,9 +410,10 @@ def load_adapter(model: object, model_path: str, path: str) -> object:
             str(arch),
             model_tensors,
             lambda p: read_gguf_metadata(
-                p, ["general.type", "general.architecture", "adapter.type"]
+                p, ["general.type", "general.architecture", "adapter.type", "adapter.lora.alpha"]
             ),
             read_tensor_infos,
+            read_tensor_data,
         )
         adapter = C.llama_adapter_lora_init(model, path.encode())
         if not adapter:
@@ -464,6 +474,8 @@ class Engine(vocab.VocabMethods):
         self.ctx = None
         self.mtmd: object | None = None
         self._batch: C.llama_batch | None = None
+        # the adapter set applied to the context (set_lora); () while probing
+        self._lora_current: tuple[tuple[str, float], ...] = ()
         try:
             self.vocab = C.llama_model_get_vocab(model)
             self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
@@ -561,7 +573,10 @@ class Engine(vocab.VocabMethods):
         self.alora: dict[str, list[int]] = {}
         self._lora_current: tuple[tuple[str, float], ...] = ()
         for name, path, scale in self.config.lora_adapters:
-            adapter = load_adapter(self.model, self.config.model_path, path)
+            try:
+                adapter = load_adapter(self.model, self.config.model_path, path)
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"LoRA adapter {name!r}: {exc}") from None
             self.lora[name] = adapter
             self.lora_defaults[name] = scale
             invocation = alora_invocation_tokens(adapter)
@@ -693,7 +708,7 @@ class Engine(vocab.VocabMethods):
             pos,
             seq_id,
             self.n_batch,
-            False,
+            False,  # mtmd ignores it for an image: the text after it is checked
             ctypes.byref(new_pos),
         )
         if rc != 0:
@@ -927,6 +942,66 @@ class Engine(vocab.VocabMethods):
                 f"llama_decode failed with code {rc} "
                 f"({'no KV slot for the batch' if rc == 1 else 'backend error'})"
             )
+        if self._lora_current and any(outputs):
+            self._check_finite([(i, seq_ids[i]) for i, out in enumerate(outputs) if out])
+
+    def _check_finite(self, rows: Sequence[tuple[int, int]]) -> None:
+        """After a decode under LoRA adapters: raise :class:`NonFiniteOutputError` if an
+        output row (``(index, seq_id)`` pairs) holds NaN or inf, once the memory is wiped
+        (:meth:`wipe_memory`).
+
+        A scale within bounds can still overflow a pathological adapter's activations;
+        the f16 KV cache then holds inf, and every sequence of a unified pool (every later
+        one of a stream) multiplies those cells by a 0 attention weight: NaN. A sequence's
+        last row attends to all its cells, so its logits show it. Checked here, before any
+        other decode, and only under adapters: nothing else a request sends reaches the
+        activations.
+        """
+        bad: set[int] = set()
+        for i, seq in rows:
+            if int(seq) not in bad:
+                row = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, i), (self.n_vocab,))
+                if not np.isfinite(row).all():
+                    bad.add(int(seq))
+        if not bad:
+            return
+        adapters = dict(self._lora_current)
+        lost = self.wipe_memory(bad)
+        logger.warning(
+            "LoRA adapters %s gave non-finite logits: KV memory wiped, %d other sequences lost",
+            adapters,
+            len(lost),
+        )
+        raise NonFiniteOutputError(
+            f"the LoRA adapters {adapters} drove the model's activations out of range "
+            "(NaN or inf logits): the request was stopped and its KV cells wiped, so no "
+            "other request sees them. Lower the scale, or check the adapter file",
+            frozenset(bad),
+            lost,
+        )
+
+    def wipe_memory(self, drop: set[int]) -> frozenset[int]:
+        """Zero every KV buffer, keeping every sequence but ``drop``: returns the
+        sequences that could not be put back (their cells are gone).
+
+        Removing a sequence's cells only marks them free; their data stays in the
+        buffers and a masked cell is still multiplied (0 * inf = NaN). So the other
+        sequences are copied out, the memory cleared with its data, and they are put back.
+        """
+        for seq in drop:
+            self.seq_rm(seq, -1, -1)
+        saved = [
+            (seq, self.state_get(seq, 0))
+            for seq in range(self.n_seq_max)
+            if seq not in drop and self.seq_pos_max(seq) >= 0
+        ]
+        self.clear()
+        lost: set[int] = set()
+        for seq, data in saved:
+            if not self.state_set(data, seq, 0):
+                self.seq_rm(seq, -1, -1)
+                lost.add(seq)
+        return frozenset(lost)
 
     def _use_threads(self, n_threads: int, n_threads_batch: int) -> None:
         """Set the context's thread counts for the next decode (llama.cpp reads them

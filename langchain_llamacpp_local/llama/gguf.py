@@ -8,13 +8,16 @@ reader stops as soon as it has what was asked for.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import stat
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import numpy as np
 
 _SCALARS = {
     0: "<B",
@@ -284,26 +287,75 @@ def read_tensor_infos(path: str | Path) -> list[tuple[str, int, tuple[int, ...]]
     Raises ``ValueError`` for a header that is not a well-formed GGUF.
     """
     with open_regular_file(path) as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"not a GGUF file: {path}")
-        version = _read(f, "<I")
-        if version < 2:
-            raise ValueError(f"unsupported GGUF version {version}: {path}")
-        n_tensors = _read(f, "<Q")
-        n_kv = _read(f, "<Q")
-        if n_tensors > MAX_TENSORS:
-            raise ValueError(f"{n_tensors} tensors in {path} (at most {MAX_TENSORS})")
-        for _ in range(n_kv):
-            _read_str(f)
-            _read_value(f, _read(f, "<I"), keep=False)
-        out: list[tuple[str, int, tuple[int, ...]]] = []
-        for _ in range(n_tensors):
-            name = _read_str(f)
-            n_dims = _read(f, "<I")
-            if not 0 < n_dims <= MAX_DIMS:
-                raise ValueError(f"tensor {name!r} has {n_dims} dimensions in {path}")
-            shape = tuple(_read(f, "<Q") for _ in range(n_dims))
-            ggml_type = _read(f, "<I")
-            _read(f, "<Q")  # offset of the data
-            out.append((name, ggml_type, shape))
-    return out
+        return [(name, t, shape) for name, t, shape, _off in _tensor_table(f, path)[0]]
+
+
+def _tensor_table(
+    f: BinaryIO, path: str | Path
+) -> tuple[list[tuple[str, int, tuple[int, ...], int]], int]:
+    """The tensor table (name, type, shape, offset in the data section) and where the
+    data section starts (``general.alignment``, default 32, as llama.cpp's loader)."""
+    if f.read(4) != b"GGUF":
+        raise ValueError(f"not a GGUF file: {path}")
+    version = _read(f, "<I")
+    if version < 2:
+        raise ValueError(f"unsupported GGUF version {version}: {path}")
+    n_tensors = _read(f, "<Q")
+    n_kv = _read(f, "<Q")
+    if n_tensors > MAX_TENSORS:
+        raise ValueError(f"{n_tensors} tensors in {path} (at most {MAX_TENSORS})")
+    alignment = 32
+    for _ in range(n_kv):
+        key = _read_str(f)
+        value = _read_value(f, _read(f, "<I"), keep=key == "general.alignment")
+        if key == "general.alignment":
+            if not isinstance(value, int) or value <= 0 or value & (value - 1):
+                raise ValueError(f"general.alignment {value!r} in {path} is not a power of 2")
+            alignment = value
+    out: list[tuple[str, int, tuple[int, ...], int]] = []
+    for _ in range(n_tensors):
+        name = _read_str(f)
+        n_dims = _read(f, "<I")
+        if not 0 < n_dims <= MAX_DIMS:
+            raise ValueError(f"tensor {name!r} has {n_dims} dimensions in {path}")
+        shape = tuple(_read(f, "<Q") for _ in range(n_dims))
+        ggml_type = _read(f, "<I")
+        offset = _read(f, "<Q")
+        out.append((name, ggml_type, shape, offset))
+    start = -(-f.tell() // alignment) * alignment
+    return out, start
+
+
+#: Bytes per block and values per block of the ggml types whose data
+#: :func:`read_tensor_data` returns (F32, F16, Q8_0, BF16).
+DATA_TYPES = {0: (4, 1), 1: (2, 1), 8: (34, 32), 30: (2, 1)}
+
+
+def read_tensor_data(path: str | Path) -> Iterator[tuple[str, int, np.ndarray]]:
+    """Each F32/F16/Q8_0/BF16 tensor's raw bytes (a read-only memory map, never a copy),
+    as ``(name, ggml type, uint8 array)``; other types are skipped. A tensor whose data
+    would run past the end of the file raises ``ValueError``."""
+    with open_regular_file(path) as f:
+        table, start = _tensor_table(f, path)
+        size = os.fstat(f.fileno()).st_size
+        if not table or start >= size:
+            if table:
+                raise ValueError(f"truncated GGUF: {path} has no tensor data")
+            return
+        data = np.memmap(f, dtype=np.uint8, mode="r")
+        try:
+            for name, ggml_type, shape, offset in table:
+                if ggml_type not in DATA_TYPES:
+                    continue
+                block_bytes, block_values = DATA_TYPES[ggml_type]
+                n_values = math.prod(shape)
+                n_bytes = n_values // block_values * block_bytes
+                begin = start + offset
+                if n_values % block_values or begin + n_bytes > size:
+                    raise ValueError(
+                        f"truncated or corrupt GGUF: tensor {name!r} of {n_bytes} bytes at "
+                        f"offset {begin} runs past the end of the {size}-byte file {path}"
+                    )
+                yield name, ggml_type, data[begin : begin + n_bytes]
+        finally:
+            del data

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.llama.adapters import not_a_file
 
 #: What a request runs with: ``(name, scale)`` pairs in declaration order, none at 0.
 LoraKey = tuple[tuple[str, float], ...]
@@ -41,12 +42,41 @@ class AdapterSpec:
     scale: float = 0.0
 
 
+#: The largest ``|scale|`` a request or a default may give an adapter. llama.cpp takes any
+#: float and multiplies the adapter's output by ``scale * alpha / rank`` before adding it
+#: to the base projection: at 1e6 the keys and values overflow the f16 KV cache to inf,
+#: and in a unified KV pool every other sequence's attention multiplies those (masked)
+#: cells by 0, so 0 * inf = NaN reaches callers with no adapter at all. Adapters are
+#: trained at 1; useful scales lie within a few units of it (negative ones subtract a
+#: fine-tune). 100 is a generous ceiling (ComfyUI's LoRA loader stops there too) that
+#: keeps the multiplier, with alpha / rank bounded the same way at load
+#: (``adapters.MAX_ALPHA_RATIO``), within 1e4: finite in float32 whatever the adapter, and
+#: far from the f16 range for a trained one. What a finite scale can still do to a
+#: pathological adapter is caught after each decode (docs/lora.md, "Bounds").
+MAX_SCALE = 100.0
+
+
+def _show(value: Any) -> str:
+    """``repr`` of a scale, short for huge integers (10**5000 has no ``repr`` at all)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
+
+
 def _scale(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{where} must be finite, got {value!r}")
-    return float(value)
+    try:
+        scale = float(value)
+    except OverflowError:  # an int beyond float's range (10**400)
+        scale = math.inf
+    if not math.isfinite(scale) or abs(scale) > MAX_SCALE:
+        raise ValueError(
+            f"{where} must be a finite LoRA scale within [-{MAX_SCALE:g}, {MAX_SCALE:g}], "
+            f"got {_show(value)} (larger scales overflow the model's activations; "
+            "see docs/lora.md)"
+        )
+    return scale
 
 
 def parse_adapters(value: Mapping[str, Any] | None) -> tuple[AdapterSpec, ...]:
@@ -115,17 +145,22 @@ def request_key(
 
 
 def resolve_adapter_path(path: str, models_dir: str | None) -> str:
-    """An adapter file: a path, else a file (``name`` or ``name.gguf``) in ``models_dir``."""
+    """An adapter file: a path, else a file (``name`` or ``name.gguf``) in ``models_dir``.
+
+    Something that exists but is not a regular file is refused by what it is."""
     p = Path(path).expanduser()
-    if p.exists():
-        return os.path.abspath(p)
-    tried = [str(p)]
+    tried = [p]
     if models_dir and not p.is_absolute():
-        for cand in (Path(models_dir) / path, Path(models_dir) / f"{path}.gguf"):
-            tried.append(str(cand))
-            if cand.exists():
-                return os.path.abspath(cand)
-    raise ModelLoadError(f"LoRA adapter file not found: {path} (tried {', '.join(tried)})")
+        tried += [Path(models_dir) / path, Path(models_dir) / f"{path}.gguf"]
+    for cand in tried:
+        if cand.exists():
+            why = not_a_file(cand)
+            if why is not None:
+                raise ModelLoadError(f"LoRA adapter {path}: {cand} is {why}")
+            return os.path.abspath(cand)
+    raise ModelLoadError(
+        f"LoRA adapter file not found: {path} (tried {', '.join(map(str, tried))})"
+    )
 
 
 class KeyedToken(int):
@@ -237,6 +272,7 @@ __all__ = [
     "activate",
     "alora_start",
     "LoraKey",
+    "MAX_SCALE",
     "key_tokens",
     "parse_adapters",
     "plan_adapter_groups",

@@ -36,6 +36,7 @@ from langchain_llamacpp_local.chat.special_tokens import scan_in_background
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
+    NonFiniteOutputError,
     RequestCancelledError,
     WorkerDeadError,
 )
@@ -760,12 +761,14 @@ class _WorkerState:
         chunk = act.tokens[start:end]
         job = act.job
         try:
-            eng.set_lora(_lora_of(act) if start >= lora_start else ())  # LoRA hook
+            lora = _lora_of(act) if start >= lora_start else ()
+            eng.set_lora(lora)  # LoRA hook
             eng.decode_batch(
                 chunk,
                 range(start, end),
                 [slot.seq_id] * len(chunk),
-                [i == n_prompt - 1 for i in range(start, end)],
+                # under adapters every piece's last row too: its logits show an overflow
+                [i == n_prompt - 1 or (bool(lora) and i == end - 1) for i in range(start, end)],
                 cancel=job.cancelled if len(chunk) > 1 else None,
             )
         except (RequestCancelledError, DecodeError) as exc:
@@ -808,6 +811,10 @@ class _WorkerState:
         assert eng is not None and memory is not None
         slot = act.slot
         start = slot.n_past
+        # refused before it is read: the text after an image is what shows (its logits)
+        # whether the image overflowed under adapters, and nothing would follow this one
+        if start + media.n_pos >= len(act.tokens):
+            raise DecodeError("a prompt cannot end with an image: add text after it")
         try:
             eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
             eng.eval_media(media, start, slot.seq_id)
@@ -815,13 +822,14 @@ class _WorkerState:
             memory.sync(slot)
             raise
         memory.record(slot, act.tokens[start : start + media.n_pos], exact=True)
-        if not act.prefilling:  # an image at the very end of the prompt
-            raise DecodeError("a prompt cannot end with an image: add text after it")
 
     def _after_failed_decode(self, plan: list[_Active], exc: BaseException) -> None:
         """Keep each slot's entries equal to what the memory still holds, then recover."""
         memory = self.memory
         assert memory is not None
+        if isinstance(exc, NonFiniteOutputError):
+            self._after_non_finite(plan, exc)
+            return
         for act in plan:
             slot = act.slot
             memory.sync(slot)
@@ -837,6 +845,29 @@ class _WorkerState:
                 act.targets = sorted(t for t in act.keep if t > 0)
             else:
                 self._finish_error(act, exc)
+
+    def _after_non_finite(self, plan: list[_Active], exc: NonFiniteOutputError) -> None:
+        """An adapter set overflowed (Engine._check_finite wiped the memory and put the
+        other sequences back): its requests fail, the rest of the step is decoded again."""
+        memory = self.memory
+        assert memory is not None
+        for slot in self.slots:
+            if slot.seq_id in exc.seq_ids or slot.seq_id in exc.lost:
+                memory.reset(slot)
+        for act in list(self.active):
+            seq = act.slot.seq_id
+            if seq in exc.seq_ids:  # one exception object per caller: each raises its own
+                self._finish_error(act, NonFiniteOutputError(str(exc), exc.seq_ids, exc.lost))
+            elif seq in exc.lost:
+                self._finish_error(
+                    act,
+                    DecodeError(
+                        "the KV memory was wiped after another request's adapters overflowed "
+                        "and this request's state could not be put back; retry it"
+                    ),
+                )
+            elif act in plan:  # in the same decode with finite outputs: decoded again
+                memory.sync(act.slot)
 
     # ------------------------------------------------------------------ the request boundary
 

@@ -9,6 +9,10 @@ a cached prefix; bad adapter files are refused with errors naming them.
 from __future__ import annotations
 
 import ctypes
+import math
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.errors import ModelLoadError, NonFiniteOutputError
 from langchain_llamacpp_local.llama import engine
 from tests.compare import GREEDY, assert_identical, assert_same_greedy, ids
 from tests.gguf_models import byte_token, write_tiny_llama, write_tiny_lora
@@ -46,6 +50,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "corrupt": str(corrupt),
         "junk": str(junk),
         "f64": str(_f64_lora(d / "f64.gguf")),
+        # in bounds (weights within f16's range), yet at scale 100 its values and keys
+        # overflow the f16 KV cache: what only the after-decode check can catch
+        "hot": str(write_tiny_lora(d / "hot.gguf", seed=1, strength=1e4)),
         "dir": str(d),
     }
 
@@ -310,3 +317,200 @@ def test_draft_model_with_an_adapter_on_the_target(files: dict[str, str], tmp_pa
     spec = got.response_metadata["speculative"]
     assert spec["type"] == "draft" and spec["drafted"] > 0
     assert got.response_metadata["lora"] == {"a": 1.0}
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [1e6, -1e6, 1e39, 10**400, 10**5000, math.inf, 100.5],
+    ids=["1e6", "-1e6", "1e39", "10**400", "10**5000", "inf", "100.5"],
+)
+def test_scales_out_of_bounds_are_refused_naming_the_adapter(
+    files: dict[str, str], scale: float
+) -> None:
+    """A scale past [-100, 100] would overflow the f16 KV cache (1e39 is inf as a C
+    float, 10**400 no float at all): a ValueError naming the adapter and the bound."""
+    llm = _llm(files)
+    ref = llm.invoke(PROMPT, cache_prompt=False, lora={})
+    with pytest.raises(
+        ValueError, match=r"lora\['a'\] must be a finite LoRA scale within \[-100, 100\]"
+    ):
+        llm.invoke(PROMPT, lora={"a": scale})
+    with pytest.raises(ValueError, match=r"lora_adapters\['a'\]\['scale'\].*\[-100, 100\]"):
+        _llm(files, lora_adapters={"a": {"path": files["a"], "scale": scale}})
+    assert llm.invoke(PROMPT, lora={"a": 100.0}).content  # the bound itself is allowed
+    assert_identical(llm.invoke(PROMPT, cache_prompt=False, lora={}), ref)
+
+
+def _lora_with(path: Path, *, alpha: float = 4.0, value: float | None = None) -> Path:
+    """A tiny-llama adapter with ``alpha`` and, if given, ``value`` in one lora_b entry."""
+    import gguf
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    b = np.full((64, 4), 0.01, dtype=np.float32)
+    if value is not None:
+        b[7, 2] = value
+    w.add_tensor("blk.0.attn_q.weight.lora_a", np.full((4, 64), 0.01, dtype=np.float32))
+    with np.errstate(over="ignore"):  # 1e5 as F16: inf
+        w.add_tensor("blk.0.attn_q.weight.lora_b", b.astype(np.float16) if value == 1e5 else b)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"alpha": math.nan}, "adapter.lora.alpha is nan"),
+        ({"alpha": math.inf}, "adapter.lora.alpha is inf"),
+        ({"alpha": 3e38}, "adapter.lora.alpha is 3"),
+        ({"alpha": -3e38}, "adapter.lora.alpha is -3"),
+        ({"alpha": 401.0}, r"within \[-400, 400\]"),  # rank 4: alpha / rank at most 100
+        ({"value": math.nan}, "'blk.0.attn_q.weight.lora_b' holds NaN or inf"),
+        ({"value": -math.inf}, "'blk.0.attn_q.weight.lora_b' holds NaN or inf"),
+        ({"value": 1e5}, "holds NaN or inf"),  # 1e5 as F16 is inf
+        ({"value": 3e38}, "holds 3e\\+38, beyond 65504"),
+    ],
+)
+def test_adapters_with_non_finite_or_huge_numbers_are_refused(
+    files: dict[str, str], tmp_path: Path, kw: dict[str, float], words: str
+) -> None:
+    """llama.cpp takes any alpha and any tensor values; used once, they overflow the KV
+    cache. Refused at load, naming the adapter and the file; the model keeps serving."""
+    path = str(_lora_with(tmp_path / "bad.gguf", **kw))
+    good = _llm(files)
+    before = good.invoke(PROMPT, cache_prompt=False, lora={})
+    with pytest.raises(ModelLoadError, match=words) as err:
+        _llm(files, lora_adapters={"bad": path}).invoke(PROMPT)
+    assert "LoRA adapter 'bad'" in str(err.value) and path in str(err.value)
+    assert_identical(good.invoke(PROMPT, cache_prompt=False, lora={}), before)
+    fine = str(_lora_with(tmp_path / "fine.gguf", alpha=8.0, value=0.5))
+    assert _llm(files, lora_adapters={"fine": fine}).invoke(PROMPT, lora={"fine": 1.0}).content
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_an_adapter_that_overflows_fails_only_its_own_request(
+    files: dict[str, str], deterministic: bool
+) -> None:
+    """An in-bounds scale on a pathological adapter overflows the f16 KV cache; masked
+    cells are still multiplied (0 * inf = NaN), by every sequence of the unified pool
+    and by later requests of a stream. That request fails with NonFiniteOutputError;
+    a request running beside it and the next one are unchanged."""
+    llm = _llm(
+        files,
+        lora_adapters={"hot": files["hot"], "a": files["a"]},
+        deterministic=deterministic,
+        n_slots=1 if deterministic else 2,
+        n_ctx=512,
+        max_tokens=200,
+    )
+    same = assert_identical if deterministic else assert_same_greedy
+    ref = llm.invoke(PROMPT, cache_prompt=False, lora={})
+
+    def overflow() -> BaseException | None:
+        try:
+            llm.invoke("overflow", cache_prompt=False, max_tokens=4, lora={"hot": 100.0})
+        except Exception as exc:  # noqa: BLE001 - asserted by the caller, after the others
+            return exc
+        return None
+
+    failed = overflow()
+    same(llm.invoke(PROMPT, cache_prompt=False, lora={}), ref)  # the next request
+    assert isinstance(failed, NonFiniteOutputError), failed
+    assert "LoRA adapters {'hot': 100.0}" in str(failed)
+    assert llm.invoke(PROMPT, cache_prompt=False, lora={"hot": 1.0}).content
+    if deterministic:
+        return
+    # beside a running request in the shared pool: it goes on, and its answer is its own
+    chunks: list[Any] = []
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def run() -> None:
+        try:
+            for chunk in llm.stream(PROMPT, cache_prompt=False, lora={}):
+                chunks.append(chunk)
+                started.set()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+            started.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(60)
+    failed = overflow()
+    seen = len(chunks)
+    t.join(60)
+    assert not errors, errors
+    full = chunks[0]
+    for c in chunks[1:]:
+        full = full + c
+    assert_same_greedy(full, ref)
+    assert isinstance(failed, NonFiniteOutputError), failed
+    assert seen < len(chunks)  # the stream was still running when the other one failed
+    same(llm.invoke(PROMPT, cache_prompt=False, lora={}), ref)
+
+
+def test_adapter_paths_that_are_not_files_say_what_they_are(
+    files: dict[str, str], tmp_path: Path
+) -> None:
+    """A directory, a FIFO or a device as an adapter path is named for what it is (not
+    "file not found"), and a FIFO never blocks (in a subprocess with a timeout)."""
+    fifo = tmp_path / "adapter.fifo"
+    os.mkfifo(fifo)
+    code = f"""
+from langchain_llamacpp_local import ChatLlamaCpp
+for path in ({files["dir"]!r}, {str(fifo)!r}, "/dev/zero"):
+    llm = ChatLlamaCpp(model_path={files["model"]!r}, chat_template="x", lora_adapters={{"x": path}})
+    try:
+        llm.invoke("hi", max_tokens=1)
+        print("LOADED", path)
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+"""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3, proc.stdout
+    assert lines[0].startswith("ModelLoadError") and "is a directory" in lines[0], lines[0]
+    for line in lines[1:]:
+        assert line.startswith("ModelLoadError") and "not a regular file" in line, line
+    assert "not found" not in proc.stdout
+
+
+def test_an_image_read_under_an_overflowing_adapter_fails_alone(
+    files: dict[str, str], tmp_path: Path
+) -> None:
+    """Image embeddings go through the adapted projections too: the same check applies."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.gguf_models import write_tiny_mmproj
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, format="PNG")
+    image = {"type": "image", "base64": base64.b64encode(buf.getvalue()).decode()}
+    image["mime_type"] = "image/png"
+    llm = _llm(
+        files,
+        mmproj_path=str(write_tiny_mmproj(tmp_path / "mmproj.gguf")),
+        chat_template=ALL,  # text after the image
+        lora_adapters={"hot": files["hot"]},
+        deterministic=False,
+        n_slots=2,
+    )
+    ref = llm.invoke(PROMPT, cache_prompt=False, lora={})
+    ask = [HumanMessage(content=[{"type": "text", "text": "what is it?"}, image])]
+    assert llm.invoke(ask, cache_prompt=False, lora={"hot": 1.0}).content
+    with pytest.raises(NonFiniteOutputError):
+        llm.invoke(ask, cache_prompt=False, lora={"hot": 100.0})
+    assert_same_greedy(llm.invoke(PROMPT, cache_prompt=False, lora={}), ref)

@@ -4,10 +4,12 @@ desynchronise the worker.
 A plain seeded loop keeps 6 concurrent operations in flight on the tiny llama (with a
 tiny vision projector) and Gemma 3 270M: sync calls in threads, asyncio tasks,
 streams closed early, timeouts, task cancels, ``close()`` while calls run, and hostile
-inputs (schemas, images, prompts, templates, arguments). It asserts that every
-operation ends (no hang) with a result or a clear error, that no worker dies, that
-every slot's tracked entries equal the KV memory afterwards, and that every model
-still answers. ``LLAMACPP_LOCAL_CHECK_KV=1`` also makes the worker check the
+inputs (schemas, images, prompts, templates, arguments, LoRA scales out of bounds and
+an adapter that overflows at an allowed one). It asserts that every operation ends
+(no hang) with a result or a clear error, that no worker dies, that a greedy witness
+request with no adapter keeps its answer throughout (nothing another caller sends
+reaches it), that every slot's tracked entries equal the KV memory afterwards, and
+that every model still answers. ``LLAMACPP_LOCAL_CHECK_KV=1`` also makes the worker check the
 entries against ``seq_pos_max`` after every step, where that check exists.
 
 Reproduce a run with ``LLAMACPP_SOAK_SEED=<seed>``; ``LLAMACPP_SOAK_SECONDS`` sets
@@ -48,22 +50,50 @@ from langchain_llamacpp_local import (  # noqa: E402
 )
 from langchain_llamacpp_local.cache import disk as disk_cache  # noqa: E402
 from langchain_llamacpp_local.errors import (  # noqa: E402
+    NonFiniteOutputError,
     RequestCancelledError,
 )
 from langchain_llamacpp_local.runtime import (  # noqa: E402
     registry,
 )
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate  # noqa: E402
-from tests.compare import identical_mismatch  # noqa: E402
-from tests.gguf_models import write_tiny_bert, write_tiny_mmproj  # noqa: E402
+from tests.compare import GREEDY, greedy_mismatch, identical_mismatch  # noqa: E402
+from tests.gguf_models import write_tiny_bert, write_tiny_lora, write_tiny_mmproj  # noqa: E402
 
 SEED = int(os.environ.get("LLAMACPP_SOAK_SEED", "20261123"))
 BUDGET_S = float(os.environ.get("LLAMACPP_SOAK_SECONDS", "25"))
 WAVE = 6  # operations in flight at once
 HANG_S = 90.0  # an operation still running after this is a hang
 
-#: What a call may legitimately end with besides a result.
-CLEAR = (ValueError, TypeError, TimeoutError, RequestCancelledError, asyncio.CancelledError)
+#: What a call may legitimately end with besides a result (NonFiniteOutputError: its
+#: own adapter overflowed the model).
+CLEAR = (
+    ValueError,
+    TypeError,
+    TimeoutError,
+    RequestCancelledError,
+    NonFiniteOutputError,
+    asyncio.CancelledError,
+)
+
+#: LoRA scales a caller may send: out of bounds (refused), allowed but overflowing the
+#: "hot" adapter (that request fails alone), and ordinary ones.
+LORA_SCALES: list[dict[str, Any]] = [
+    {"a": 1e6},
+    {"a": -1e6},
+    {"a": 1e39},
+    {"a": 10**400},
+    {"a": float("nan")},
+    {"hot": 100.0},
+    {"hot": -100.0},
+    {"hot": 40.0},
+    {"a": 100.0},
+    {"a": 1.0},
+    {"hot": 1.0},
+    {"a": 0.5, "hot": 100.0},
+]
+#: The witness: a greedy request with no adapter whose answer must never change.
+WITNESS = "The witness says the same thing every time."
 
 PROMPTS = [
     "hi",
@@ -172,6 +202,18 @@ class Soak:
         self.templates_limited = _template_limits_present()
         self.emb: LlamaCppEmbeddings
         self.rerank: LlamaCppRerank
+        self.witness_ref = self.witness()
+
+    def witness(self) -> Any:
+        """The witness's answer on one of the tiny instances (they share a worker)."""
+        return self.rng.choice(self.tiny).invoke(
+            WITNESS, max_tokens=12, cache_prompt=False, lora={}, **GREEDY
+        )
+
+    def check_witness(self, got: Any) -> None:
+        problem = greedy_mismatch(got, self.witness_ref)
+        if problem is not None:
+            self.failures.append(f"witness changed: {problem} ({got.content!r})")
 
     # ------------------------------------------------------------------ helpers
 
@@ -363,6 +405,22 @@ class Soak:
         self.tally["hostile"] += 1
         self.rng.choice(self.tiny).invoke("word " * self.rng.choice([500, 5000]), max_tokens=4)
 
+    def op_hostile_lora(self) -> None:
+        """A LoRA scale past the bounds, or one that overflows the "hot" adapter."""
+        self.tally["hostile"] += 1
+        llm = self.rng.choice(self.tiny)
+        scales = self.rng.choice(LORA_SCALES)
+        if self.rng.random() < 0.5:
+            llm.invoke(self.prompt(), max_tokens=self.rng.randint(1, 16), lora=scales)
+        else:
+            for _ in llm.stream(self.prompt(), max_tokens=16, lora=scales):
+                pass
+
+    def op_witness(self) -> None:
+        """The witness, while the others run: its greedy answer is its own."""
+        self.tally["witness"] += 1
+        self.check_witness(self.witness())
+
     def op_tools(self) -> None:
         def get_weather(city: str) -> str:
             """Weather in a city."""
@@ -418,6 +476,10 @@ class Soak:
             self.op_tools,
             self.op_embed_close,
             self.op_unload_or_huge_keep_alive,
+            self.op_hostile_lora,
+            self.op_hostile_lora,
+            self.op_witness,
+            self.op_witness,
         ]
         async_ops: list[Callable[[], Awaitable[None]]] = [
             self.aop_ainvoke,
@@ -481,6 +543,11 @@ def _kv_in_sync(llm: ChatLlamaCpp) -> list[tuple[int, int]]:
 def test_seeded_soak(tmp_path: Path, tiny_llama: str, gemma: str) -> None:
     rng = random.Random(SEED)
     mmproj = str(write_tiny_mmproj(tmp_path / "mmproj.gguf"))
+    adapters = {
+        "a": str(write_tiny_lora(tmp_path / "a.gguf", seed=1)),
+        # within every bound, yet at scale 40 or more its keys and values overflow f16
+        "hot": str(write_tiny_lora(tmp_path / "hot.gguf", seed=2, strength=1e4)),
+    }
 
     def mk_tiny() -> ChatLlamaCpp:
         # settings no other test uses: fresh workers that see LLAMACPP_LOCAL_CHECK_KV
@@ -493,6 +560,7 @@ def test_seeded_soak(tmp_path: Path, tiny_llama: str, gemma: str) -> None:
             temperature=0.8,
             seed=rng.randint(0, 10**6),
             max_tokens=16,
+            lora_adapters=adapters,  # loaded, off unless a request names them
         )
 
     tiny = [mk_tiny(), mk_tiny()]
@@ -510,6 +578,7 @@ def test_seeded_soak(tmp_path: Path, tiny_llama: str, gemma: str) -> None:
     assert registry._reaper is not None and registry._reaper.is_alive()
     assert len(soak.emb.embed_documents(["still there?"])) == 1
     assert len(soak.rerank.rerank("q", ["still there?"])) == 1
+    soak.check_witness(soak.witness())  # and after it all
     # workers alive, KV in sync with the entries, every model answers
     for llm in (*tiny, gem):
         assert llm.load()._worker is not None and llm._worker.alive  # type: ignore[union-attr]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import os
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from langchain_llamacpp_local.cache.slots import common_prefix_len
@@ -140,3 +143,128 @@ def test_check_adapter_file_refuses_tensor_types_llama_cpp_crashes_on() -> None:
         ModelLoadError, match="x.gguf: tensor 'blk.0.attn_q.weight.lora_a' has ggml type 28"
     ):
         _check(meta, f64)
+
+
+def test_scales_are_bounded_and_huge_numbers_are_a_value_error() -> None:
+    assert request_key(SPECS, {"sql": 100, "router": -100.0}) == (
+        ("sql", 100.0),
+        ("router", -100.0),
+    )
+    for bad in (1e6, -1e6, 1e39, 100.001, 10**400, -(10**5000), math.inf, math.nan):
+        with pytest.raises(ValueError, match=r"lora\['sql'\] must be a finite LoRA scale within"):
+            request_key(SPECS, {"sql": bad})
+        with pytest.raises(ValueError, match=r"lora_adapters\['x'\]\['scale'\]"):
+            parse_adapters({"x": {"path": "p", "scale": bad}})
+    with pytest.raises(ValueError, match="an integer of 1329 bits"):
+        request_key(SPECS, {"sql": 10**400})
+
+
+def test_resolve_adapter_path_names_what_is_not_a_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="is a directory"):
+        resolve_adapter_path(str(tmp_path), None)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ModelLoadError, match="sub is a directory"):
+        resolve_adapter_path("sub", str(tmp_path))
+    with pytest.raises(ModelLoadError, match="/dev/zero is not a regular file"):
+        resolve_adapter_path("/dev/zero", None)
+    fifo = tmp_path / "f.gguf"
+    os.mkfifo(fifo)  # stat only: never opened, so this cannot block
+    with pytest.raises(ModelLoadError, match="f.gguf is not a regular file"):
+        resolve_adapter_path("f", str(tmp_path))
+
+
+META = {
+    "general.type": "adapter",
+    "adapter.type": "lora",
+    "general.architecture": "llama",
+}
+PAIR = [("blk.0.attn_q.weight.lora_a", 0, (64, 4)), ("blk.0.attn_q.weight.lora_b", 0, (4, 64))]
+
+
+def _check_data(meta: dict, data: list) -> None:
+    model = {"blk.0.attn_q.weight": (64, 64)}
+    check_adapter_file(
+        "x.gguf", "llama", model, lambda _p: meta, lambda _p: PAIR, lambda _p: iter(data)
+    )
+
+
+def test_check_adapter_alpha() -> None:
+    _check_data(META, [])  # no alpha: llama.cpp applies the scale as is
+    _check_data({**META, "adapter.lora.alpha": 400.0}, [])  # rank 4: up to 100 x 4
+    _check_data({**META, "adapter.lora.alpha": -8.0}, [])
+    for bad in (math.nan, math.inf, -math.inf, 3e38, -3e38, 400.5):
+        with pytest.raises(ModelLoadError, match="x.gguf: adapter.lora.alpha is"):
+            _check_data({**META, "adapter.lora.alpha": bad}, [])
+
+
+def _raw(values: list[float], dtype: str) -> np.ndarray:
+    return np.array(values, dtype=dtype).view(np.uint8)
+
+
+def _q8_0(d: float) -> np.ndarray:
+    block = np.zeros(34, dtype=np.uint8)
+    block[:2] = np.array([d], dtype="<f2").view(np.uint8)
+    block[2:] = 5
+    return np.concatenate([block, block])
+
+
+def _bf16(values: list[float]) -> np.ndarray:
+    return (np.array(values, dtype="<f4").view("<u4") >> 16).astype("<u2").view(np.uint8)
+
+
+def test_check_adapter_tensor_values() -> None:
+    name = "blk.0.attn_q.weight.lora_b"
+    fine = [
+        (name, 0, _raw([0.5, -1.0, 65504.0], "<f4")),
+        (name, 1, _raw([0.5, -65504.0], "<f2")),
+        (name, 30, _bf16([0.25, -3.0])),
+        (name, 8, _q8_0(0.01)),
+    ]
+    _check_data(META, fine)
+    with np.errstate(over="ignore"):
+        bad = {
+            "f32 nan": (name, 0, _raw([0.5, math.nan], "<f4")),
+            "f32 inf": (name, 0, _raw([-math.inf], "<f4")),
+            "f16 inf": (name, 1, _raw([1e5], "<f2")),
+            "bf16 nan": (name, 30, _bf16([1.0, math.nan])),
+            "q8_0 inf scale": (name, 8, _q8_0(math.inf)),
+        }
+    for label, item in bad.items():
+        with pytest.raises(ModelLoadError, match=f"x.gguf: tensor '{name}' holds NaN or inf"):
+            _check_data(META, [item])
+        assert label
+    for item in [(name, 0, _raw([1e6], "<f4")), (name, 30, _bf16([3e38])), (name, 8, _q8_0(600))]:
+        with pytest.raises(ModelLoadError, match="beyond 65504"):
+            _check_data(META, [item])
+
+
+def test_read_tensor_data_matches_gguf(tmp_path: Path) -> None:
+    """Offsets and alignment as the gguf package writes and reads them."""
+    import gguf
+
+    from langchain_llamacpp_local.llama.gguf import read_tensor_data
+
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_uint32("general.alignment", 64)
+    arrays = {
+        "a": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.linspace(-2, 2, 10).astype(np.float16),
+        "c": np.arange(5, dtype=np.int32),  # another type: skipped
+        "d": np.full((2, 3), 7.5, dtype=np.float32),
+    }
+    for k, v in arrays.items():
+        w.add_tensor(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    got = {n: (t, raw) for n, t, raw in read_tensor_data(path)}
+    assert sorted(got) == ["a", "b", "d"]
+    assert np.array_equal(got["a"][1].view("<f4"), arrays["a"].ravel())
+    assert np.array_equal(got["b"][1].view("<f2"), arrays["b"])
+    assert np.array_equal(got["d"][1].view("<f4"), arrays["d"].ravel())
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex(np.float32(7.5).tobytes()) - 4])  # d cut short
+    with pytest.raises(ValueError, match="tensor 'd'.*runs past the end"):
+        list(read_tensor_data(path))
