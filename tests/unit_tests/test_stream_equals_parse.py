@@ -459,10 +459,10 @@ def test_property_tests_are_derandomised_in_ci() -> None:
     root = Path(__file__).resolve().parents[2]
     code = (
         "import tests.conftest; from hypothesis import settings; d = settings.default; "
-        "print(d.derandomize, d.database is None, d.print_blob)"
+        "print(d.derandomize, d.database is None, d.print_blob, d.deadline)"
     )
     env = {k: v for k, v in os.environ.items() if k != "CI"}
-    for ci, expect in (("true", "True True True"), (None, "False False True")):
+    for ci, expect in (("true", "True True True None"), (None, "False False True 0:00:00.200000")):
         run_env = {**env, "CI": ci} if ci else env
         out = subprocess.run(
             [sys.executable, "-c", code], cwd=root, env=run_env, capture_output=True, text=True
