@@ -554,9 +554,13 @@ class ChatLlamaCpp(BaseChatModel):
         raw = self.prompt_cache_dir or os.environ.get(ENV_DIR) or None
         if raw is None:
             return None
-        path = Path(raw).expanduser()
+        setting = "prompt_cache_dir" if self.prompt_cache_dir else ENV_DIR
+        try:
+            path = Path(raw).expanduser()
+        except RuntimeError as exc:  # "~user" of no such user, or no home directory
+            raise ValueError(f"{setting}={str(raw)!r}: cannot expand '~': {exc}") from None
         if path.exists() and not path.is_dir():
-            raise ValueError(f"prompt_cache_dir={str(raw)!r} exists and is not a directory")
+            raise ValueError(f"{setting}={str(raw)!r} exists and is not a directory")
         return str(path.absolute())
 
     def _resolve(self, spec: str | None) -> ResolvedModel:

@@ -13,10 +13,12 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from langchain_llamacpp_local.llama.sampling import MAX_SCHEMA_NESTING
 from langchain_llamacpp_local.llama.settings import check_int
 
 __all__ = [
     "check_call_options",
+    "check_tool_nesting",
     "check_speculative",
     "check_timeout",
     "closest_name",
@@ -94,6 +96,42 @@ def normalize_stop(value: Any, name: str = "stop") -> list[str]:
     return [v for v in value if v]
 
 
+def nesting_depth(value: Any) -> int:
+    """How many objects/arrays deep ``value`` nests (measured without recursion, so a
+    value nested past Python's recursion limit is measured too)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def check_tool_nesting(index: int, tool: Mapping[str, Any]) -> None:
+    """Refuse a tool nested deeper than a schema may be (:data:`MAX_SCHEMA_NESTING`).
+
+    Every way a tool reaches the model (its description written into the prompt,
+    the template given a copy, the grammar of its call) walks the schema recursively;
+    a schema nested past that limit would fail in one of them with a bare
+    ``RecursionError``, so it is refused up front, naming its depth.
+    """
+    fn = tool.get("function")
+    wrapped = isinstance(fn, Mapping)  # {"type": "function", "function": {..., "parameters"}}
+    depth = nesting_depth(tool) - (2 if wrapped else 1)  # the schema's own depth
+    if depth > MAX_SCHEMA_NESTING:
+        name = fn.get("name") if wrapped else tool.get("name")
+        raise ValueError(
+            f"the schema of tools[{index}] ({name!r}) nests {depth} objects/arrays deep, "
+            f"more than the {MAX_SCHEMA_NESTING} allowed (each schema level is about two: "
+            "'properties' and the property's schema)"
+        )
+
+
 def check_call_options(kwargs: Mapping[str, Any]) -> None:
     """Type checks of per-call options whose wrong types would fail obscurely later."""
     tools = kwargs.get("tools")
@@ -106,6 +144,7 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
                     f"tools[{i}] must be a dict (bind_tools converts tools), got "
                     f"{type(tool).__name__}"
                 )
+            check_tool_nesting(i, tool)
     rf = kwargs.get("response_format")
     if rf is not None and not isinstance(rf, dict):
         raise TypeError(

@@ -30,7 +30,26 @@ os.environ["LLAMACPP_PROMPT_CACHE_KEY_FILE"] = os.path.join(
     tempfile.mkdtemp(prefix="llamacpp-test-key-"), "prompt-cache.key"
 )
 
+from hypothesis import HealthCheck, settings  # noqa: E402
+
 from tests.gguf_models import write_tiny_hybrid, write_tiny_llama, write_tiny_mamba  # noqa: E402
+
+# Property tests: CI (which sets CI) runs a derandomised search, the same examples every
+# run, no example database and no timing checks (deadline, too_slow), so a run fails
+# only on a change to the code; a local run keeps the random search, which finds new
+# counterexamples. A failure prints the blob that reproduces it (@reproduce_failure);
+# each counterexample found becomes an explicit case (@example or a parametrized test)
+# beside the property.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("local", print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 
 @pytest.fixture(scope="session")

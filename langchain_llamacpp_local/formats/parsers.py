@@ -855,6 +855,8 @@ def _muse(text: str, opts: Options, final: bool) -> _Scan:
 # --------------------------------------------------------------------------- gpt-oss (harmony)
 
 _HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
+#: how a message header starts (the generation prompt ends with <|start|>assistant)
+_HARMONY_HEAD = re.compile(r"\s*(assistant\b|<\||to=|$)")
 
 
 def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
@@ -886,10 +888,15 @@ def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
                 content.append(tail)  # plain text with no harmony header
             elif not final:
                 settled = False  # a header still being written
-            elif not re.match(r"\s*(assistant\b|<\||to=)", tail):
+            elif not _HARMONY_HEAD.match(tail) or not tail.strip():
                 content.append(tail)
             break
         header = text[pos:k]
+        if not in_header and not _HARMONY_HEAD.match(header):
+            # text that no header starts is the model's plain text, a <|message|> in it
+            # included: a stream has already sent it before the marker came
+            content.append(text[pos:])
+            break
         body_start = k + len("<|message|>")
         m = _HARMONY_END.search(text, body_start)
         body = text[body_start : m.start() if m else n]

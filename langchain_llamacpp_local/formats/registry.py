@@ -458,7 +458,12 @@ _RECORDS: tuple[Family, ...] = (
     Family(
         "functionary_v3_1",
         clues=((190, ("<|start_header_id|>", "<function=")),),
-        spec=Spec(think=None, regions=(("<function=", "</function>", functionary_v3_1_body),)),
+        spec=Spec(
+            think=None,
+            regions=(("<function=", "</function>", functionary_v3_1_body),),
+            # Python code follows it to the end (read by the parse loop)
+            held=("<|python_tag|>",),
+        ),
     ),
     Family(
         "cohere2moe",

@@ -849,14 +849,14 @@ def check_schema_nesting(schema: Any) -> None:
     stack: list[tuple[Any, int]] = [(schema, 1)]
     while stack:
         node, depth = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue  # a plain value is no level of nesting
         if depth > MAX_SCHEMA_NESTING:
             raise GrammarTooLargeError(
                 f"JSON schema nests more than {MAX_SCHEMA_NESTING} objects/arrays deep"
             )
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
+        values = node.values() if isinstance(node, dict) else node
+        stack.extend((v, depth + 1) for v in values)
 
 
 def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, Any]:

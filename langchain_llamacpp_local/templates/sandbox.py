@@ -40,13 +40,24 @@ from types import BuiltinMethodType, MethodType
 from typing import Any
 
 from jinja2 import nodes
-from jinja2.compiler import CodeGenerator
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.ext import Extension
+from jinja2.idtracking import (
+    VAR_LOAD_ALIAS,
+    VAR_LOAD_PARAMETER,
+    VAR_LOAD_RESOLVE,
+    VAR_LOAD_UNDEFINED,
+)
 from jinja2.lexer import Token, TokenStream
 from jinja2.parser import Parser
-from jinja2.runtime import Context, Undefined
-from jinja2.sandbox import SandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
-from jinja2.utils import generate_lorem_ipsum
+from jinja2.runtime import ChainableUndefined, Context, Macro, Undefined
+from jinja2.sandbox import (
+    SandboxedEnvironment,
+    SandboxedEscapeFormatter,
+    SandboxedFormatter,
+    SecurityError,
+)
+from jinja2.utils import generate_lorem_ipsum, missing
 from jinja2.utils import pass_environment as _pass_environment
 from markupsafe import Markup
 
@@ -627,23 +638,86 @@ def _guard_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class _CodeGenerator(CodeGenerator):
-    """Jinja2's code generator, with ``{% set obj.attr = value %}`` allowed on a mapping
-    as well as on a ``namespace()``.
+#: the keyword a call to a template's macro carries the caller's variables in
+_SCOPE_KW = "_jj_scope"
 
-    llama.cpp's template engine assigns attributes of any object, and real templates
-    rely on it (MiroThinker marks the tools and messages it has seen, ``{% set
-    tool.mt_visited = 1 %}``). Jinja2 compiles the assignment to ``obj[attr] = value``
-    behind a check that ``obj`` is a namespace; only that check is widened, to ``dict``.
-    The template's own data is copied per render, so nothing of the caller's changes.
+
+class _CodeGenerator(CodeGenerator):
+    """Jinja2's code generator, with two rules of llama.cpp's template engine
+    (``common/jinja/runtime.cpp``) that real templates rely on.
+
+    * ``{% set obj.attr = value %}`` works on a mapping as well as on a ``namespace()``
+      (MiroThinker marks the tools and messages it has seen, ``{% set tool.mt_visited =
+      1 %}``). Jinja2 compiles the assignment to ``obj[attr] = value`` behind a check
+      that ``obj`` is a namespace; only that check is widened, to ``dict``. The
+      template's own data is copied per render, so nothing of the caller's changes.
+    * A macro sees its caller's variables. llama.cpp runs a macro's body in a copy of
+      the *calling* scope with the parameters bound on top (``context macro_ctx(args.ctx)``),
+      so a macro may read the caller's loop variable (MiroThinker's ``function_name()``
+      reads the ``tool`` of the loop it is called from); Jinja2 resolves a macro's free
+      names where the macro is defined. Each call of one of the template's macros passes
+      the caller's variables (:data:`_SCOPE_KW`, taken off again in
+      :meth:`LimitedSandbox.call`), and a macro's free names read them first, then fall
+      back to where Jinja2 would look.
     """
 
     _CHECK = ", Namespace):"
+
+    def visit_Template(self, node: nodes.Template, frame: Frame | None = None) -> None:
+        self._macro_names = {m.name for m in node.find_all(nodes.Macro)}
+        self._macro_frame: nodes.Macro | None = None
+        super().visit_Template(node, frame)
 
     def writeline(self, x: str, node: nodes.Node | None = None, extra: int = 0) -> None:
         if x.startswith("if not isinstance(") and x.endswith(self._CHECK):
             x = x[: -len(self._CHECK)] + ", (Namespace, dict)):"
         super().writeline(x, node, extra)
+
+    def signature(
+        self,
+        node: nodes.Call | nodes.Filter | nodes.Test,
+        frame: Frame,
+        extra_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        callee = node.node if isinstance(node, nodes.Call) else None
+        if isinstance(callee, nodes.Name) and callee.name in self._macro_names:
+            extra_kwargs = {**(extra_kwargs or {}), _SCOPE_KW: self.dump_local_context(frame)}
+        super().signature(node, frame, extra_kwargs)
+
+    def macro_body(self, node: nodes.Macro | nodes.CallBlock, frame: Frame) -> Any:
+        # a call block's body keeps its own (lexical) scope, as in llama.cpp
+        self._macro_frame = node if isinstance(node, nodes.Macro) else None
+        return super().macro_body(node, frame)
+
+    def enter_frame(self, frame: Frame) -> None:
+        macro = self._macro_frame
+        if macro is None:
+            super().enter_frame(frame)
+            return
+        self._macro_frame = None  # the macro's own frame is the first entered
+        symbols = frame.symbols
+        # a name the body reads from an enclosing frame (a top-level variable) gets a
+        # variable of the macro's own, so the caller's value can take its place
+        for name in macro.find_all(nodes.Name):
+            if name.ctx == "load" and name.name not in symbols.refs:
+                outer = symbols.find_ref(name.name)
+                if outer is not None:
+                    symbols._define_ref(name.name, load=(VAR_LOAD_ALIAS, outer))
+        names = {target: name for name, target in symbols.refs.items()}
+        for target, (action, param) in symbols.loads.items():
+            if action == VAR_LOAD_PARAMETER:
+                continue
+            if action == VAR_LOAD_RESOLVE:
+                fallback = f"{self.get_resolve_func()}({param!r})"
+            elif action == VAR_LOAD_ALIAS:
+                fallback = str(param)
+            elif action == VAR_LOAD_UNDEFINED:
+                fallback = "missing"
+            else:
+                raise NotImplementedError("unknown load instruction")
+            self.writeline(
+                f"{target} = environment.caller_value(context, {names[target]!r}, {fallback})"
+            )
 
 
 class LimitedSandbox(SandboxedEnvironment):
@@ -658,6 +732,9 @@ class LimitedSandbox(SandboxedEnvironment):
             lstrip_blocks=True,
             extensions=["jinja2.ext.loopcontrols", _GenerationTagExtension, _ParseBudget],
             finalize=_finalize,
+            # as llama.cpp's engine: an attribute or item of an undefined value is
+            # undefined (``tool.function is defined`` where no ``tool`` is), not an error
+            undefined=ChainableUndefined,
         )
         self.binop_table = {
             **self.binop_table,
@@ -681,7 +758,41 @@ class LimitedSandbox(SandboxedEnvironment):
             _jj_concat=_concat,
         )
 
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Undefined:
+        """An unsafe attribute (``__globals__``, ``__class__``…) fails the render at once:
+        with undefined values chainable, the undefined Jinja2 returns for it would render
+        as empty text and hide the attempt."""
+        raise SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+        )
+
+    @staticmethod
+    def caller_value(context: Context, name: str, fallback: Any) -> Any:
+        """A macro's free variable: the calling scope's value, else ``fallback`` (where
+        Jinja2 would have found it)."""
+        scopes = getattr(context, "_jj_scopes", None)
+        if scopes:
+            value = scopes[-1].get(name, missing)
+            if value is not missing:
+                return value
+        return fallback
+
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        scope = kwargs.pop(_SCOPE_KW, None)
+        if scope is not None and isinstance(__obj, Macro):
+            # the macro runs in its caller's scope: what the caller sees (its own caller's
+            # variables included) with the caller's variables on top
+            scopes = __context.__dict__.setdefault("_jj_scopes", [])
+            visible = dict(scopes[-1]) if scopes else {}
+            visible.update((k, v) for k, v in scope.items() if v is not missing)
+            scopes.append(visible)
+            try:
+                return __self._call(__context, __obj, *args, **kwargs)
+            finally:
+                scopes.pop()
+        return __self._call(__context, __obj, *args, **kwargs)
+
+    def _call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         budget = _tick()
         name = getattr(__obj, "__name__", "")
         if name in ("format", "format_map"):  # the sandbox wraps str.format (``__wrapped__``)

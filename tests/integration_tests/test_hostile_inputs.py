@@ -524,3 +524,38 @@ def test_a_slow_template_stops_at_the_callers_timeout(tiny_llama: str) -> None:
     start = time.monotonic()
     assert llm.invoke("hi", timeout=3).content is not None
     assert time.monotonic() - start < 2.0
+
+
+def test_a_tool_schema_nested_too_deep_is_refused_naming_its_depth(tiny_llama: str) -> None:
+    """1,000 schema levels on a template that cannot show tools (their description is
+    written into the prompt): a ValueError naming the depth, and the worker serves on."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(1000):
+        schema = {"type": "object", "properties": {"a": schema}}
+    deep = {"type": "function", "function": {"name": "deep", "parameters": schema}}
+    llm = ChatLlamaCpp(
+        model_path=tiny_llama,
+        max_tokens=2,
+        chat_template="{% for m in messages %}{{ m.content }}\n{% endfor %}",
+    )
+    with pytest.raises(ValueError, match=r"tools\[0\] \('deep'\) nests 2001 objects/arrays deep"):
+        llm.bind_tools([deep]).invoke("hi")
+    with pytest.raises(ValueError, match="nests 2001"):
+        llm.invoke("hi", tools=[deep])
+    shallow = {"type": "function", "function": {"name": "ok", "parameters": {"type": "object"}}}
+    assert isinstance(llm.bind_tools([shallow]).invoke("hi").content, str)
+    assert isinstance(llm.invoke("still serving").content, str)
+
+
+def test_a_prompt_cache_dir_that_cannot_be_expanded_names_the_setting(
+    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langchain_llamacpp_local.cache.disk import ENV_DIR
+
+    with pytest.raises(ValueError, match=r"prompt_cache_dir='~nosuchuser/x': cannot expand '~'"):
+        ChatLlamaCpp(model_path=tiny_llama, prompt_cache_dir="~nosuchuser/x").invoke("hi")
+    monkeypatch.setenv(ENV_DIR, "~nosuchuser/y")
+    with pytest.raises(ValueError, match=rf"{ENV_DIR}='~nosuchuser/y': cannot expand '~'"):
+        ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi")
+    monkeypatch.delenv(ENV_DIR)
+    assert isinstance(ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi").content, str)

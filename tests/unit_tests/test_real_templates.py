@@ -101,8 +101,9 @@ def load(name: str) -> ChatTemplate:
 
 def test_all_llama_cpp_templates_are_present() -> None:
     # llama.cpp @0c1e57098 ships 70 .jinja templates (the issue's "72 files" counted the
-    # folder's two other files)
-    assert len(TEMPLATES) == 70
+    # folder's two other files), and newer llama.cpp's MiroThinker.jinja is added
+    assert len(TEMPLATES) == 71
+    assert "MiroThinker.jinja" in TEMPLATES
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -272,3 +273,28 @@ _CALLER_MACRO = (
 )
 def test_llama_cpp_jinja_macro_cases(source: str, expected: str) -> None:
     assert ChatTemplate(source).render([]) == expected
+
+
+def test_mirothinker_macros_read_their_callers_variables_as_in_llama_cpp() -> None:
+    """MiroThinker's macros take no parameters: ``function_name()`` reads the ``tool`` of
+    the loop that calls it and ``render_tool()`` sets the caller's ``ns.last_server``. A
+    server heading is written once per server, each tool once; in the history (no
+    ``tool`` in scope there) a call's server is ``generic-extras``, as llama.cpp renders."""
+    tools = [
+        *TOOLS,
+        _tool("run_python_sandbox", "Run code", "code"),
+        _tool("web_search", "Search", "q"),
+    ]
+    text = render_chat(load("MiroThinker.jinja"), convert_messages(agent_conversation()), tools)
+    head = text[: text.index("# General Objective")]
+    assert head.count("## Server name:") == 3, head
+    for server, tool in (
+        ("tool-python", "run_python_sandbox"),
+        ("search_and_scrape_webpage", "web_search"),
+        ("generic-extras", "get_weather"),
+    ):
+        assert head.index(f"## Server name: {server}\n") < head.index(f"### Tool name: {tool}\n")
+        assert head.count(f"### Tool name: {tool}\n") == 1
+    assert head.count("### Tool name:") == len(tools)
+    assert text.count("<server_name>generic-extras</server_name>\n<tool_name>") == 2
+    assert '<tool_name>get_time</tool_name>\n<arguments>\n{"tz": "Asia/Tokyo"}' in text

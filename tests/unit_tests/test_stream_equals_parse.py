@@ -9,8 +9,14 @@ complete and valid is never sent as one.
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +25,19 @@ from hypothesis import strategies as st
 from langchain_core.messages import AIMessageChunk
 
 from langchain_llamacpp_local.chat_models import _delta_message
-from langchain_llamacpp_local.formats import ParsedOutput, StreamParser, detect_format, parse
+from langchain_llamacpp_local.formats import (
+    FORMATS,
+    ParsedOutput,
+    StreamParser,
+    detect_format,
+    parse,
+)
 from langchain_llamacpp_local.formats.base import _read_as_arguments
+from langchain_llamacpp_local.formats.parsers import _markers
+from langchain_llamacpp_local.formats.registry import FAMILIES
 
 from .llama_cpp_cases import _settings, _template, case_id, load_cases
+from .test_tool_parsers import RECORDED
 
 CASES = [c for c in load_cases()["cases"] if not c["is_partial"]]
 
@@ -310,3 +325,146 @@ def test_cited_llama_cpp_cases(case: dict) -> None:
     for seed in range(10):
         assert run_case(case, seed) is None
         check_stream(case["input"], _fmt(case), _settings(case), random.Random(seed))
+
+
+# --------------------------------------------------------------------------- every cut point
+
+#: the option sets a family is streamed under: as generated, reasoning extracted or not,
+#: the think block opened by the prompt, no tools bound (nothing is a call)
+OPTION_SETS: list[dict[str, Any]] = [
+    {},
+    {"reasoning": True},
+    {"reasoning": False},
+    {"reasoning": True, "think_open": True},
+    {"tools": []},
+    {"reasoning": True, "tools": []},
+]
+PARSED_FORMATS = [f for f in FORMATS if f != "auto"]  # "auto" is learned from a template
+
+
+def known_markers(fmt: str) -> list[str]:
+    """Every marker and fixed string the family's record (and the stream's hold list) names."""
+    family = FAMILIES[fmt]
+    found = [*family.markers, *family.triggers, *_markers(fmt)]
+    spec = family.spec
+    if spec is not None:
+        for start, end, _ in spec.regions:
+            found += [start, end or ""]
+        found += [*spec.strip, *spec.section, *spec.held, *spec.think_stops, spec.reasoning_lead]
+        found += list(spec.think or ())
+    grammar = family.grammar
+    found += [getattr(grammar, "opening", ""), getattr(grammar, "closing", "")]
+    return [m for m in dict.fromkeys(found) if m]
+
+
+def _fork(sp: StreamParser) -> StreamParser:
+    """The parser as it stands (its ids copied), to finish it here without ending ``sp``."""
+    twin = copy.copy(sp)
+    twin._ids = list(sp._ids)
+    return twin
+
+
+def _streamed(deltas: list[Any], result: ParsedOutput) -> dict[str, Any]:
+    """The deltas merged (texts joined, each call read as the result says it is)."""
+    valid = {c["id"] for c in result.tool_calls}
+    calls = [d for d in deltas if d.kind == "tool_call"]
+    return _view(
+        "".join(d.text for d in deltas if d.kind == "content"),
+        "".join(d.text for d in deltas if d.kind == "reasoning"),
+        [{"name": d.name, "args": json.loads(d.args), "id": d.id} for d in calls if d.id in valid],
+        [{"name": d.name, "args": d.args, "id": d.id} for d in calls if d.id not in valid],
+    )
+
+
+def stream_every_cut(text: str, fmt: str, opts: dict[str, Any], truncate: bool = False) -> None:
+    """``text`` fed one character at a time, so every position is a cut between two
+    chunks: after each, what was sent is the start of the parse (nothing sent is taken
+    back); at the end the merged stream is the parse. With ``truncate``, the generation
+    also ends at every position (as ``max_tokens`` would): each such stream is the
+    parse of what was generated."""
+    whole = parse(text, fmt, **opts)
+    sp = StreamParser(fmt, **opts)
+    deltas: list[Any] = []
+    for k in range(len(text) + 1):
+        if k:
+            deltas += sp.feed(text[k - 1])
+        sent = _streamed(deltas, whole)
+        assert whole.content.startswith(sent["content"]), (k, text[:k], sent, whole)
+        assert (whole.reasoning or "").startswith(sent["reasoning"] or ""), (k, text[:k], sent)
+        if truncate and k < len(text):
+            cut = _fork(sp)
+            streamed = _streamed(deltas + cut.finish(), cut.result)
+            assert streamed == _of(cut.result), (k, text[:k])
+            assert _of(cut.result, ids=False) == _of(parse(text[:k], fmt, **opts), ids=False)
+    deltas += sp.finish()
+    assert _streamed(deltas, sp.result) == _of(sp.result), text
+    assert _of(sp.result, ids=False) == _of(whole, ids=False), text
+    for bad in sp.result.invalid_tool_calls:
+        assert not _read_as_arguments(bad["args"]), bad
+
+
+@pytest.mark.parametrize("fmt", PARSED_FORMATS)
+def test_every_cut_of_every_marker_streams_to_the_parse(fmt: str) -> None:
+    """Each marker the family knows, alone, inside text and after another of its markers,
+    cut at every position as a chunk boundary and as the end of generation."""
+    markers = known_markers(fmt)
+    assert markers or fmt in ("generic", "content"), fmt
+    for m in markers:
+        for text in (m, f"Hi {m} x", f"{m}Hi"):
+            for opts in OPTION_SETS:
+                stream_every_cut(text, fmt, opts, truncate=True)
+    for a, b in itertools.permutations(markers, 2):
+        for opts in OPTION_SETS:
+            stream_every_cut(f"{a}x{b}y", fmt, opts)
+
+
+@pytest.mark.parametrize("fmt", PARSED_FORMATS)
+def test_every_cut_of_the_recorded_outputs_streams_to_the_parse(fmt: str) -> None:
+    """llama.cpp's recorded outputs (with their cases' settings) and this suite's recorded
+    outputs, cut at every position."""
+    for case in CASES:
+        if _fmt(case) == fmt:
+            stream_every_cut(case["input"], fmt, _settings(case))
+    for rec_fmt, text, *_ in RECORDED:
+        if rec_fmt == fmt:
+            for opts in OPTION_SETS:
+                stream_every_cut(text, fmt, opts)
+
+
+# Counterexamples the property tests found, kept as explicit cases: (format, output, the
+# cut that showed it)
+COUNTEREXAMPLES = [
+    # '<|python_tag|>' arriving cut after '<|': the '<|' was sent as content, then the tag
+    # made the rest a python call and the parse's content was ''
+    ("functionary_v3_1", "<|python_tag|>print(1)", 2),
+    # plain text, then a harmony '<|message|>': sent as content, then read as a header
+    ("gpt_oss", "Hi <|message|> x", 3),
+    ("gpt_oss", "<think>x<|message|>y", 8),
+]
+
+
+@pytest.mark.parametrize(("fmt", "text", "cut"), COUNTEREXAMPLES)
+def test_counterexamples_stream_to_the_parse(fmt: str, text: str, cut: int) -> None:
+    for opts in OPTION_SETS:
+        sp = StreamParser(fmt, **opts)
+        deltas = sp.feed(text[:cut]) + sp.feed(text[cut:]) + sp.finish()
+        assert _streamed(deltas, sp.result) == _of(sp.result)
+        assert _of(sp.result, ids=False) == _of(parse(text, fmt, **opts), ids=False)
+        stream_every_cut(text, fmt, opts, truncate=True)
+
+
+def test_property_tests_are_derandomised_in_ci() -> None:
+    """With CI set (as CI sets it) every property test searches the same examples, with no
+    example database; without it the search stays random."""
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import tests.conftest; from hypothesis import settings; d = settings.default; "
+        "print(d.derandomize, d.database is None, d.print_blob, d.deadline)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    for ci, expect in (("true", "True True True None"), (None, "False False True 0:00:00.200000")):
+        run_env = {**env, "CI": ci} if ci else env
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=root, env=run_env, capture_output=True, text=True
+        )
+        assert out.stdout.strip() == expect, out.stderr

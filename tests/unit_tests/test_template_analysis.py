@@ -1122,3 +1122,23 @@ def test_llama_cpp_parse_case(case: dict[str, Any]) -> None:
             assert (res.reasoning or "").strip().startswith(thought), text[:pos]
         done = [(c.name, c.args) for c in part.calls if c.complete and c.error is None]
         assert done == calls[: len(done)], text[:pos]
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP)
+def test_every_cut_of_the_learned_markers_streams_to_the_parse(name: str) -> None:
+    """Format ``auto``: the round trip's assistant turn and each marker learned from the
+    template (alone and inside text), streamed one character at a time, so every position
+    is a chunk boundary (``test_stream_equals_parse.stream_every_cut``)."""
+    from .test_stream_equals_parse import stream_every_cut
+
+    a = analysis(name)
+    if a.tool_format == "none":
+        pytest.skip(f"{name}: no call syntax learned")
+    calls = RT_CALLS if a.supports_parallel_calls else RT_CALLS[:1]
+    part, think_open = _assistant_part(name, a, calls)
+    opts: dict[str, Any] = {"reasoning": True, "think_open": think_open, "analysis": a}
+    stream_every_cut(part, "auto", {**opts, "tools": RT_TOOLS})
+    for marker in a.markers:
+        for text in (marker, f"Hi {marker} x"):
+            for tools in (RT_TOOLS, []):
+                stream_every_cut(text, "auto", {**opts, "tools": tools}, truncate=True)

@@ -513,10 +513,10 @@ def test_syntax_error_raises_at_compile_naming_origin() -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "{{ foo.bar }}",  # UndefinedError
+        "{{ foo.bar() }}",  # calling an undefined value (its attributes are undefined)
         "{{ 1 + 'a' }}",  # TypeError inside rendering
         "{{ messages[0].content | tojson }}{{ undefined_thing | tojson }}",  # tojson(Undefined)
-        "{{ messages.pop().missing.attr }}",  # mutation allowed, the result is undefined
+        "{{ messages.pop().missing.attr - 1 }}",  # mutation allowed, the result is undefined
         "{{ 1 // 0 }}",
         "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",  # runaway recursion
     ],
@@ -1032,6 +1032,77 @@ def test_attributes_can_be_set_on_mappings_as_llama_cpp_allows() -> None:
         "<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\n"
     )
     assert repr((tools, messages)) == before  # the template changed its own copies only
+
+
+def test_undefined_values_chain_as_in_llama_cpp() -> None:
+    """llama.cpp's engine reads an attribute or item of an undefined value as undefined
+    (Jinja2 alone raises): it prints as nothing and tests as not defined."""
+    tpl = ChatTemplate(
+        "[{{ foo.bar }}|{{ foo['x'].y }}|{{ foo.bar is defined }}|"
+        "{{ messages[0].missing.deeper is defined }}|{{ 'a' + foo.bar }}]"
+    )
+    assert tpl.render([{"role": "user", "content": "x"}]) == "[||False|False|a]"
+
+
+# llama.cpp runs a macro's body in a copy of its caller's scope (common/jinja/runtime.cpp:
+# ``context macro_ctx(args.ctx)``), its parameters bound on top
+_CALLER_SCOPED = [
+    # the caller's loop variable, as MiroThinker's macros read ``tool``
+    (
+        "{% macro name() %}{{ tool.name }}{% endmacro %}"
+        "{% for tool in [{'name': 'a'}, {'name': 'b'}] %}{{ name() }},{% endfor %}",
+        "a,b,",
+    ),
+    # through a macro calling a macro, and the caller's own loop inside a macro
+    (
+        "{% macro inner() %}{{ tool }}{{ item }}{% endmacro %}"
+        "{% macro outer() %}{% for item in [1, 2] %}{{ inner() }};{% endfor %}{% endmacro %}"
+        "{% for tool in ['x'] %}{{ outer() }}{% endfor %}",
+        "x1;x2;",
+    ),
+    # a parameter wins over the caller's variable of the same name
+    (
+        "{% macro show(tool) %}{{ tool }}{% endmacro %}"
+        "{% for tool in ['loop'] %}{{ show('arg') }}{{ show(tool=tool ~ '!') }}{% endfor %}",
+        "argloop!",
+    ),
+    # the caller's variable shadows a top-level one of the same name
+    (
+        "{% set x = 'top' %}{% macro show() %}{{ x }}{% endmacro %}"
+        "{{ show() }},{% for x in ['loop'] %}{{ show() }}{% endfor %},{{ show() }}",
+        "top,loop,top",
+    ),
+    # a macro's own assignment stays its own; a namespace it changes is the caller's
+    (
+        "{% set ns = namespace(n=0) %}{% macro bump() %}{% set ns.n = ns.n + 1 %}"
+        "{% set tool = 'inside' %}{{ tool }}{% endmacro %}"
+        "{% for tool in ['t'] %}{{ bump() }}{{ tool }}{% endfor %}{{ ns.n }}",
+        "insidet1",
+    ),
+    # the loop variable of a finished loop is gone, as in llama.cpp: undefined, not an error
+    (
+        "{% macro name() %}[{{ tool.function.name }}]{% endmacro %}"
+        "{% for tool in ['a'] %}{% endfor %}{{ name() }}",
+        "[]",
+    ),
+    # a call block's body keeps the scope where it is written
+    (
+        "{% macro wrap() %}<{{ caller() }}>{% endmacro %}"
+        "{% for tool in ['t'] %}{% call wrap() %}{{ tool }}{% endcall %}{% endfor %}",
+        "<t>",
+    ),
+]
+
+
+@pytest.mark.parametrize(("source", "expected"), _CALLER_SCOPED)
+def test_macros_see_their_callers_variables_as_in_llama_cpp(source: str, expected: str) -> None:
+    assert ChatTemplate(source).render([{"role": "user", "content": "x"}]) == expected
+
+
+def test_unsafe_attributes_fail_even_where_undefined_values_chain() -> None:
+    for source in ("{{ raise_exception.__globals__ }}", "{{ foo.bar.__class__ }}"):
+        with pytest.raises(ChatTemplateError, match="SecurityError"):
+            ChatTemplate(source, origin="override").render([{"role": "user", "content": "x"}])
 
 
 def test_attributes_still_cannot_be_set_on_strings() -> None:

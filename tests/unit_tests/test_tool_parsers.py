@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from langchain_llamacpp_local.formats import (
@@ -413,7 +414,7 @@ def _check_stream(fmt: str, text: str, cuts: list[int], reasoning: bool | None) 
 def test_stream_equals_parse_for_random_chunkings(
     fmt: str, text: str, reasoning: bool | None
 ) -> None:
-    rng = random.Random(hash((fmt, text, reasoning)) & 0xFFFF)
+    rng = random.Random(zlib.crc32(repr((fmt, text, reasoning)).encode()))  # the same every run
     for _ in range(15):
         cuts = sorted(
             rng.sample(range(1, max(2, len(text))), k=min(len(text) - 1, rng.randint(1, 12)))
@@ -517,6 +518,10 @@ def test_parse_never_raises(text: str, fmt: str, reasoning: bool | None, think_o
     st.sampled_from([None, True, False]),
     st.lists(st.integers(1, 60), max_size=8),
 )
+# counterexamples the search found: a marker cut after its first characters was sent as
+# content (the python tag), plain text before a harmony <|message|> taken back as a header
+@example("<|python_tag|>print(1)", "functionary_v3_1", None, [2])
+@example("Hi <|message|> x", "gpt_oss", None, [3])
 def test_stream_parser_never_raises_and_matches_parse(
     text: str, fmt: str, reasoning: bool | None, cuts: list[int]
 ) -> None:

@@ -18,6 +18,7 @@ from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.llama.gguf import check_hparams, read_gguf_metadata
 from langchain_llamacpp_local.llama.sampling import (
     MAX_GRAMMAR_REPETITION,
+    MAX_SCHEMA_NESTING,
     GrammarTooLargeError,
     InvalidSamplingParams,
     SamplingParams,
@@ -124,6 +125,27 @@ def test_check_call_options_accepts_good_values() -> None:
             "chat_template_kwargs": {},
         }
     )
+
+
+def _nested_tool(levels: int) -> dict[str, Any]:
+    """A tool whose parameters schema nests ``levels`` objects/arrays deep."""
+    node: dict[str, Any] = {"type": "string"}  # one level: the innermost schema
+    for _ in range(levels - 1):
+        node = {"type": "array", "items": node}
+    return {"type": "function", "function": {"name": "t", "parameters": node}}
+
+
+def test_tool_schemas_nested_up_to_the_grammar_limit_pass_deeper_ones_name_their_depth() -> None:
+    check_call_options({"tools": [_nested_tool(MAX_SCHEMA_NESTING)]})
+    json_schema_to_grammar(_nested_tool(MAX_SCHEMA_NESTING)["function"]["parameters"])
+    deeper = _nested_tool(MAX_SCHEMA_NESTING + 1)
+    with pytest.raises(ValueError, match=rf"tools\[1\] \('t'\) nests {MAX_SCHEMA_NESTING + 1} "):
+        check_call_options({"tools": [_nested_tool(2), deeper]})
+    with pytest.raises(GrammarTooLargeError):  # the same limit as the tool-call grammar's
+        json_schema_to_grammar(deeper["function"]["parameters"])
+    # measured without recursion: far past Python's recursion limit too
+    with pytest.raises(ValueError, match="nests 5000 objects/arrays deep"):
+        check_call_options({"tools": [_nested_tool(5000)]})
 
 
 @pytest.mark.parametrize(
