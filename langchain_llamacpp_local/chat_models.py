@@ -807,6 +807,9 @@ class ChatLlamaCpp(BaseChatModel):
 
     def _submit(self, job: ChatJob, lease: registry.Lease) -> None:
         self._inflight.add(job.cancel)
+        # the model is free for others (keep-alive, max_loaded_models) once the reply is
+        # complete, even if the caller never reads it to the end
+        job.channel.on_final(lease.release)
         lease.worker.submit(job)
 
     def _replies(self, job: ChatJob) -> Iterator[tuple[str, Any]]:

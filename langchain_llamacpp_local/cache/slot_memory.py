@@ -165,10 +165,16 @@ class SlotMemory:
         *,
         cache_prompt: bool,
         marks: Sequence[int] = (),
+        room: tuple[int, int] | None = None,
     ) -> tuple[Slot, int]:
-        """A free slot for ``tokens`` and how many of its entries the request keeps."""
+        """A free slot for ``tokens`` and how many of its entries the request keeps.
+
+        ``room`` (unified cache): the request's ``needed`` positions and what running
+        requests have ``reserved``; idle slots are parked to make that room once the
+        slot is chosen and before it is filled, so a restored conversation finds free
+        cells (:meth:`fits` must have said the request can start)."""
         self._restored_file = None
-        slot = self._choose(tokens, busy)
+        slot = self._choose(tokens, busy, room)
         if not cache_prompt:
             self.reset(slot)
         try:
@@ -181,20 +187,29 @@ class SlotMemory:
         slot.last_used = self._clock
         return slot
 
-    def _choose(self, tokens: Sequence[Hashable], busy: set[int]) -> Slot:
-        """Take the free slot :func:`~.slot_plan.choose_slot` picks for ``tokens`` and fill
-        it as :func:`~.slot_plan.plan_fill` says (park, restore, copy)."""
-        can_copy = self.engine.memory_kind is MemoryKind.PARTIAL
-        states = [
+    def _states(self, tokens: Sequence[Hashable]) -> list[SlotState]:
+        return [
             SlotState(
                 s.seq_id, s.n_past, s.last_used, min(common_prefix_len(s.entries, tokens), s.exact)
             )
             for s in self.slots
         ]
+
+    def _choose(
+        self, tokens: Sequence[Hashable], busy: set[int], room: tuple[int, int] | None
+    ) -> Slot:
+        """Take the free slot :func:`~.slot_plan.choose_slot` picks for ``tokens`` and fill
+        it as :func:`~.slot_plan.plan_fill` says (park, restore, copy)."""
+        can_copy = self.engine.memory_kind is MemoryKind.PARTIAL
+        states = self._states(tokens)
         choice = choose_slot(states, busy, len(tokens), can_copy=can_copy)
         target = self.slots[choice.target]
         if choice.park_first:
             self.park(target)
+        if room is not None:
+            if not self.make_room(*room, busy, target):
+                raise AssertionError("acquire(room=...) of a request that does not fit")
+            states = self._states(tokens)  # parked slots hold nothing to copy now
         best_slot = max(s.reusable for s in states)
         cached, n_cached = self.ram.best(tokens)
         if cached is not None:
@@ -509,14 +524,24 @@ class SlotMemory:
 
     # ------------------------------------------------------------------ unified cache room
 
+    def fits(self, needed: int, reserved: int) -> bool:
+        """Unified cache: whether a request of ``needed`` positions can start beside
+        running requests that may still occupy ``reserved`` (prompt plus remaining
+        ``max_tokens``); idle slots can always be parked to make the rest of the room.
+
+        Asked before :meth:`acquire` fills a slot: a request that must wait may not
+        take cells (a restored conversation) from the running ones."""
+        return reserved + needed <= self.engine.n_ctx_total
+
     def make_room(self, needed: int, reserved: int, busy: set[int], reserve: Slot | None) -> bool:
         """Unified cache only: park idle slots until ``needed`` more positions fit.
 
         ``reserved`` is what running requests may still occupy (prompt plus their
-        remaining ``max_tokens``). Returns False when they leave too little room now.
+        remaining ``max_tokens``). Returns False when they leave too little room now
+        (:meth:`fits` says so before anything is parked or filled).
         """
         eng = self.engine
-        if reserved + needed > eng.n_ctx_total:
+        if not self.fits(needed, reserved):
             return False
         idle = sorted(
             (s for s in self.slots if s.seq_id not in busy and s is not reserve and s.n_past),

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image, ImageFile, ImageOps
 
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024
 
@@ -141,12 +141,13 @@ def _from_string(
 _B64_STEP = 1 << 18
 
 
-def _b64(payload: str) -> bytearray:
+def _b64(payload: str) -> bytes:
     """Decode base64 (line-wrapped or URL-safe too) in steps of :data:`_B64_STEP`
-    characters into one growing buffer: one ``b64decode`` (or one ``join``) of a
-    whole large image holds the GIL for a third of a second, stalling every other
-    thread, an asyncio loop included."""
-    out = bytearray()  # grown in place (a zeroed full-size buffer costs a long memset)
+    characters: one ``b64decode`` (or one ``str.join``) of a whole large image holds
+    the GIL for a third of a second, stalling every other thread, an asyncio loop
+    included. The pieces are joined by ``bytes.join``, which copies a large result
+    with the GIL released (a growing ``bytearray`` copies itself holding it)."""
+    parts: list[bytes] = []
     carry = ""
     try:
         for start in range(0, len(payload), _B64_STEP):
@@ -156,12 +157,13 @@ def _b64(payload: str) -> bytearray:
             cut = len(piece) - len(piece) % 4
             if cut > 4 and "=" in piece[: cut - 4]:
                 raise ValueError("padding before the end of the data")
-            out += base64.b64decode(piece[:cut], validate=True)
+            parts.append(base64.b64decode(piece[:cut], validate=True))
             carry = piece[cut:]
         if carry:
-            out += base64.b64decode(carry + "=" * (-len(carry) % 4), validate=True)
+            parts.append(base64.b64decode(carry + "=" * (-len(carry) % 4), validate=True))
     except (binascii.Error, ValueError) as exc:
         raise ImageInputError(f"image data is not valid base64: {exc}") from None
+    out = b"".join(parts)
     if not out:
         raise ImageInputError("image data is empty")
     return out
@@ -259,6 +261,33 @@ def _decode(data: bytes | bytearray, max_pixels: int) -> DecodedImage:
     return _finish(img, max_pixels)
 
 
+def _allocate_lazily(img: Image.Image) -> None:
+    """Give a file's image, before it is decoded, pixel memory that the kernel zeroes
+    page by page as the decoder (GIL released) writes it.
+
+    Pillow's own allocation is made of 16 MiB blocks; once large blocks have been freed,
+    glibc serves such sizes from its heap (its mmap threshold rises up to 32 MiB) and
+    zeroes them with ``memset``, all of it (~150 MB for 6000x6000) holding the GIL:
+    60-150 ms here during which no other thread runs. A single block of the whole image
+    is a fresh mapping once it is past that threshold, and costs nothing up front."""
+    new_block = getattr(Image.core, "new_block", None)
+    if (
+        new_block is None
+        or not isinstance(img, ImageFile.ImageFile)
+        or img.mode not in _LAZY_MODES
+        or getattr(img, "_im", 0) is not None  # loaded already (or an unknown Pillow)
+    ):
+        return
+    try:
+        img.im = new_block(img.mode, img.size)
+    except (MemoryError, ValueError):  # Pillow allocates its own way, as always
+        return
+
+
+#: Modes :func:`_allocate_lazily` gives a single block (no palette to attach).
+_LAZY_MODES = frozenset({"RGB", "RGBA", "L", "LA"})
+
+
 def _finish(img: Image.Image, max_pixels: int) -> DecodedImage:
     w, h = img.size
     if w * h > max_pixels:  # checked on the header, before any pixel is decoded
@@ -268,7 +297,11 @@ def _finish(img: Image.Image, max_pixels: int) -> DecodedImage:
     try:
         if getattr(img, "n_frames", 1) > 1:
             img.seek(0)  # animations (GIF/APNG/WebP): the first frame only
-        img = ImageOps.exif_transpose(img) or img
+        _allocate_lazily(img)
+        img.load()
+        if img.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+            # only then: exif_transpose copies an image it does not turn
+            img = ImageOps.exif_transpose(img) or img
         if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
             img.mode in ("P", "L", "RGB") and "transparency" in img.info
         ):
@@ -279,9 +312,9 @@ def _finish(img: Image.Image, max_pixels: int) -> DecodedImage:
         elif img.mode.startswith("I;16") or img.mode == "I":
             # 16-bit gray: keep the top 8 bits (convert("L") would clip at 255).
             img = img.point(lambda v: v / 256).convert("L").convert("RGB")
-        else:
+        elif img.mode != "RGB":  # convert() of an RGB image is a copy
             img = img.convert("RGB")
-        rgb = img.tobytes()
+        rgb = img.tobytes()  # its final join of the pixels releases the GIL
     except Image.DecompressionBombError as exc:
         raise ImageInputError(f"image refused as a decompression bomb: {exc}") from None
     except MemoryError:
@@ -290,5 +323,8 @@ def _finish(img: Image.Image, max_pixels: int) -> DecodedImage:
         raise ImageInputError(f"the image could not be decoded: {exc}") from None
     if len(rgb) != img.width * img.height * 3:
         raise ImageInputError("the image decoded to an unexpected pixel layout")
-    digest = hashlib.sha256(f"{img.width}x{img.height}:".encode() + rgb).hexdigest()
-    return DecodedImage(img.width, img.height, rgb, digest)
+    # fed in two parts: prefix + rgb would copy the pixels holding the GIL (sha256 of a
+    # large buffer releases it)
+    sha = hashlib.sha256(f"{img.width}x{img.height}:".encode())
+    sha.update(rgb)
+    return DecodedImage(img.width, img.height, rgb, sha.hexdigest())

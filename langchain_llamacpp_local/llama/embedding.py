@@ -183,6 +183,9 @@ class EmbeddingEngine:
             raise ValueError(f"n_seq_max must be at least 1, got {config.n_seq_max}")
         self.config = config
         self.lock = threading.RLock()
+        # set by close() before it takes the lock: a running call stops before its next
+        # llama_decode instead of making close() wait for all of its texts
+        self._closing = threading.Event()
         self.ctx = None
         self._batch: C.llama_batch | None = None
         self._model_ref = _engine.load_model(config.load_config())
@@ -298,7 +301,7 @@ class EmbeddingEngine:
             yield self
 
     def _check_open(self) -> None:
-        if self.ctx is None:
+        if self.ctx is None or self._closing.is_set():
             raise RequestCancelledError(
                 f"the embedding context of {os.path.basename(self.config.model_path)} was "
                 "closed (close() ran before or during this call)"
@@ -349,6 +352,7 @@ class EmbeddingEngine:
             self._check_open()
             per_call = 1 if self.config.deterministic else self.n_seq_max
             for start, end in pack(lengths, self.n_batch, per_call):
+                self._check_open()  # close() on another thread: stop here
                 out[start:end] = self._embed_group(token_lists[start:end], width)
         return out
 
@@ -415,7 +419,14 @@ class EmbeddingEngine:
     # ------------------------------------------------------------------ teardown
 
     def close(self) -> None:
-        """Free the context; the model goes when its last user releases it. Idempotent."""
+        """Free the context; the model goes when its last user releases it. Idempotent.
+
+        A call running on another thread is cancelled, as ``ChatLlamaCpp.close()``
+        cancels its calls: it raises :class:`~.errors.RequestCancelledError` before its
+        next ``llama_decode``, so close() waits for one batch, not for all its texts.
+        (No abort callback inside the decode: llama.cpp calls it after every graph
+        node, each call a wait for the GIL.)"""
+        self._closing.set()
         with self.lock:
             free_context(self.ctx, self._batch)
             self.ctx = self._batch = None

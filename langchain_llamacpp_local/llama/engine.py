@@ -638,7 +638,7 @@ class Engine(vocab.VocabMethods):
         return mctx
 
     def tokenize_multimodal(
-        self, text: str, images: Sequence[tuple[int, int, bytes, str]]
+        self, text: str, images: Sequence[tuple[int, int, bytes | bytearray, str]]
     ) -> tuple[list[Hashable], dict[int, MediaChunk]]:
         """Tokenize ``text`` whose media markers stand for ``images`` (w, h, rgb, digest).
 
@@ -656,8 +656,12 @@ class Engine(vocab.VocabMethods):
         chunks = M.mtmd_input_chunks_init()
         try:
             for w, h, rgb, digest in images:
-                data = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
-                bm = M.mtmd_bitmap_init(w, h, data)
+                # a pointer to the caller's pixels, not a copy: copying a large image
+                # holds the GIL (mtmd copies it itself, in C, with the GIL released)
+                pixels = np.frombuffer(rgb, dtype=np.uint8)
+                if pixels.size != w * h * 3:
+                    raise ValueError(f"a {w}x{h} image needs {w * h * 3} RGB bytes")
+                bm = M.mtmd_bitmap_init(w, h, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
                 if not bm:
                     raise ValueError(f"llama.cpp could not take a {w}x{h} image")
                 M.mtmd_bitmap_set_id(bm, digest.encode())

@@ -8,10 +8,17 @@ through ``call_soon_threadsafe``, so the event loop is never blocked.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Kinds of the item that ends a reply: nothing is put after one.
+FINAL_KINDS = frozenset({"done", "error"})
 
 
 class Channel:
@@ -22,6 +29,15 @@ class Channel:
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
+        self._on_final: Callable[[], None] | None = None
+
+    def on_final(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (once, on the producer's thread) when the reply's last item is put.
+
+        What a request holds for its reply (its lease on the model) is given back when
+        the reply is complete, not when the caller has read it: a stream left unread
+        must not keep an idle model busy."""
+        self._on_final = fn
 
     def bind_loop(self) -> None:
         """Attach the running event loop so ``aget`` can be awaited from it."""
@@ -38,6 +54,13 @@ class Channel:
                 loop.call_soon_threadsafe(event.set)
             except RuntimeError:  # the caller's loop is closed: nobody is listening
                 pass
+        if isinstance(item, tuple) and item and item[0] in FINAL_KINDS:
+            fn, self._on_final = self._on_final, None
+            if fn is not None:
+                try:
+                    fn()
+                except Exception:  # the caller's hook must never break the producer
+                    logger.exception("a reply's completion hook failed")
 
     def get(self, timeout: float | None = None) -> Any:
         """Next item; raises ``TimeoutError`` if none arrives within ``timeout`` seconds."""

@@ -460,20 +460,27 @@ class _WorkerState:
         spans = [(p, m.n_pos) for p, m in prepared.media.items()]
         spec = self._speculation(job, prepared)  # first: it may refuse the job
         marks = marker_cuts(tokens, self.markers)
-        slot, n_keep = memory.acquire(
-            tokens, spans, busy, cache_prompt=job.cache_prompt, marks=marks
-        )
-        if eng.kv_unified:
+        needed = len(tokens) + w.max_new
+        reserved = sum(a.reserved for a in self.active)
+        if eng.kv_unified and not memory.fits(needed, reserved):
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
             # a request starts only when what running requests may still need leaves room.
-            reserved = sum(a.reserved for a in self.active)
-            if not memory.make_room(len(tokens) + w.max_new, reserved, busy, slot):
-                if not self.active:
-                    raise ContextOverflowError(
-                        f"the request needs {len(tokens) + w.max_new} positions of the "
-                        f"{eng.n_ctx_total}-position unified cache"
-                    )
-                return None
+            # Decided before the slot is filled: a conversation restored into the pool for
+            # a request that then waits would take cells the running ones were promised.
+            if not self.active:
+                raise ContextOverflowError(
+                    f"the request needs {needed} positions of the "
+                    f"{eng.n_ctx_total}-position unified cache"
+                )
+            return None
+        slot, n_keep = memory.acquire(
+            tokens,
+            spans,
+            busy,
+            cache_prompt=job.cache_prompt,
+            marks=marks,
+            room=(needed, reserved) if eng.kv_unified else None,
+        )
         targets = memory.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot, marks)
         sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
         try:

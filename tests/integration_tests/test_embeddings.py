@@ -13,6 +13,7 @@ import asyncio
 import functools
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from langchain_llamacpp_local import (
     ChatLlamaCpp,
     ContextOverflowError,
     LlamaCppEmbeddings,
+    RequestCancelledError,
 )
 from langchain_llamacpp_local.embeddings import postprocess
 from langchain_llamacpp_local.llama import model_handle
@@ -398,3 +400,36 @@ def test_gemma_embeds_with_mean_pooling(gemma: str) -> None:
     assert np.min(np.sum(vectors * ref, axis=1)) > 0.999
     emb.close()
     native.close()
+
+
+def test_close_cancels_a_running_batch() -> None:
+    """close() on another thread stops a running ``embed_documents`` before its next
+    ``llama_decode`` (the call raises ``RequestCancelledError``, as a closed
+    ``ChatLlamaCpp``'s calls do) instead of waiting for all its texts; the instance
+    works again afterwards."""
+    emb = LlamaCppEmbeddings(model_path=tiny_llama_path(), deterministic=True).load()
+    texts = [f"text number {i} " * 8 for i in range(100)]  # one llama_decode per text
+    t0 = time.perf_counter()
+    want = emb.embed_documents(texts[:3])
+    emb.embed_documents(texts)
+    per_pass = time.perf_counter() - t0
+    many = texts * max(2, int(6.0 / per_pass))  # some 6 s of work
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            emb.embed_documents(many)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    emb.close()
+    waited = time.perf_counter() - t0
+    t.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], RequestCancelledError), outcome
+    assert waited < 2.0, f"close() waited {waited:.1f} s for the running batch"
+    np.testing.assert_allclose(emb.embed_documents(texts[:3]), want, atol=ATOL)

@@ -9,6 +9,8 @@ re-tokenize as the vocab's space token, which the common prefix then stops at).
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +146,57 @@ def test_two_fresh_instances_give_the_same_tokens(arch: str, request: Any) -> No
         return out
 
     assert run() == run()
+
+
+def test_a_waiting_request_takes_no_room_from_a_running_one(tiny_llama: str) -> None:
+    """Shared KV pool, a conversation parked in host RAM: a request continuing it that
+    must wait for room is decided before anything is restored, so the running request
+    keeps the cells it was promised and finishes (it failed mid-stream with a
+    ``DecodeError`` when the restore came first and the waiting request's cells stayed)."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=256, n_slots=2, **GREEDY)
+    a: list[BaseMessage] = [HumanMessage("x" * 40)]
+    reply = llm.invoke(a, max_tokens=20)
+    llm.invoke([HumanMessage("y" * 40)], max_tokens=20)  # the other slot
+    run = [HumanMessage("r")]
+    long_max = 256 - llm.get_num_tokens_from_messages(run) - 16  # nearly the whole pool
+    worker = llm._worker
+    assert worker is not None and worker.call(lambda st: st.engine.kv_unified)
+
+    # Both requests reach the worker in one batch, the long one first: it is admitted
+    # (its slot's conversation, and the other slot's, are parked in host RAM); the
+    # continuation of the first conversation cannot start beside it and waits.
+    gate, inside = threading.Event(), threading.Event()
+
+    def hold(_state: Any) -> None:
+        inside.set()
+        gate.wait(60)
+
+    blocker = threading.Thread(target=worker.call, args=(hold,))
+    blocker.start()
+    assert inside.wait(60)
+    results: dict[str, Any] = {}
+
+    def call(name: str, msgs: list[BaseMessage], n: int) -> None:
+        try:
+            results[name] = llm.invoke(msgs, max_tokens=n)
+        except BaseException as exc:
+            results[name] = exc
+
+    later = [*a, AIMessage(str(reply.content)), HumanMessage("z")]
+    threads = []
+    for n_queued, (name, msgs, n) in enumerate(
+        [("running", run, long_max), ("waiting", later, 8)], start=1
+    ):
+        t = threading.Thread(target=call, args=(name, msgs, n))
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 60
+        while worker._queue.qsize() < n_queued and time.monotonic() < deadline:
+            time.sleep(0.005)
+    gate.set()
+    for t in [blocker, *threads]:
+        t.join(120)
+    for name in ("running", "waiting"):
+        assert isinstance(results.get(name), AIMessage), (name, results.get(name))
+    assert results["running"].usage_metadata["output_tokens"] == long_max
+    assert _cached(results["waiting"]) > 60  # it still found the parked conversation

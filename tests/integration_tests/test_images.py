@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from PIL import Image
 
 from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.chat.images import load_image
+from langchain_llamacpp_local.chat.prompts import MEDIA_MARKER
 from tests.compare import GREEDY, assert_same_greedy, ids
 from tests.gguf_models import write_tiny_mmproj
 
@@ -124,4 +127,32 @@ def test_refused_forms_have_clear_errors(
     text_only = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, max_tokens=4)
     with pytest.raises(ValueError, match="mmproj_path"):
         text_only.invoke(_ask(_v1(RED)))
+    assert vlm.invoke(_ask(_v1(RED))).content is not None  # still serving
+
+
+def test_the_pixels_reach_mtmd_without_a_copy(vlm: ChatLlamaCpp) -> None:
+    """The worker hands mtmd a pointer to the decoded pixels: a Python copy of a large
+    image (108 MB for 6000x6000) holds the GIL all along, stalling every other thread,
+    an event loop included. Checked on the traced memory's peak, not on a clock. Pixels
+    that do not match the image's size are refused (mtmd would read past their end)."""
+    big = load_image(_png((10, 200, 10), size=1024))  # 3 MiB of pixels
+    vlm.load()
+    worker = vlm._worker
+    assert worker is not None
+    text = f"look: {MEDIA_MARKER} ok"
+
+    def peak_of(state: Any) -> int:
+        tracemalloc.start()
+        try:
+            state.engine.tokenize_multimodal(text, [(1024, 1024, big.rgb, big.digest)])
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    peak = worker.call(peak_of)
+    assert peak < len(big.rgb) // 4, f"{peak} bytes traced for {len(big.rgb)} bytes of pixels"
+    with pytest.raises(ValueError, match="RGB bytes"):
+        worker.call(
+            lambda st: st.engine.tokenize_multimodal(text, [(1024, 1024, big.rgb[:-3], "x")])
+        )
     assert vlm.invoke(_ask(_v1(RED))).content is not None  # still serving

@@ -10,6 +10,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +59,47 @@ def _worker_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith("llamacpp-worker"))
 
 
+@contextmanager
+def _busy(llm: ChatLlamaCpp) -> Iterator[None]:
+    """``llm``'s model with a request on it whose reply cannot finish before the block
+    ends (its worker is held), so the request's lease is held until then."""
+    llm.load()
+    worker = llm._worker
+    assert worker is not None
+    path = worker.config.model_path
+    gate, inside = threading.Event(), threading.Event()
+
+    def hold(_state: Any) -> None:
+        inside.set()
+        gate.wait(60)
+
+    threads = [threading.Thread(target=worker.call, args=(hold,))]
+    threads[0].start()
+    try:
+        assert inside.wait(60)
+        threads.append(threading.Thread(target=llm.invoke, args=("busy",)))
+        threads[1].start()
+        assert _wait_for(lambda: any(m.model_path == path and m.active for m in loaded_models()))
+        yield
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(60)
+
+
 def test_two_models_evict_each_other_only_when_idle(models: Path) -> None:
     a = ChatLlamaCpp(model="alpha", models_dir=str(models), max_loaded_models=1, **FAST)
     b = ChatLlamaCpp(model="beta", models_dir=str(models), max_loaded_models=1, **FAST)
     a.invoke("warm up")
     loads = load_count()
-    stream = a.stream("a stream held open", max_tokens=50)
-    next(stream)  # alpha has a running request now
     result: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: result.setdefault("b", b.invoke("hi")))
-    t.start()
-    time.sleep(0.5)
-    assert t.is_alive(), "beta must wait while alpha is busy"
-    assert _loaded_names() == ["alpha.gguf"] and load_count() == loads
-    stream.close()  # alpha is idle: beta may evict it
+    with _busy(a):  # alpha has a running request
+        t = threading.Thread(target=lambda: result.setdefault("b", b.invoke("hi")))
+        t.start()
+        time.sleep(0.5)
+        assert t.is_alive(), "beta must wait while alpha is busy"
+        assert _loaded_names() == ["alpha.gguf"] and load_count() == loads
+    # alpha is idle: beta may evict it
     t.join(30)
     assert not t.is_alive()
     assert result["b"].response_metadata["model_name"] == "beta"
@@ -84,11 +112,8 @@ def test_two_models_evict_each_other_only_when_idle(models: Path) -> None:
 def test_waiting_for_room_respects_the_request_timeout(models: Path) -> None:
     a = ChatLlamaCpp(model="alpha", models_dir=str(models), max_loaded_models=1, **FAST)
     b = ChatLlamaCpp(model="beta", models_dir=str(models), max_loaded_models=1, **FAST)
-    stream = a.stream("busy", max_tokens=50)
-    next(stream)
-    with pytest.raises(TimeoutError, match="max_loaded_models=1"):
+    with _busy(a), pytest.raises(TimeoutError, match="max_loaded_models=1"):
         b.invoke("hi", timeout=0.3)
-    stream.close()
     assert b.invoke("hi").content is not None  # the timed-out wait left nothing behind
 
 
@@ -338,10 +363,32 @@ def test_loaded_models_does_not_swallow_releases(models: Path) -> None:
         loaded_models()  # right after the release, on the releasing thread
         assert _wait_for(lambda: live_workers() == 0, timeout=3), _loaded_names()
     for _ in range(3):
-        stream = llm.stream("hi")
-        next(stream)
-        assert registry.unload() == 0  # busy: freed once idle
-        for _chunk in stream:
-            pass
+        with _busy(llm):
+            assert registry.unload() == 0  # busy: freed once idle
         loaded_models()
         assert _wait_for(lambda: live_workers() == 0, timeout=3), _loaded_names()
+
+
+def test_a_complete_reply_frees_its_model_though_its_stream_is_unread(models: Path) -> None:
+    """A stream read only in part holds its model until the reply is complete, not until
+    the generator is closed: keep_alive runs from there and another model may evict it
+    (``max_loaded_models``); the unread chunks are all still there. Bounded by waits and
+    a request timeout: it used to wait for ever."""
+    short = ChatLlamaCpp(model="alpha", models_dir=str(models), keep_alive=0.3, **FAST)
+    kept = short.stream("read one chunk only", max_tokens=20)
+    next(kept)
+    assert _wait_for(lambda: live_workers() == 0), loaded_models()
+
+    a = ChatLlamaCpp(model="alpha", models_dir=str(models), max_loaded_models=1, **FAST)
+    b = ChatLlamaCpp(model="beta", models_dir=str(models), max_loaded_models=1, **FAST)
+    stream = a.stream("read one chunk only", max_tokens=20)
+    first = next(stream)
+    assert _wait_for(lambda: [m.active for m in loaded_models()] == [0]), loaded_models()
+    assert b.invoke("hi", timeout=20).content is not None
+    assert _loaded_names() == ["beta.gguf"]
+    whole = first
+    for chunk in stream:  # alpha is gone; its reply is all there
+        whole += chunk
+    assert whole.response_metadata["finish_reason"] == "length"
+    assert whole.usage_metadata is not None and whole.usage_metadata["output_tokens"] == 20
+    kept.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import gguf
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 from langchain_core.documents import Document
 
-from langchain_llamacpp_local import ContextOverflowError, LlamaCppRerank
+from langchain_llamacpp_local import ContextOverflowError, LlamaCppRerank, RequestCancelledError
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
 from tests.gguf_models import BOS_ID, EOS_ID, SPACE_ID, byte_token, write_tiny_bert
 
@@ -148,3 +150,35 @@ def test_not_a_reranker_and_bad_input() -> None:
     with pytest.raises(TypeError, match=r"documents\[0\] must be a string"):
         rr.rerank("q", [3])  # type: ignore[list-item]
     assert rr.rerank("q", []) == []
+
+
+def test_close_cancels_a_running_rerank() -> None:
+    """close() on another thread stops a running ``rerank`` before its next
+    ``llama_decode`` (the call raises ``RequestCancelledError``) instead of waiting
+    for all its documents; the instance works again afterwards."""
+    rr = LlamaCppRerank(model_path=reranker_path(), n_seq_max=1)  # one pair per decode
+    docs = [f"{d} number {i}" for i in range(20) for d in DOCS]
+    t0 = time.perf_counter()
+    want = rr.rerank(QUERY, DOCS)
+    rr.rerank(QUERY, docs)
+    per_pass = time.perf_counter() - t0
+    many = docs * max(2, int(6.0 / per_pass))  # some 6 s of work
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            rr.rerank(QUERY, many)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    rr.close()
+    waited = time.perf_counter() - t0
+    t.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], RequestCancelledError), outcome
+    assert waited < 2.0, f"close() waited {waited:.1f} s for the running call"
+    np.testing.assert_allclose(rr.rerank(QUERY, DOCS), want, atol=1e-4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import io
 import struct
@@ -140,6 +141,8 @@ def test_digest_identifies_pixels_and_size() -> None:
     wide = load_image(Image.new("RGB", (2, 1), (1, 2, 3)))
     tall = load_image(Image.new("RGB", (1, 2), (1, 2, 3)))
     assert wide.rgb == tall.rgb and wide.digest != tall.digest
+    # the value itself is what cached prefixes (host RAM, disk) were keyed by
+    assert a.digest == hashlib.sha256(b"%dx%d:" % (a.width, a.height) + a.rgb).hexdigest()
 
 
 def test_exif_orientation_rotates_the_pixels() -> None:
