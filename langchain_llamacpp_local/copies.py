@@ -15,10 +15,16 @@ import copy
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 
 def _fresh_private(obj: BaseModel) -> None:
-    private = {name: attr.get_default() for name, attr in obj.__private_attributes__.items()}
+    """Give ``obj`` its private attributes' defaults (calling their factories)."""
+    private = {}
+    for name, attr in obj.__private_attributes__.items():
+        value = attr.get_default(call_default_factory=True)
+        if value is not PydanticUndefined:
+            private[name] = value
     object.__setattr__(obj, "__pydantic_private__", private or None)
 
 
