@@ -4,8 +4,8 @@ image forms docs/multimodal.md lists are the ones a message can carry."""
 from __future__ import annotations
 
 import ast
-import functools
 import builtins
+import functools
 import re
 from pathlib import Path
 
