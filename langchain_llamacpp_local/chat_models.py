@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import threading
 import time
 import weakref
@@ -37,26 +36,29 @@ from pydantic import (
     ConfigDict,
     PrivateAttr,
     StrictBool,
-    field_validator,
     model_validator,
 )
 from typing_extensions import Self
 
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
+from langchain_llamacpp_local.copies import ConfigOnlyCopies
 from langchain_llamacpp_local.errors import RequestCancelledError
 from langchain_llamacpp_local.formats import StreamDelta
+from langchain_llamacpp_local.llama.engine import check_gguf_file
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, check_load_settings
+from langchain_llamacpp_local.model_selection import ModelSelection, duration_seconds
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
 from langchain_llamacpp_local.runtime.model_resolution import (
+    MMPROJ_AUTO,
+    MMPROJ_NONE,
     ModelEntry,
     ResolvedModel,
     models_dir_from,
     resolve_model,
-    resolve_path,
 )
 from langchain_llamacpp_local.runtime.model_resolution import list_models as _list_models
 from langchain_llamacpp_local.runtime.worker import (
@@ -137,7 +139,7 @@ _LOAD_FIELDS = (
 )
 
 
-class ChatLlamaCpp(BaseChatModel):
+class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     """Chat model that runs a GGUF model in-process with llama.cpp.
 
     Requests go to one worker thread per loaded model, which keeps a persistent
@@ -163,11 +165,11 @@ class ChatLlamaCpp(BaseChatModel):
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
 
     # ------------------------------------------------------------------ loading
-    model_path: str | None = None
-    """Path of the GGUF model file (or give ``model``)."""
     model_name: str | None = None
-    """Name reported in ``response_metadata`` and traces (default: the ``model`` name
-    asked for, else the GGUF's ``general.name``)."""
+    """Name reported in ``response_metadata`` and traces. Default: the ``model`` asked
+    for; for a ``model_path``, the file's stem in traces (``ls_model_name``, stable
+    whether or not the model is loaded) and the GGUF's ``general.name`` in
+    ``response_metadata``."""
     n_ctx: int | None = None
     """Context window in tokens (default: the model's trained context, capped at 8192).
     By default the ``n_slots`` slots share one KV pool of ``n_ctx`` positions, as in
@@ -292,16 +294,8 @@ class ChatLlamaCpp(BaseChatModel):
     per call (``invoke(..., lora={"sql": 1.0})``) and through ``configurable_fields``."""
 
     # ------------------------------------------------------------------ model selection
-    model: str | None = None
-    """The model: a GGUF path, a name in ``models_dir`` (``qwen3``, ``qwen3:Q4_K_M``) or a
-    Hugging Face spec (``owner/repo[:QUANT]``, ``owner/repo/file.gguf``); give this or
-    ``model_path``. Overridable per call (``invoke(..., model=...)``); see docs/models.md."""
-    models_dir: str | None = None
-    """Folder of models looked up by name (default: ``LLAMACPP_MODELS_DIR``)."""
-    keep_alive: float = registry.DEFAULT_KEEP_ALIVE
-    """Seconds a loaded model stays loaded once idle (Ollama's semantics: default 5 min,
-    0 frees it after the call, negative keeps it until ``unload()``); ``"10m"``-style
-    durations are accepted. Other instances and per-call instances reuse it meanwhile."""
+    # model, model_path, models_dir, keep_alive, validate_model_on_init: ModelSelection;
+    # ``model`` and ``keep_alive`` are overridable per call (``invoke(..., model=...)``)
     max_loaded_models: int | None = None
     """Process-wide limit on loaded models; loading one more evicts the least recently
     used idle one (default: ``LLAMACPP_MAX_LOADED_MODELS`` or 3)."""
@@ -377,22 +371,15 @@ class ChatLlamaCpp(BaseChatModel):
         self._sampling()  # validates the sampling fields
         return self
 
-    @field_validator("keep_alive", mode="before")
-    @classmethod
-    def _parse_keep_alive(cls, value: Any) -> Any:
-        return _duration_seconds(value)
+    def _validate_model(self) -> None:
+        """``validate_model_on_init``: the model, and a projector given by path."""
+        super()._validate_model()
+        if self.mmproj_path not in (None, MMPROJ_AUTO, MMPROJ_NONE):
+            assert self.mmproj_path is not None
+            check_gguf_file(str(Path(self.mmproj_path).expanduser()))
 
     @model_validator(mode="after")
-    def _check_model_selection(self) -> Self:
-        if self.model is None and self.model_path is None:
-            raise ValueError(
-                "pass model= (a GGUF path, a name in models_dir or a Hugging Face "
-                "owner/repo[:QUANT]) or model_path="
-            )
-        if self.model is not None and self.model_path is not None:
-            raise ValueError(
-                "pass model= or model_path=, not both (model_name= sets the reported name)"
-            )
+    def _check_loaded_models(self) -> Self:
         if self.max_loaded_models is not None and self.max_loaded_models < 1:
             raise ValueError("max_loaded_models must be at least 1 (or None for the default)")
         return self
@@ -477,10 +464,10 @@ class ChatLlamaCpp(BaseChatModel):
         return params
 
     def _display_name(self) -> str:
+        """The traced name (LangSmith groups runs by it): from the configuration only, so
+        it is the same before and after the model loads."""
         if self.model_name:
             return self.model_name
-        if self._worker is not None and self._worker.info is not None:
-            return self._worker.info.model_name
         if self.model is not None:
             return self.model
         return Path(self.model_path or "model").stem
@@ -563,16 +550,10 @@ class ChatLlamaCpp(BaseChatModel):
             raise ValueError(f"{setting}={str(raw)!r} exists and is not a directory")
         return str(path.absolute())
 
-    def _resolve(self, spec: str | None) -> ResolvedModel:
-        """The files for ``spec`` (a per-call ``model=``) or, if None, this instance's model."""
-        if spec is None and self.model is None:
-            assert self.model_path is not None
-            return resolve_path(self.model_path, self.mmproj_path)
-        return resolve_model(
-            spec if spec is not None else self.model,  # type: ignore[arg-type]
-            models_dir=self.models_dir,
-            mmproj=self.mmproj_path,
-        )
+    def _resolve(self, spec: str | None = None, mmproj: str | None = None) -> ResolvedModel:
+        """The files for ``spec`` (a per-call ``model=``) or, if None, this instance's
+        model, with this instance's projector setting."""
+        return super()._resolve(spec, self.mmproj_path if mmproj is None else mmproj)
 
     def _local_model_file(self) -> str | None:
         """This instance's model file if it can be found without a download (or None)."""
@@ -752,6 +733,10 @@ class ChatLlamaCpp(BaseChatModel):
             raise unknown_names_error(unknown, _CALL_KWARGS, "keyword arguments for ChatLlamaCpp")
         kwargs.pop("ls_structured_output_format", None)
         check_call_options(kwargs)
+        if kwargs.get("tool_choice") is not None:
+            from langchain_llamacpp_local.chat.prompts import check_tool_choice
+
+            check_tool_choice(kwargs["tool_choice"], kwargs.get("tools"))
         stops = normalize_stop(stop if stop is not None else self.stop)
         template_kwargs = dict(self.chat_template_kwargs or {})
         template_kwargs.update(kwargs.get("chat_template_kwargs") or {})
@@ -770,6 +755,8 @@ class ChatLlamaCpp(BaseChatModel):
             messages=self._decode_images(convert_messages(messages)),
             sampling=self._sampling(kwargs),
             max_tokens=max_tokens,
+            max_tokens_default="max_tokens" not in kwargs
+            and "max_tokens" not in self.model_fields_set,
             stop=stops,
             tools=kwargs.get("tools"),
             tool_choice=kwargs.get("tool_choice"),
@@ -982,10 +969,10 @@ class ChatLlamaCpp(BaseChatModel):
         ``response_format`` (OpenAI ``json_schema``/``json_object``) constrains the
         final answer.
         """
-        from langchain_llamacpp_local.chat.prompts import normalize_tool_choice
+        from langchain_llamacpp_local.chat.prompts import check_tool_choice
 
         formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
-        normalize_tool_choice(tool_choice, formatted)  # fail now, not at invoke time
+        check_tool_choice(tool_choice, formatted)  # fail now, not at invoke time
         bound: dict[str, Any] = {"tools": formatted, **kwargs}
         if tool_choice is not None:
             bound["tool_choice"] = tool_choice
@@ -1094,10 +1081,6 @@ ChatLlamaCpp.list_models = _ClassOrInstanceMethod(ChatLlamaCpp._list_models)
 # --------------------------------------------------------------------------- helpers
 
 
-_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
 def _has_images(messages: list[dict[str, Any]]) -> bool:
     return any(
         isinstance(part, dict) and part.get("type") == "image"
@@ -1107,37 +1090,29 @@ def _has_images(messages: list[dict[str, Any]]) -> bool:
     )
 
 
-def _duration_seconds(value: Any) -> Any:
-    """``keep_alive`` as seconds: a number, or an Ollama-style ``"30s"``/``"5m"``/``"1h"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
-    if isinstance(value, str):
-        m = _DURATION.match(value)
-        if m is None:
-            raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
-        return registry.keep_alive_seconds(float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
-    if isinstance(value, (int, float)):
-        return registry.keep_alive_seconds(value)  # nan refused; inf or past ten years: forever
-    return value
-
-
 def _keep_alive_kwarg(kwargs: dict[str, Any]) -> float | None:
     if "keep_alive" not in kwargs or kwargs["keep_alive"] is None:
         return None
-    value = _duration_seconds(kwargs["keep_alive"])
+    value = duration_seconds(kwargs["keep_alive"])
     if not isinstance(value, (int, float)):
         raise TypeError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
     return float(value)
 
 
 def _delta_message(d: StreamDelta) -> AIMessageChunk:
+    """One streamed piece; with ``logprobs``, those of its own tokens, shaped as
+    ChatOpenAI's chunks carry them (merging the chunks concatenates the lists)."""
+    meta: dict[str, Any] = {} if d.logprobs is None else {"logprobs": {"content": d.logprobs}}
     if d.kind == "content":
-        return AIMessageChunk(content=d.text)
+        return AIMessageChunk(content=d.text, response_metadata=meta)
     if d.kind == "reasoning":
-        return AIMessageChunk(content="", additional_kwargs={"reasoning_content": d.text})
+        return AIMessageChunk(
+            content="", additional_kwargs={"reasoning_content": d.text}, response_metadata=meta
+        )
     return AIMessageChunk(
         content="",
         tool_call_chunks=[tool_call_chunk(name=d.name, args=d.args, id=d.id, index=d.index)],
+        response_metadata=meta,
     )
 
 

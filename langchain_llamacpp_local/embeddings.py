@@ -7,21 +7,27 @@ embedding calls never touch the chat model's slots or prompt cache.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import anyio
 import numpy as np
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 from typing_extensions import Self
 
+from langchain_llamacpp_local.copies import ConfigOnlyCopies
+from langchain_llamacpp_local.errors import ModelLoadError
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
+from langchain_llamacpp_local.model_selection import ModelSelection
+from langchain_llamacpp_local.runtime import registry
+from langchain_llamacpp_local.runtime.model_resolution import MMPROJ_NONE
 from langchain_llamacpp_local.validation import check_argument_names
 
 logger = logging.getLogger(__name__)
@@ -94,7 +100,102 @@ def check_texts(texts: object, what: str = "texts") -> list[str]:
     return list(texts)
 
 
-class LlamaCppEmbeddings(BaseModel, Embeddings):
+class EngineHolder:
+    """An embedding or rerank context as the model registry holds it (``alive`` and
+    ``stop()``, as a chat worker): instances with equal settings share it, and it is
+    freed after ``keep_alive`` seconds of idleness or when evicted."""
+
+    def __init__(self, config: EmbeddingConfig) -> None:
+        self.engine = EmbeddingEngine(config)
+
+    @property
+    def alive(self) -> bool:
+        return not self.engine.closed
+
+    def stop(self, timeout: float | None = None) -> None:
+        self.engine.close()  # waits for a running call (the engine's lock)
+
+
+class EngineUser(ConfigOnlyCopies, ModelSelection):
+    """What embeddings and rerank share: their model selection and the leased context."""
+
+    #: the cancel flags of this instance's running calls (:meth:`close` sets them)
+    _running: set[threading.Event] = PrivateAttr(default_factory=set)
+
+    def _engine_config(self, model_path: str) -> EmbeddingConfig:
+        raise NotImplementedError
+
+    def _check_engine(self, eng: EmbeddingEngine) -> None:
+        """Refuse a context that does not fit this class (a reranker for embeddings...)."""
+
+    def _config(self) -> EmbeddingConfig:
+        return self._engine_config(model_file(self._resolve(None, MMPROJ_NONE).model_path))
+
+    def _lease(self) -> tuple[registry.Lease, EmbeddingEngine]:
+        """Hold the shared context for one call, creating it (and loading the weights)
+        if needed; a context this class cannot use is freed again."""
+        config = self._config()
+        lease = registry.acquire(
+            config,
+            None,
+            keep_alive=self.keep_alive,
+            factory=functools.partial(EngineHolder, config),
+        )
+        eng: EmbeddingEngine = lease.worker.engine  # type: ignore[attr-defined]
+        try:
+            self._check_engine(eng)
+        except BaseException:
+            lease.release()
+            registry.unload(config, None)
+            raise
+        return lease, eng
+
+    @contextmanager
+    def _call(self) -> Iterator[tuple[EmbeddingEngine, Callable[[], bool]]]:
+        """One call on the shared context: its lease and lock, and a cancel check that
+        :meth:`close` of this instance (not another one sharing the context) sets."""
+        lease, engine = self._lease()
+        cancelled = threading.Event()
+        self._running.add(cancelled)
+        try:
+            with engine.using() as eng:
+                yield eng, cancelled.is_set
+        finally:
+            self._running.discard(cancelled)
+            lease.release()
+
+    def _get_engine(self) -> EmbeddingEngine:
+        lease, eng = self._lease()
+        lease.release()
+        return eng
+
+    def load(self) -> Self:
+        """Load the model and create its context now (otherwise the first call does); it
+        then stays loaded for ``keep_alive`` seconds of idleness."""
+        self._get_engine()
+        return self
+
+    def close(self) -> None:
+        """Cancel this instance's running calls (each raises ``RequestCancelledError``
+        before its next batch, as ``ChatLlamaCpp.close()`` cancels its calls), then free
+        the context once no call uses it; the next call creates it again. Calls of other
+        instances sharing the context finish undisturbed."""
+        for cancelled in list(self._running):
+            cancelled.set()
+        try:
+            config = self._config()
+        except (ModelLoadError, OSError, ValueError):  # never resolved: nothing loaded
+            return
+        registry.unload(config, None)
+
+    def __enter__(self) -> Self:
+        return self.load()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LlamaCppEmbeddings(EngineUser, Embeddings):
     """Embeddings from a local GGUF model run in-process by llama.cpp.
 
     Exactly one vector per text: the model's pooling (``<arch>.pooling_type`` in
@@ -128,8 +229,6 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
         check_argument_names(cls, data, "LlamaCppEmbeddings")
         return data
 
-    model_path: str
-    """Path of the GGUF model file."""
     pooling: Literal["mean", "cls", "last"] | None = None
     """Pooling override; None uses the GGUF's ``pooling_type`` (``mean`` if it has none)."""
     normalize: bool = True
@@ -167,14 +266,11 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
     """One text per ``llama_decode``: a text's result does not depend on the batch it
     would otherwise share (slower for many short texts)."""
 
-    _engine: EmbeddingEngine | None = PrivateAttr(default=None)
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
     # ------------------------------------------------------------------ lifecycle
 
-    def _config(self) -> EmbeddingConfig:
+    def _engine_config(self, model_path: str) -> EmbeddingConfig:
         return EmbeddingConfig(
-            model_path=model_file(self.model_path),
+            model_path=model_path,
             pooling=self.pooling,
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
@@ -188,59 +284,34 @@ class LlamaCppEmbeddings(BaseModel, Embeddings):
             deterministic=self.deterministic,
         )
 
-    def load(self) -> Self:
-        """Load the model and create the embedding context now (otherwise the first call does)."""
-        self._get_engine()
-        return self
-
-    def _get_engine(self) -> EmbeddingEngine:
-        with self._lock:
-            eng = self._engine
-            if eng is None or eng.closed:
-                eng = EmbeddingEngine(self._config())
-                if eng.pooling == "rank":
-                    eng.close()
-                    raise ValueError(
-                        f"{self.model_path} is a reranker (pooling 'rank'): use LlamaCppRerank, "
-                        "or pass pooling='mean'/'cls'/'last' for its hidden states"
-                    )
-                if self.dimensions is not None and self.dimensions > eng.n_embd:
-                    eng.close()
-                    raise ValueError(
-                        f"dimensions={self.dimensions} exceeds the model's {eng.n_embd} dimensions"
-                    )
-                weakref.finalize(self, eng.close)
-                self._engine = eng
-            return eng
-
-    def close(self) -> None:
-        """Free the embedding context (the shared weights go with their last user)."""
-        with self._lock:
-            eng, self._engine = self._engine, None
-        if eng is not None:
-            eng.close()
-
-    def __enter__(self) -> Self:
-        return self.load()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _check_engine(self, eng: EmbeddingEngine) -> None:
+        if eng.pooling == "rank":
+            raise ValueError(
+                f"{eng.config.model_path} is a reranker (pooling 'rank'): use LlamaCppRerank, "
+                "or pass pooling='mean'/'cls'/'last' for its hidden states"
+            )
+        if self.dimensions is not None and self.dimensions > eng.n_embd:
+            raise ValueError(
+                f"dimensions={self.dimensions} exceeds the model's {eng.n_embd} dimensions"
+            )
 
     # ------------------------------------------------------------------ embedding
 
     def _embed(self, texts: list[str], prefix: str) -> list[list[float]]:
         if not texts:
             return []
-        # tokenize and embed under the engine's lock: close() on another thread waits
-        # for this call instead of freeing the vocabulary and context under it
-        with self._get_engine().using() as eng:
+        # tokenize and embed under a lease and the engine's lock: close() on another
+        # thread frees the context after this call, never under it
+        with self._call() as (eng, cancelled):
             tokens = [
                 eng.fit(
-                    eng.tokenize(prefix + encodable(text, f"text {i}")), i, truncate=self.truncate
+                    eng.tokenize(prefix + encodable(text, f"text {i}")),
+                    i,
+                    truncate=self.truncate,
                 )
                 for i, text in enumerate(texts)
             ]
-            rows = eng.embed(tokens)
+            rows = eng.embed(tokens, cancelled=cancelled)
         vectors = postprocess(rows, dimensions=self.dimensions, normalize=self.normalize)
         return vectors.tolist()
 

@@ -11,28 +11,24 @@ for BERT rerankers, a probability for Qwen3 ones): higher is more relevant.
 from __future__ import annotations
 
 import re
-import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
-from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, model_validator
-from typing_extensions import Self
+from pydantic import ConfigDict, Field, StrictBool, model_validator
 
-from langchain_llamacpp_local.embeddings import check_texts, encodable
+from langchain_llamacpp_local.embeddings import EngineUser, check_texts, encodable
 from langchain_llamacpp_local.errors import ContextOverflowError
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
-from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.validation import check_argument_names
 
 _PLACEHOLDER = re.compile(r"(\{query\}|\{document\})")
 
 
-class LlamaCppRerank(BaseDocumentCompressor):
+class LlamaCppRerank(EngineUser, BaseDocumentCompressor):
     """Document compressor that scores (query, document) pairs with a reranker GGUF.
 
     ``compress_documents`` returns the ``top_n`` best documents, best first, as
@@ -57,8 +53,8 @@ class LlamaCppRerank(BaseDocumentCompressor):
         check_argument_names(cls, data, "LlamaCppRerank")
         return data
 
-    model_path: str
-    """Path of the reranker GGUF (its ``pooling_type`` must be ``rank``)."""
+    # model / model_path (a reranker GGUF: its ``pooling_type`` must be ``rank``),
+    # models_dir, keep_alive, validate_model_on_init: ModelSelection
     top_n: int | None = Field(default=3, ge=0)
     """How many documents ``compress_documents`` keeps (None: all, reordered)."""
     score_threshold: float | None = None
@@ -90,53 +86,31 @@ class LlamaCppRerank(BaseDocumentCompressor):
     """One text per ``llama_decode``: a text's result does not depend on the batch it
     would otherwise share (slower for many short texts)."""
 
-    _engine: EmbeddingEngine | None = PrivateAttr(default=None)
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
     # ------------------------------------------------------------------ lifecycle
 
-    def load(self) -> Self:
-        """Load the model and create its context now (otherwise the first call does)."""
-        self._get_engine()
-        return self
+    def _engine_config(self, model_path: str) -> EmbeddingConfig:
+        return EmbeddingConfig(
+            model_path=model_path,
+            pooling="rank",
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_seq_max=self.n_seq_max,
+            n_threads=self.n_threads,
+            n_gpu_layers=self.n_gpu_layers,
+            use_mmap=self.use_mmap,
+            use_mlock=self.use_mlock,
+            cpu_amx=self.cpu_amx,
+            flash_attn=self.flash_attn,
+            deterministic=self.deterministic,
+        )
 
-    def _get_engine(self) -> EmbeddingEngine:
-        with self._lock:
-            eng = self._engine
-            if eng is None or eng.closed:
-                eng = EmbeddingEngine(
-                    EmbeddingConfig(
-                        model_path=model_file(self.model_path),
-                        pooling="rank",
-                        n_ctx=self.n_ctx,
-                        n_batch=self.n_batch,
-                        n_seq_max=self.n_seq_max,
-                        n_threads=self.n_threads,
-                        n_gpu_layers=self.n_gpu_layers,
-                        use_mmap=self.use_mmap,
-                        use_mlock=self.use_mlock,
-                        cpu_amx=self.cpu_amx,
-                        flash_attn=self.flash_attn,
-                        deterministic=self.deterministic,
-                    )
-                )
-                if eng.gguf_pooling != "rank":
-                    eng.close()
-                    raise ValueError(
-                        f"{self.model_path} is not a reranker GGUF: its pooling_type is "
-                        f"{eng.gguf_pooling or 'unset'}, a reranker's is 'rank' (use "
-                        "LlamaCppEmbeddings for embedding models)"
-                    )
-                weakref.finalize(self, eng.close)
-                self._engine = eng
-            return eng
-
-    def close(self) -> None:
-        """Free the context (the weights go with their last user)."""
-        with self._lock:
-            eng, self._engine = self._engine, None
-        if eng is not None:
-            eng.close()
+    def _check_engine(self, eng: EmbeddingEngine) -> None:
+        if eng.gguf_pooling != "rank":
+            raise ValueError(
+                f"{eng.config.model_path} is not a reranker GGUF: its pooling_type is "
+                f"{eng.gguf_pooling or 'unset'}, a reranker's is 'rank' (use "
+                "LlamaCppEmbeddings for embedding models)"
+            )
 
     # ------------------------------------------------------------------ scoring
 
@@ -191,14 +165,14 @@ class LlamaCppRerank(BaseDocumentCompressor):
         docs = check_texts(documents, "documents")
         if not docs:
             return []
-        # one lock across tokenizing and scoring: close() waits for this call
-        with self._get_engine().using() as eng:
+        # one lease and lock across tokenizing and scoring: close() waits for this call
+        with self._call() as (eng, cancelled):
             encodable(query, "the query")
             pairs = [
                 self._pair_tokens(eng, query, encodable(d, f"document {i}"), i)
                 for i, d in enumerate(docs)
             ]
-            rows = eng.embed(pairs)
+            rows = eng.embed(pairs, cancelled=cancelled)
         return [float(row[0]) for row in rows]
 
     def compress_documents(

@@ -1,11 +1,12 @@
 """Turn the image forms LangChain users send into RGB pixels, safely.
 
-Accepted: v1 ``{"type": "image", "base64": ..., "mime_type": ...}`` and
-``{"type": "image", "url": "data:..."}``, the older ``source_type`` blocks,
-OpenAI ``{"type": "image_url", "image_url": {"url": ...}}``, raw base64 or
-``data:`` strings, raw bytes and PIL images; local file paths only when allowed;
-remote ``http(s)`` URLs only when allowed (a model call makes no network access
-by default). Decoding applies EXIF orientation, converts palette/alpha/CMYK/16-bit
+Accepted in messages: v1 ``{"type": "image", "base64": ..., "mime_type": ...}`` and
+``{"type": "image", "url": "data:..."}``, the older ``source_type`` blocks, OpenAI
+``{"type": "image_url", "image_url": {"url": ...}}`` and Anthropic-style ``source``
+blocks; a block's url may be a local file path only when allowed and a remote
+``http(s)`` URL only when allowed (a model call makes no network access by default).
+:func:`load_image` itself also takes raw base64 or ``data:`` strings, bytes and PIL
+images (no message form carries those). Decoding applies EXIF orientation, converts palette/alpha/CMYK/16-bit
 images to RGB (alpha over white), takes the first frame of animations and refuses
 images over a pixel budget before decoding them (decompression bombs).
 """

@@ -18,6 +18,7 @@ from langchain_llamacpp_local.chat.special_tokens import (
     check_fits,
     content_has_control_text,
     protect_content,
+    protected_parts,
     restore,
     tokenize_protected,
     vocab_info,
@@ -210,6 +211,23 @@ def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> 
     raise ValueError(f"unsupported tool_choice {tool_choice!r}")
 
 
+def check_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]] | None) -> None:
+    """Refuse a bad ``tool_choice`` (``ValueError``), and one that asks for a call when
+    no tools are bound: it could only be ignored (``"auto"`` and ``"none"`` ask nothing)."""
+    if tools:
+        normalize_tool_choice(tool_choice, tools)
+        return
+    try:
+        choice = normalize_tool_choice(tool_choice, [])
+    except ValueError:
+        choice = "unbound"
+    if choice not in (None, "none"):
+        raise ValueError(
+            f"tool_choice={tool_choice!r} needs tools, but none are bound: pass them with "
+            "bind_tools(tools, tool_choice=...)"
+        )
+
+
 def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
     """The JSON schema of an OpenAI-style ``response_format`` (None for plain JSON mode)."""
     rtype = response_format.get("type")
@@ -276,7 +294,8 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
     images: list[Any] = []
     messages = _inline_images(messages, images)
     text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
-    check_fits(eng, text, job.max_tokens)  # before anything that scales with the prompt
+    # before anything that scales with the prompt (a default max_tokens is fitted later)
+    check_fits(eng, text, None if job.max_tokens_default else job.max_tokens)
     info = vocab_info(eng)
     # Everything the template sees goes through one check: message content, tool names,
     # descriptions and schemas, argument keys and values, template kwargs.
@@ -297,15 +316,12 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
 
     media: dict[int, Any] = {}
     if images:
-        body = _strip_bos(eng, fmt, text)
-        if mapping:
-            raise ValueError(
-                "message content with control-token text "
-                f"({', '.join(repr(t) for t in injected[:3])}) cannot be combined with images"
-            )
-        tokens, media = eng.tokenize_multimodal(
-            body, [(im.width, im.height, im.rgb, im.digest) for im in images]
-        )
+        pictures = [(im.width, im.height, im.rgb, im.digest) for im in images]
+        if mapping:  # control-token text in content stays plain text, as without images
+            parts = protected_parts(info, _strip_bos(eng, fmt, rendered), mapping, MEDIA_MARKER)
+            tokens, media = eng.tokenize_multimodal(parts, pictures)
+        else:
+            tokens, media = eng.tokenize_multimodal(_strip_bos(eng, fmt, text), pictures)
         boundaries: tuple[int, ...] = ()
     elif mapping:
         tokens = tokenize_protected(eng, info, _strip_bos(eng, fmt, rendered), mapping)

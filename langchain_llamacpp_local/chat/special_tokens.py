@@ -41,6 +41,7 @@ __all__ = [
     "check_fits",
     "content_has_control_text",
     "protect_content",
+    "protected_parts",
     "scan_in_background",
     "tokenize_protected",
     "vocab_info",
@@ -255,3 +256,26 @@ def tokenize_protected(
                 eng.tokenize(restore(frag, mapping), add_special=False, parse_special=False)
             )
     return tokens
+
+
+def protected_parts(
+    info: VocabInfo, text_with_placeholders: str, mapping: dict[str, str], media_marker: str
+) -> list[tuple[str, bool] | None]:
+    """:func:`tokenize_protected`'s split for a prompt with images, for mtmd.
+
+    Returns text parts ``(text, parse_special)`` (the template's special tokens with
+    ``True``, message text restored with ``False``) and ``None`` where each media
+    marker stood: mtmd tokenizes each part as given and puts an image at each ``None``.
+    """
+    parts: list[tuple[str, bool] | None] = []
+    for frag in _partition(text_with_placeholders, info.specials):
+        if isinstance(frag, SpecialToken):
+            parts.append((frag.text, True))
+            continue
+        pieces = frag.split(media_marker)
+        for k, piece in enumerate(pieces):
+            if k:
+                parts.append(None)
+            if piece:
+                parts.append((restore(piece, mapping), False))
+    return parts

@@ -99,6 +99,9 @@ class StreamDelta:
     id: str | None = None
     name: str | None = None
     args: str = ""
+    #: the log-probabilities of the tokens sampled since the previous piece (set by
+    #: the worker when the request asks for them)
+    logprobs: list[dict[str, Any]] | None = None
 
 
 def new_call_id() -> str:

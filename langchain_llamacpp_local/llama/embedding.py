@@ -29,7 +29,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -338,10 +338,17 @@ class EmbeddingEngine:
 
     # ------------------------------------------------------------------ embedding
 
-    def embed(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
+    def embed(
+        self,
+        token_lists: Sequence[Sequence[int]],
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> np.ndarray:
         """One pooled row per token list (``[n, n_embd]``, or ``[n, n_cls_out]`` for ``rank``).
 
-        The rows are llama.cpp's raw output: normalise them yourself.
+        The rows are llama.cpp's raw output: normalise them yourself. ``cancelled`` is
+        asked before each batch (the caller's ``close()``): it raises
+        :class:`~.errors.RequestCancelledError` there.
         """
         if self.pooling == "none":
             raise ValueError("pooling 'none' gives one vector per token: use token_vectors()")
@@ -353,6 +360,8 @@ class EmbeddingEngine:
             per_call = 1 if self.config.deterministic else self.n_seq_max
             for start, end in pack(lengths, self.n_batch, per_call):
                 self._check_open()  # close() on another thread: stop here
+                if cancelled is not None and cancelled():
+                    raise RequestCancelledError("the call was cancelled by close()")
                 out[start:end] = self._embed_group(token_lists[start:end], width)
         return out
 

@@ -435,6 +435,34 @@ def alora_invocation_tokens(adapter: object) -> list[int]:
     return [int(ptr[i]) for i in range(n)] if ptr else []
 
 
+def _tokenize_parts(
+    mtmd: object, chunks: object, parts: Sequence[tuple[str, bool] | None], bitmaps: list[object]
+) -> int:
+    """``mtmd_tokenize_from_parts``: each text part with its own ``parse_special``, the
+    bitmaps in order at the ``None`` parts; BOS added as ``mtmd_tokenize`` adds it."""
+    from llama_cpp import mtmd_cpp as M
+
+    if sum(p is None for p in parts) != len(bitmaps):
+        return 1
+    keep: list[object] = []  # the buffers must outlive the call
+    ptrs = []
+    images = iter(bitmaps)
+    for part in parts:
+        if part is None:
+            item = M.mtmd_input_part(text=None, bitmap=next(images))
+        else:
+            raw = part[0].encode("utf-8")
+            inp = M.mtmd_input_text(
+                text=raw, text_len=len(raw), add_special=False, parse_special=part[1]
+            )
+            keep += [raw, inp]
+            item = M.mtmd_input_part(text=ctypes.pointer(inp), bitmap=None)
+        keep.append(item)
+        ptrs.append(ctypes.pointer(item))
+    arr = (ctypes.POINTER(M.mtmd_input_part) * max(1, len(ptrs)))(*ptrs)
+    return int(M.mtmd_tokenize_from_parts(mtmd, chunks, arr, len(ptrs), True))
+
+
 def flash_attn_setting(config: LoadConfig) -> bool | None:
     """Flash attention for ``config``: True/False, or None for llama.cpp's "auto".
 
@@ -638,9 +666,15 @@ class Engine(vocab.VocabMethods):
         return mctx
 
     def tokenize_multimodal(
-        self, text: str, images: Sequence[tuple[int, int, bytes | bytearray, str]]
+        self,
+        text: str | Sequence[tuple[str, bool] | None],
+        images: Sequence[tuple[int, int, bytes | bytearray, str]],
     ) -> tuple[list[Hashable], dict[int, MediaChunk]]:
         """Tokenize ``text`` whose media markers stand for ``images`` (w, h, rgb, digest).
+
+        ``text`` is the prompt (special-token text parsed), or its parts: ``(text,
+        parse_special)`` each tokenized on its own, ``None`` for each image in turn
+        (``mtmd_tokenize_from_parts``: message text read as plain text).
 
         Returns one entry per KV position (image positions are ``("media", digest, k)``,
         so an unchanged image extends the common prefix) and the image chunks by the
@@ -666,12 +700,15 @@ class Engine(vocab.VocabMethods):
                     raise ValueError(f"llama.cpp could not take a {w}x{h} image")
                 M.mtmd_bitmap_set_id(bm, digest.encode())
                 bitmaps.append(bm)
-            raw = text.encode("utf-8")
-            inp = M.mtmd_input_text(
-                text=raw, text_len=len(raw), add_special=True, parse_special=True
-            )
-            arr = (M.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
-            rc = M.mtmd_tokenize(self.mtmd, chunks, ctypes.byref(inp), arr, len(bitmaps))
+            if isinstance(text, str):
+                raw = text.encode("utf-8")
+                inp = M.mtmd_input_text(
+                    text=raw, text_len=len(raw), add_special=True, parse_special=True
+                )
+                arr = (M.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+                rc = M.mtmd_tokenize(self.mtmd, chunks, ctypes.byref(inp), arr, len(bitmaps))
+            else:
+                rc = _tokenize_parts(self.mtmd, chunks, text, bitmaps)
             if rc == 1:
                 raise ValueError("the prompt's image markers do not match the number of images")
             if rc != 0:

@@ -23,6 +23,9 @@ class ChatJob:
     messages: list[dict[str, Any]]
     sampling: SamplingParams
     max_tokens: int | None = None
+    #: ``max_tokens`` is the field's default, not asked for: a prompt that leaves less
+    #: room gets what is left (with a warning) instead of an overflow error
+    max_tokens_default: bool = False
     stop: list[str] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_llamacpp_local.llama.engine import LoadConfig
 from langchain_llamacpp_local.runtime.worker import CacheOptions, ModelWorker
 
 logger = logging.getLogger(__name__)
@@ -46,7 +45,9 @@ DEFAULT_KEEP_ALIVE = 300.0
 #: otherwise (Ollama's default for CPU-only machines).
 DEFAULT_MAX_LOADED_MODELS = 3
 
-Key = tuple[LoadConfig, CacheOptions]
+#: A chat model's (LoadConfig, CacheOptions), or another loaded thing's (config, None)
+#: with a ``factory`` (an embedding or rerank context: :func:`acquire`).
+Key = tuple[Any, Any]
 
 
 #: ``keep_alive`` past this (ten years, or ``inf``) means "forever", as a negative value
@@ -261,19 +262,24 @@ def _ensure_reaper() -> None:
 
 
 def acquire(
-    config: LoadConfig,
-    cache: CacheOptions,
+    config: Any,
+    cache: CacheOptions | None,
     progress: Callable[[float], None] | None = None,
     *,
     keep_alive: float = DEFAULT_KEEP_ALIVE,
     max_loaded_models: int | None = None,
     deadline: float | None = None,
+    factory: Callable[[], Any] | None = None,
 ) -> Lease:
     """A lease on the loaded model for these settings, loading it if needed.
 
     ``deadline`` (``time.monotonic()``) bounds the wait for a free place in the
     budget and for the load; past it ``TimeoutError`` is raised and a load already
     started still completes and is kept for ``keep_alive``.
+
+    ``factory`` loads something other than a chat :class:`ModelWorker` for ``config``
+    (an embedding context, keyed by its config and ``cache=None``): an object with
+    ``alive`` and ``stop()``, shared, kept alive and evicted like a chat model.
     """
     _ensure_reaper()
     key = (config, cache)
@@ -337,7 +343,7 @@ def acquire(
         if new:
             threading.Thread(
                 target=_load,
-                args=(entry, config, cache, progress),
+                args=(entry, config, cache, progress, factory),
                 name=f"llamacpp-load:{config.model_path}",
                 daemon=True,
             ).start()
@@ -365,14 +371,15 @@ def _await_loaded(entry: _LoadedWorker, deadline: float | None) -> None:
 
 def _load(
     entry: _LoadedWorker,
-    config: LoadConfig,
-    cache: CacheOptions,
+    config: Any,
+    cache: CacheOptions | None,
     progress: Callable[[float], None] | None,
+    factory: Callable[[], Any] | None = None,
 ) -> None:
     """Loader thread: build the worker, then publish it (or the error) to the waiters."""
     global _n_loads
     try:
-        worker = ModelWorker(config, cache, progress)
+        worker = factory() if factory is not None else ModelWorker(config, cache, progress)
     except BaseException as exc:
         with _cond:
             entry.error = exc
@@ -393,7 +400,7 @@ def _load(
 # --------------------------------------------------------------------------- control
 
 
-def unload(config: LoadConfig | None = None, cache: CacheOptions | None = None) -> int:
+def unload(config: Any = None, cache: CacheOptions | None = None) -> int:
     """Free loaded models now: those of ``config`` (any cache options if ``cache`` is
     None), or all when ``config`` is None. A model with running or queued requests
     is freed as soon as they finish. Returns how many were freed now."""
@@ -417,11 +424,13 @@ def unload(config: LoadConfig | None = None, cache: CacheOptions | None = None) 
 
 
 def shutdown_all(timeout: float = 10.0) -> None:
-    """Stop every worker (at interpreter exit): running requests are cancelled."""
+    """Stop every worker (at interpreter exit): running requests are cancelled. Other
+    loaded things (embedding contexts) are left to their own finalizers: closing one
+    waits for a call that may still run on a daemon thread."""
     with _cond:
         entries = list(_table.values())
         _table.clear()
-    workers = [e.worker for e in entries if e.worker is not None]
+    workers = [e.worker for e in entries if isinstance(e.worker, ModelWorker)]
     for w in workers:
         w._finalizer()
     for w in workers:
@@ -462,7 +471,7 @@ def loaded_models() -> list[LoadedModel]:
         rows = [
             LoadedModel(
                 e.key[0].model_path,
-                e.key[0].mmproj_path,
+                getattr(e.key[0], "mmproj_path", None),
                 e.active,
                 0.0 if e.active else now - e.last_used,
                 e.keep_alive,

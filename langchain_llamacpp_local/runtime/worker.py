@@ -18,8 +18,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_llamacpp_local.cache.chunking import (
@@ -237,6 +237,7 @@ class _Active:
     decoder: Utf8Decoder = field(default_factory=Utf8Decoder)
     stopper: StopMatcher = field(default_factory=lambda: StopMatcher([]))
     logprobs: list[dict[str, Any]] | None = None
+    logprobs_sent: int = 0  # entries of logprobs already sent with a streamed piece
     marks: list[int] = field(default_factory=list)  # chunking.marker_cuts of the prompt
     n_gen: int = 0
     pending: int | None = None  # sampled token to decode in the next step
@@ -440,6 +441,18 @@ class _WorkerState:
             raise ValueError("the rendered prompt is empty")
         job = w.job
         budget = eng.n_ctx - n_prompt
+        if budget > 0 and job.max_tokens_default and (job.max_tokens or 0) > budget:
+            logger.warning(
+                "the prompt of %d tokens leaves %d of the %d-token context: generating at "
+                "most %d tokens instead of the default max_tokens=%d (pass max_tokens= or "
+                "raise n_ctx)",
+                n_prompt,
+                budget,
+                eng.n_ctx,
+                budget,
+                job.max_tokens,
+            )
+            job.max_tokens = budget
         if budget <= 0 or (job.max_tokens is not None and job.max_tokens > budget):
             raise ContextOverflowError(
                 f"prompt of {n_prompt} tokens"
@@ -923,10 +936,18 @@ class _WorkerState:
             return False
         out, stopped = act.stopper.feed(text)
         if out:
-            for d in act.parser.feed(out):
-                act.streamed = True
-                act.job.channel.put(("delta", d))
+            self._put_deltas(act, act.parser.feed(out))
         return stopped
+
+    def _put_deltas(self, act: _Active, deltas: Iterable[StreamDelta]) -> None:
+        """Stream parsed pieces; the first carries the logprobs of the tokens sampled
+        since the last piece sent (as OpenAI streams them: each chunk its own)."""
+        for d in deltas:
+            act.streamed = True
+            if act.logprobs is not None and act.logprobs_sent < len(act.logprobs):
+                d = replace(d, logprobs=act.logprobs[act.logprobs_sent :])
+                act.logprobs_sent = len(act.logprobs)
+            act.job.channel.put(("delta", d))
 
     def _finish(self, act: _Active, reason: str, *, stopped: bool = False) -> None:
         put = act.job.channel.put
@@ -936,10 +957,8 @@ class _WorkerState:
             else:
                 rest = act.stopper.flush()
                 if rest:
-                    for d in act.parser.feed(rest):
-                        put(("delta", d))
-        for d in act.parser.finish():
-            put(("delta", d))
+                    self._put_deltas(act, act.parser.feed(rest))
+        self._put_deltas(act, act.parser.finish())
         now = time.perf_counter()
         t_prefill = act.t_prefill or now
         n_prompt = len(act.tokens)
@@ -978,7 +997,8 @@ class _WorkerState:
                     usage,
                     timings,
                     self.info.model_name,
-                    act.logprobs,
+                    # the tokens no streamed piece carried (an end-of-generation token)
+                    None if act.logprobs is None else act.logprobs[act.logprobs_sent :],
                     parsed,
                     spec,
                     None if act.job.lora is None else dict(act.job.lora),

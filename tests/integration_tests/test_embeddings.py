@@ -433,3 +433,34 @@ def test_close_cancels_a_running_batch() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], RequestCancelledError), outcome
     assert waited < 2.0, f"close() waited {waited:.1f} s for the running batch"
     np.testing.assert_allclose(emb.embed_documents(texts[:3]), want, atol=ATOL)
+
+
+def test_close_cancels_only_its_own_instances_calls() -> None:
+    """Two instances with equal settings share one context: ``close()`` of one cancels
+    its own running call, never the other's, which finishes with the same vectors."""
+    a = LlamaCppEmbeddings(model_path=tiny_llama_path(), deterministic=True).load()
+    b = LlamaCppEmbeddings(model_path=tiny_llama_path(), deterministic=True)
+    texts = [f"text number {i} " * 8 for i in range(60)]
+    want = a.embed_documents(texts)
+    t0 = time.perf_counter()
+    a.embed_documents(texts)
+    many = texts * max(2, int(3.0 / (time.perf_counter() - t0)))  # some 3 s of work
+    outcome: list[object] = []
+    finished: list[float] = []
+
+    def run() -> None:
+        try:
+            outcome.append(b.embed_documents(many))
+        except BaseException as exc:
+            outcome.append(exc)
+        finished.append(time.perf_counter())
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)
+    a.close()
+    closed_at = time.perf_counter()
+    t.join(60)
+    assert finished and finished[0] > closed_at, "the other call ended before close()"
+    assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
+    np.testing.assert_allclose(outcome[0][: len(texts)], want, atol=ATOL)

@@ -96,12 +96,17 @@ def test_agent_with_tools(smollm2: str) -> None:
     assert re.search(r"^structured response: answer='.+'$", out, re.M), out
 
 
-def test_image_question(tiny_llama: str, tmp_path: Path) -> None:
-    """Needs a vision model: the tiny one (random weights) checks the plumbing."""
+@pytest.mark.parametrize("max_tokens", [4, 128])
+def test_image_question(tiny_llama: str, tmp_path: Path, max_tokens: int) -> None:
+    """Needs a vision model: the tiny one (random weights) checks the plumbing. Its
+    128-token reply holds ``<s>`` look-alikes, which the follow-up sends back beside
+    the image as plain text."""
     mmproj = write_tiny_mmproj(tmp_path / "mmproj.gguf", text_n_embd=64)
     image = tmp_path / "red.png"
     Image.new("RGB", (32, 32), (200, 30, 30)).save(image)
-    out = run_example("image_question.py", tiny_llama, str(mmproj), str(image), max_tokens=4)
+    out = run_example(
+        "image_question.py", tiny_llama, str(mmproj), str(image), max_tokens=max_tokens
+    )
     usage = re.findall(r"\(prompt (\d+) tokens, (\d+) from the cache\)", out)
     assert len(usage) == 2 and out.count("assistant: ") == 2, out
     (p1, c1), (p2, c2) = ((int(a), int(b)) for a, b in usage)

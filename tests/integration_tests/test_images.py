@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages.content import create_image_block
 from PIL import Image
 
 from langchain_llamacpp_local import ChatLlamaCpp
@@ -103,6 +104,8 @@ def test_every_accepted_form_gives_the_same_result(vlm: ChatLlamaCpp, tmp_path: 
         {"type": "image_url", "image_url": {"url": data_url}},
         {"type": "image_url", "image_url": data_url},
         {"type": "image", "source_type": "base64", "data": _b64(RED), "mime_type": "image/png"},
+        create_image_block(base64=_b64(RED), mime_type="image/png"),
+        {"type": "image", "source": {"type": "base64", "data": _b64(RED)}},
     ]
     expected = ids(vlm.invoke(_ask(forms[0]), cache_prompt=False))
     for form in forms[1:]:

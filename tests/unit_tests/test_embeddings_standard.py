@@ -7,6 +7,8 @@ from typing import Any
 from langchain_tests.unit_tests import EmbeddingsUnitTests
 
 from langchain_llamacpp_local import LlamaCppEmbeddings
+from langchain_llamacpp_local.llama import model_handle
+from langchain_llamacpp_local.runtime import registry
 from tests.conftest import gemma_path
 
 
@@ -21,5 +23,6 @@ class TestLlamaCppEmbeddingsUnit(EmbeddingsUnitTests):
 
 
 def test_construction_loads_nothing() -> None:
-    emb = LlamaCppEmbeddings(model_path=gemma_path(), dimensions=64)
-    assert emb._engine is None
+    loads = model_handle.model_refcounts()
+    LlamaCppEmbeddings(model_path=gemma_path(), dimensions=64)
+    assert registry.loaded_models() == [] and model_handle.model_refcounts() == loads

@@ -370,3 +370,20 @@ def test_check_grammar_limits() -> None:
         check_grammar('root ::= ("a"{0,1000}) ' * 300)
     # parentheses inside literals and classes do not count
     check_grammar('root ::= "((((((" [(((] ' * 100)
+
+
+def test_community_parameters_get_what_replaces_them_not_a_lookalike_field() -> None:
+    """langchain-community's names are not typos of ours: ``grammar_path`` is not
+    ``mmproj_path`` and ``model_kwargs`` is not ``model_path``."""
+    with pytest.raises(TypeError) as info:
+        ChatLlamaCpp(model_path="m.gguf", grammar_path="g.gbnf", model_kwargs={}, lora_path="a")
+    msg = str(info.value)
+    assert "mmproj_path" not in msg and "'model_path'" not in msg, msg
+    assert "'grammar_path' (grammars are built from schemas: use with_structured_output()" in msg
+    assert "'model_kwargs' (llama.cpp settings are fields of their own" in msg
+    assert "'lora_path' (use lora_adapters=" in msg
+    with pytest.raises(TypeError, match="'last_n_tokens_size' \\(use penalty_last_n=\\)"):
+        ChatLlamaCpp(model_path="m.gguf", last_n_tokens_size=64)
+    # unrelated names get no suggestion; typos still get theirs
+    assert closest_name("model_kwargs", ["model_path", "models_dir"]) is None
+    assert closest_name("kv_unify", ["kv_unified"]) == "kv_unified"
