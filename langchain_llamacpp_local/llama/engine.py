@@ -26,7 +26,12 @@ import llama_cpp
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from langchain_llamacpp_local.errors import DecodeError, ModelLoadError, RequestCancelledError
+from langchain_llamacpp_local.errors import (
+    DecodeError,
+    ModelLoadError,
+    ModelNotFoundError,
+    RequestCancelledError,
+)
 from langchain_llamacpp_local.llama import ggml_cpu, model_handle, vocab
 from langchain_llamacpp_local.llama.adapters import check_adapter_file
 from langchain_llamacpp_local.llama.backend import (
@@ -193,7 +198,7 @@ def check_gguf_file(path: str) -> None:
     or abort the process on (a FIFO that blocks, a header value it asserts on)."""
     p = Path(path)
     if not p.exists():
-        raise ModelLoadError(f"model file not found: {path}")
+        raise ModelNotFoundError(path, [path], message=f"model file not found: {path}")
     try:
         with open_regular_file(p) as f:
             magic = f.read(4)
@@ -385,7 +390,7 @@ def load_adapter(model: object, model_path: str, path: str) -> object:
         if adapter is not None:
             return adapter
         if not Path(path).is_file():
-            raise ModelLoadError(f"LoRA adapter file not found: {path}")
+            raise ModelNotFoundError(path, [path], message=f"LoRA adapter file not found: {path}")
         arch = (read_gguf_metadata(model_path, ["general.architecture"]) or {}).get(
             "general.architecture", ""
         )

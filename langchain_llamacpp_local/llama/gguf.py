@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from langchain_llamacpp_local.errors import GGUFHeaderError
+
 _SCALARS = {
     0: "<B",
     1: "<b",
@@ -38,11 +40,6 @@ def _read(f: BinaryIO, fmt: str) -> Any:
     if len(data) != size:
         raise ValueError("truncated GGUF header")
     return struct.unpack(fmt, data)[0]
-
-
-class GGUFHeaderError(ValueError):
-    """A GGUF header that cannot be read: truncated, or a length or count larger than the
-    file (a crafted header); the message names the file and the offset."""
 
 
 def _check_room(f: BinaryIO, n: int, what: str) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.errors import ModelNotFoundError
 
 #: What a request runs with: ``(name, scale)`` pairs in declaration order, none at 0.
 LoraKey = tuple[tuple[str, float], ...]
@@ -125,7 +125,9 @@ def resolve_adapter_path(path: str, models_dir: str | None) -> str:
             tried.append(str(cand))
             if cand.exists():
                 return os.path.abspath(cand)
-    raise ModelLoadError(f"LoRA adapter file not found: {path} (tried {', '.join(tried)})")
+    raise ModelNotFoundError(
+        path, tried, message=f"LoRA adapter file not found: {path} (tried {', '.join(tried)})"
+    )
 
 
 class KeyedToken(int):

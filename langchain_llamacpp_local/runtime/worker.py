@@ -35,6 +35,8 @@ from langchain_llamacpp_local.chat.special_tokens import scan_in_background
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
+    ImageInputError,
+    InvalidRequestError,
     RequestCancelledError,
     WorkerDeadError,
 )
@@ -426,7 +428,7 @@ class _WorkerState:
             prepared.tokens = key_tokens(prepared.tokens, w.job.lora, prepared.lora_start)
         n_prompt = len(prepared.tokens)
         if n_prompt == 0:
-            raise ValueError("the rendered prompt is empty")
+            raise InvalidRequestError("the rendered prompt is empty")
         job = w.job
         budget = eng.n_ctx - n_prompt
         if budget <= 0 or (job.max_tokens is not None and job.max_tokens > budget):
@@ -499,7 +501,7 @@ class _WorkerState:
         assert eng is not None
         proposer = self.proposers.get(kind)
         if proposer is None:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"speculative={kind!r} is not available for this model"
                 + (" (load it with draft_model_path=...)" if kind == "draft" else "")
             )
@@ -806,7 +808,7 @@ class _WorkerState:
             raise
         memory.record(slot, act.tokens[start : start + media.n_pos], exact=True)
         if not act.prefilling:  # an image at the very end of the prompt
-            raise DecodeError("a prompt cannot end with an image: add text after it")
+            raise ImageInputError("a prompt cannot end with an image: add text after it")
 
     def _after_failed_decode(self, plan: list[_Active], exc: BaseException) -> None:
         """Keep each slot's entries equal to what the memory still holds, then recover."""
