@@ -30,7 +30,12 @@ from langchain_core.output_parsers import (
     PydanticToolsParser,
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import (
+    Runnable,
+    RunnableGenerator,
+    RunnableMap,
+    RunnablePassthrough,
+)
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -1077,7 +1082,7 @@ class ChatLlamaCpp(BaseChatModel):
                 f"method must be 'json_schema', 'function_calling' or 'json_mode', not {method!r}"
             )
         # Partial-JSON parsing would read output cut off by max_tokens as a valid answer.
-        parser = RunnableLambda(_complete_output(method), name="check_complete") | parser
+        parser = _complete_output(method) | parser
         if not include_raw:
             return llm | parser
         parser_assign = RunnablePassthrough.assign(
@@ -1124,33 +1129,64 @@ def _model_errors() -> Iterator[None]:
         raise converted from exc
 
 
-def _complete_output(method: str) -> Callable[[AIMessage], AIMessage]:
-    """A check that structured output (or the forced tool call) was not cut off by the
-    token limit: ``finish_reason == "length"`` with output that does not parse whole."""
+def _complete_output(method: str) -> Runnable[Any, Any]:
+    """Passes the model's output through and then checks it was not cut off by the token
+    limit: ``finish_reason == "length"`` with output that does not parse whole raises
+    :class:`StructuredOutputTruncatedError`. A generator, so the parser after it still
+    streams partial output."""
 
-    def check(message: AIMessage) -> AIMessage:
-        if message.response_metadata.get("finish_reason") != "length":
-            return message
-        if method == "function_calling":
-            if message.tool_calls and not message.invalid_tool_calls:
-                return message
-            what = "the forced tool call"
+    def transform(chunks: Iterator[Any]) -> Iterator[Any]:
+        total = None
+        for chunk in chunks:
+            total = chunk if total is None else total + chunk
+            yield chunk
+        _check_complete(total, method)
+
+    async def atransform(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        total = None
+        async for chunk in chunks:
+            total = chunk if total is None else total + chunk
+            yield chunk
+        _check_complete(total, method)
+
+    return RunnableGenerator(transform, atransform, name="check_complete")
+
+
+def _check_complete(message: Any, method: str) -> None:
+    if not isinstance(message, BaseMessage):
+        return
+    if message.response_metadata.get("finish_reason") != "length":
+        return
+    if method == "function_calling":
+        if isinstance(message, AIMessageChunk):  # merged chunks: arguments as streamed
+            whole = bool(message.tool_call_chunks) and all(
+                _is_json(c.get("args") or "{}") for c in message.tool_call_chunks
+            )
         else:
-            try:
-                json.loads(message.text)
-                return message
-            except ValueError:
-                pass
-            what = "the structured output"
-        usage = message.usage_metadata or {}
-        raise StructuredOutputTruncatedError(
-            f"{what} was cut off by max_tokens after {usage.get('output_tokens', '?')} tokens "
-            "(finish_reason='length') before it was complete; raise max_tokens (with "
-            "max_tokens=None, the context window n_ctx is the limit)",
-            llm_output=message.text,
-        )
+            whole = bool(getattr(message, "tool_calls", None)) and not getattr(
+                message, "invalid_tool_calls", None
+            )
+        what = "the forced tool call"
+    else:
+        whole = _is_json(message.text)
+        what = "the structured output"
+    if whole:  # complete exactly at the limit
+        return
+    usage = getattr(message, "usage_metadata", None) or {}
+    raise StructuredOutputTruncatedError(
+        f"{what} was cut off by max_tokens after {usage.get('output_tokens', '?')} tokens "
+        "(finish_reason='length') before it was complete; raise max_tokens (with "
+        "max_tokens=None, the context window n_ctx is the limit)",
+        llm_output=message.text,
+    )
 
-    return check
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _has_images(messages: list[dict[str, Any]]) -> bool:

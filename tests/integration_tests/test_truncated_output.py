@@ -4,6 +4,7 @@ names ``max_tokens``, never a partial answer read as valid (ChatOpenAI raises
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Literal
 
 import pytest
@@ -84,3 +85,25 @@ def test_a_cut_off_forced_tool_call_names_max_tokens(smollm2: str) -> None:
     assert not msg.tool_calls
     (bad,) = msg.invalid_tool_calls
     assert "max_tokens" in (bad["error"] or "")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_stream_yields_partial_output_then_raises(smollm2: str, method: Any) -> None:
+    """The check does not buffer: partial output still streams, and the cut is raised at
+    its end (sync and async)."""
+    structured = _llm(smollm2, 16).with_structured_output(
+        Contact.model_json_schema(), method=method
+    )
+    seen: list[Any] = []
+    with pytest.raises(StructuredOutputTruncatedError, match="max_tokens"):
+        for part in structured.stream(PROMPT):
+            seen.append(part)
+    if method != "function_calling":  # (a forced call's arguments arrive whole)
+        assert len(seen) >= 2 and isinstance(seen[-1], dict)
+
+    async def consume() -> None:
+        async for _ in structured.astream(PROMPT):
+            pass
+
+    with pytest.raises(StructuredOutputTruncatedError, match="max_tokens"):
+        asyncio.run(consume())
