@@ -1153,7 +1153,7 @@ def _complete_output(method: str) -> Runnable[Any, Any]:
 
 
 def _check_complete(message: Any, method: str) -> None:
-    if not isinstance(message, BaseMessage):
+    if not isinstance(message, AIMessage):
         return
     if message.response_metadata.get("finish_reason") != "length":
         return
@@ -1163,16 +1163,14 @@ def _check_complete(message: Any, method: str) -> None:
                 _is_json(c.get("args") or "{}") for c in message.tool_call_chunks
             )
         else:
-            whole = bool(getattr(message, "tool_calls", None)) and not getattr(
-                message, "invalid_tool_calls", None
-            )
+            whole = bool(message.tool_calls) and not message.invalid_tool_calls
         what = "the forced tool call"
     else:
         whole = _is_json(message.text)
         what = "the structured output"
     if whole:  # complete exactly at the limit
         return
-    usage = getattr(message, "usage_metadata", None) or {}
+    usage = message.usage_metadata or {}
     raise StructuredOutputTruncatedError(
         f"{what} was cut off by max_tokens after {usage.get('output_tokens', '?')} tokens "
         "(finish_reason='length') before it was complete; raise max_tokens (with "

@@ -2,25 +2,10 @@
 
 LangChain's agent stack acts on ``langchain_core.exceptions``: ``SummarizationMiddleware``
 retries an overflowing summary with a shorter history only on ``ContextOverflowError``,
-and the retry middleware and ``with_retry`` skip a ``ModelError`` whose ``is_retryable``
-is false. So each error here is also the matching LangChain type, while keeping its
-Python base (``except ValueError`` and ``except TimeoutError`` code keeps working):
-
-==============================  ==============================  =========
-error                           LangChain type                  retryable
-==============================  ==============================  =========
-``ContextOverflowError``        ``ContextOverflowError``        no
-``RequestTimeoutError``         ``ModelTimeoutError``           yes
-``ModelNotFoundError``          ``ModelNotFoundError``          no
-``InvalidRequestError`` and     ``ModelInvalidRequestError``    no
-its kin (bad arguments,
-schemas, templates, images)
-``DecodeError``,                ``ModelAPIError``               yes
-``WorkerDeadError``,
-``SamplingError``
-``ModelLoadError``              ``ModelError``                  no
-``RequestCancelledError``       (none: a cancel is not a failure)
-==============================  ==============================  =========
+and ``ModelRetryMiddleware`` (like the summary call's own retries) skips a ``ModelError``
+whose ``is_retryable`` is false. So each error here is also the matching LangChain type
+while keeping its Python base, so ``except ValueError`` or ``except TimeoutError`` code
+keeps working. The table of which is which is in docs/concurrency.md ("Errors").
 """
 
 from __future__ import annotations

@@ -406,7 +406,8 @@ class _WorkerState:
                 act = self._start(w, busy)
             except Exception as exc:
                 self.pending.popleft()
-                w.job.channel.put(("error", exc))
+                # a cancel or timeout that stopped the templating is why the request ended
+                w.job.channel.put(("error", self._stopped(w.job) or exc))
                 continue
             if act is None:  # unified cache: running requests hold the room it needs
                 return
