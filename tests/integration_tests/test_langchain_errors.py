@@ -6,6 +6,7 @@ LangChain's standard type while keeping its Python base."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 from uuid import UUID
 
@@ -191,3 +192,23 @@ def test_summarization_recovers_from_an_overflowing_summary(smollm2: str) -> Non
     overflows = [e for e in calls.errors if isinstance(e, lc.ContextOverflowError)]
     assert overflows and all(isinstance(e, ValueError) for e in overflows)
     assert len(calls.errors) == len(overflows) == 1  # overflowed once, then fit
+
+
+def test_a_timeout_during_templating_is_a_timeout(tiny_llama: str) -> None:
+    """The template budget stops at the request's deadline; the worker then reports the
+    timeout (retryable), not a template error (which would not be retried)."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=256, max_tokens=4).load()
+    worker = llm._worker
+    assert worker is not None
+    slow = "{% for i in range(90000) %}{% for j in range(90000) %}{% endfor %}{% endfor %}"
+    job = ChatJob(
+        messages=[{"role": "user", "content": "hi"}],
+        sampling=llm._sampling(),
+        chat_template=slow,
+        deadline=time.monotonic() + 0.3,
+    )
+    worker.submit(job)
+    kind, value = job.channel.get(timeout=30)
+    assert kind == "error"
+    assert isinstance(value, lc.ModelTimeoutError) and isinstance(value, TimeoutError), value
+    assert llm.invoke("still serving").response_metadata["finish_reason"] in ("stop", "length")
