@@ -10,7 +10,7 @@ keeps working. The table of which is which is in docs/concurrency.md ("Errors").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from langchain_core import exceptions as lc
 
@@ -107,6 +107,14 @@ class StructuredOutputTruncatedError(lc.OutputParserException):
     in the same case.
     """
 
+    def __init__(self, message: str, *, llm_output: str | None = None) -> None:
+        super().__init__(message, llm_output=llm_output)
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (the base class's own pickling would append its troubleshooting link again)
+        return (type(self), (self.message,), vars(self))
+
 
 # --------------------------------------------------------------------------- time
 
@@ -141,6 +149,10 @@ class ModelNotFoundError(ModelLoadError, lc.ModelNotFoundError):
             shown = repr(spec) if len(spec) <= 200 else f"{spec[:60]!r}... ({len(spec)} characters)"
             message = f"model {shown} not found; tried:\n{lines}"
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled errors cross processes (multiprocessing, a LangGraph checkpoint)
+        return (type(self), (self.spec, self.tried), {"args": self.args})
 
 
 class IncompatibleDraftModelError(ModelLoadError):

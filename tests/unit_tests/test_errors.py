@@ -133,3 +133,20 @@ def test_classified_and_foreign_errors_pass_unchanged() -> None:
         KeyError("x"),
     ):
         assert as_model_error(exc) is exc
+
+
+def test_errors_survive_pickling() -> None:
+    """Errors cross processes (multiprocessing, a LangGraph checkpoint of a failed run)."""
+    import pickle
+
+    for exc in (
+        errors.ModelNotFoundError("qwen3", ["models_dir: not set"]),
+        errors.ModelNotFoundError("x.gguf", ["x.gguf"], message="model file not found: x.gguf"),
+        errors.ChatTemplateError("broken", limit=True),
+        errors.RequestTimeoutError("slow"),
+        errors.ContextOverflowError("long"),
+        errors.StructuredOutputTruncatedError("cut", llm_output='{"a": '),
+    ):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc)
+        assert vars(back) == vars(exc)
