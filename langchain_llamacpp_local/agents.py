@@ -15,15 +15,9 @@ from typing import Any, Literal
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
+from langchain_llamacpp_local.errors import InvalidToolCallError
+
 __all__ = ["InvalidToolCallError", "RetryInvalidToolCalls"]
-
-
-class InvalidToolCallError(ValueError):
-    """The model kept writing invalid tool calls after every retry."""
-
-    def __init__(self, message: str, response: AIMessage) -> None:
-        super().__init__(message)
-        self.response = response
 
 
 class RetryInvalidToolCalls(AgentMiddleware):

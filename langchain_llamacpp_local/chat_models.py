@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import logging
 import os
 import threading
@@ -27,7 +29,12 @@ from langchain_core.output_parsers import (
     PydanticToolsParser,
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import (
+    Runnable,
+    RunnableGenerator,
+    RunnableMap,
+    RunnablePassthrough,
+)
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -42,7 +49,12 @@ from typing_extensions import Self
 
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
 from langchain_llamacpp_local.copies import ConfigOnlyCopies
-from langchain_llamacpp_local.errors import RequestCancelledError
+from langchain_llamacpp_local.errors import (
+    RequestCancelledError,
+    RequestTimeoutError,
+    StructuredOutputTruncatedError,
+    as_model_error,
+)
 from langchain_llamacpp_local.formats import StreamDelta
 from langchain_llamacpp_local.llama.engine import check_gguf_file
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
@@ -661,6 +673,16 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         and ``tool_format``. Text-only prompts need only the GGUF's vocabulary (the
         weights are not loaded); prompts with images are prepared by the loaded model.
         """
+        with _model_errors():
+            return self._render_prompt(messages, tools, stop, kwargs)
+
+    def _render_prompt(
+        self,
+        messages: LanguageModelInput,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None,
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+    ) -> RenderedPrompt:
         from langchain_llamacpp_local.chat import preview as prompt_preview
 
         call = dict(kwargs)
@@ -811,7 +833,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
                     )
                 except TimeoutError:
                     job.cancel.set()
-                    raise TimeoutError("ChatLlamaCpp call timed out") from None
+                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
                 kind, value = item
                 if kind == "error":
                     finished = True
@@ -837,7 +859,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
                             item = await job.channel.aget()
                 except TimeoutError:
                     job.cancel.set()
-                    raise TimeoutError("ChatLlamaCpp call timed out") from None
+                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
                 kind, value = item
                 if kind == "error":
                     finished = True
@@ -883,19 +905,20 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        job = self._make_job(messages, stop, kwargs)
-        spec = kwargs.get("model")
-        lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
-        try:
-            self._submit(job, lease)
-            name = self._reported_name(spec, resolved)
-            for kind, value in self._replies(job):
-                chunk = self._chunk(kind, value, name)
-                if run_manager and kind == "delta":
-                    run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
-                yield chunk
-        finally:
-            lease.release()
+        with _model_errors():
+            job = self._make_job(messages, stop, kwargs)
+            spec = kwargs.get("model")
+            lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
+            try:
+                self._submit(job, lease)
+                name = self._reported_name(spec, resolved)
+                for kind, value in self._replies(job):
+                    chunk = self._chunk(kind, value, name)
+                    if run_manager and kind == "delta":
+                        run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+                    yield chunk
+            finally:
+                lease.release()
 
     async def _astream(
         self,
@@ -906,20 +929,21 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         # Off the event loop: image decoding (pillow, permitted downloads) in _make_job
         # and, on the first call, loading the model.
-        job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
-        job.channel.bind_loop()
-        spec = kwargs.get("model")
-        lease, resolved = await self._alease(spec, job.deadline, _keep_alive_kwarg(kwargs))
-        try:
-            self._submit(job, lease)
-            name = self._reported_name(spec, resolved)
-            async for kind, value in self._areplies(job):
-                chunk = self._chunk(kind, value, name)
-                if run_manager and kind == "delta":
-                    await run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
-                yield chunk
-        finally:
-            lease.release()
+        with _model_errors():
+            job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
+            job.channel.bind_loop()
+            spec = kwargs.get("model")
+            lease, resolved = await self._alease(spec, job.deadline, _keep_alive_kwarg(kwargs))
+            try:
+                self._submit(job, lease)
+                name = self._reported_name(spec, resolved)
+                async for kind, value in self._areplies(job):
+                    chunk = self._chunk(kind, value, name)
+                    if run_manager and kind == "delta":
+                        await run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+                    yield chunk
+            finally:
+                lease.release()
 
     def _generate(
         self,
@@ -1052,6 +1076,8 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
             raise ValueError(
                 f"method must be 'json_schema', 'function_calling' or 'json_mode', not {method!r}"
             )
+        # Partial-JSON parsing would read output cut off by max_tokens as a valid answer.
+        parser = _complete_output(method) | parser
         if not include_raw:
             return llm | parser
         parser_assign = RunnablePassthrough.assign(
@@ -1079,6 +1105,77 @@ ChatLlamaCpp.list_models = _ClassOrInstanceMethod(ChatLlamaCpp._list_models)
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _model_errors() -> Iterator[None]:
+    """Raise what escapes a call as LangChain's model error of its kind (see
+    :func:`~langchain_llamacpp_local.errors.as_model_error`), the original chained."""
+    try:
+        yield
+    except Exception as exc:
+        converted = as_model_error(exc)
+        if converted is exc:
+            raise
+        raise converted from exc
+
+
+def _complete_output(method: str) -> Runnable[Any, Any]:
+    """Passes the model's output through and then checks it was not cut off by the token
+    limit: ``finish_reason == "length"`` with output that does not parse whole raises
+    :class:`StructuredOutputTruncatedError`. A generator, so the parser after it still
+    streams partial output."""
+
+    def transform(chunks: Iterator[Any]) -> Iterator[Any]:
+        total = None
+        for chunk in chunks:
+            total = chunk if total is None else total + chunk
+            yield chunk
+        _check_complete(total, method)
+
+    async def atransform(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        total = None
+        async for chunk in chunks:
+            total = chunk if total is None else total + chunk
+            yield chunk
+        _check_complete(total, method)
+
+    return RunnableGenerator(transform, atransform, name="check_complete")
+
+
+def _check_complete(message: Any, method: str) -> None:
+    if not isinstance(message, AIMessage):
+        return
+    if message.response_metadata.get("finish_reason") != "length":
+        return
+    if method == "function_calling":
+        if isinstance(message, AIMessageChunk):  # merged chunks: arguments as streamed
+            whole = bool(message.tool_call_chunks) and all(
+                _is_json(c.get("args") or "{}") for c in message.tool_call_chunks
+            )
+        else:
+            whole = bool(message.tool_calls) and not message.invalid_tool_calls
+        what = "the forced tool call"
+    else:
+        whole = _is_json(message.text)
+        what = "the structured output"
+    if whole:  # complete exactly at the limit
+        return
+    usage = message.usage_metadata or {}
+    raise StructuredOutputTruncatedError(
+        f"{what} was cut off by max_tokens after {usage.get('output_tokens', '?')} tokens "
+        "(finish_reason='length') before it was complete; raise max_tokens (with "
+        "max_tokens=None, the context window n_ctx is the limit)",
+        llm_output=message.text,
+    )
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _has_images(messages: list[dict[str, Any]]) -> bool:
@@ -1136,15 +1233,19 @@ def _aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
     assert isinstance(msg, AIMessageChunk)
     info = dict(total.generation_info or {})
     parsed = info.pop(_PARSED_KEY, None)
+    invalid = list(parsed.invalid_tool_calls if parsed is not None else msg.invalid_tool_calls)
+    if invalid and info.get("finish_reason") == "length":
+        # the call still being written when the token limit came: say so
+        last = invalid[-1]
+        error = f"cut off by max_tokens before the call was complete ({last.get('error')})"
+        invalid[-1] = {**last, "error": error}
     message = AIMessage(
         content=msg.content,
         additional_kwargs=msg.additional_kwargs,
         response_metadata=msg.response_metadata,
         usage_metadata=msg.usage_metadata,
         tool_calls=parsed.tool_calls if parsed is not None else msg.tool_calls,
-        invalid_tool_calls=(
-            parsed.invalid_tool_calls if parsed is not None else msg.invalid_tool_calls
-        ),
+        invalid_tool_calls=invalid,
         id=msg.id,
     )
     return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])

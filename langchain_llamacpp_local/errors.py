@@ -1,28 +1,180 @@
-"""Typed errors, so callers can tell bad input from a broken engine.
+"""Every public error of the package, each also LangChain's standard model error.
 
-Every error a request can raise reaches the caller as one of these (or a plain
-``ValueError`` subclass for bad input); the worker itself keeps serving.
+LangChain's agent stack acts on ``langchain_core.exceptions``: ``SummarizationMiddleware``
+retries an overflowing summary with a shorter history only on ``ContextOverflowError``,
+and ``ModelRetryMiddleware`` (like the summary call's own retries) skips a ``ModelError``
+whose ``is_retryable`` is false. So each error here is also the matching LangChain type
+while keeping its Python base, so ``except ValueError`` or ``except TimeoutError`` code
+keeps working. The table of which is which is in docs/concurrency.md ("Errors").
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from langchain_core import exceptions as lc
+
+if TYPE_CHECKING:
+    from langchain_core.messages import AIMessage
+
+__all__ = [
+    "ChatTemplateError",
+    "ContextOverflowError",
+    "DecodeError",
+    "GGUFHeaderError",
+    "GrammarTooLargeError",
+    "ImageInputError",
+    "IncompatibleDraftModelError",
+    "InvalidArgumentError",
+    "InvalidRequestError",
+    "InvalidSamplingParams",
+    "InvalidToolCallError",
+    "KVDesyncError",
+    "LlamaCppError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "RequestCancelledError",
+    "RequestTimeoutError",
+    "RpcError",
+    "SamplingError",
+    "StructuredOutputTruncatedError",
+    "WorkerDeadError",
+    "as_model_error",
+]
 
 
 class LlamaCppError(RuntimeError):
     """Base class for errors raised by the llama.cpp engine."""
 
 
-class ModelLoadError(LlamaCppError):
-    """The model file is missing, not a GGUF file, truncated or unsupported."""
+# --------------------------------------------------------------------------- the caller's input
 
 
-class ContextOverflowError(ValueError):
+class InvalidRequestError(ValueError, lc.ModelInvalidRequestError):
+    """A request the model cannot run as given (a bad per-call value, schema, template,
+    image or prompt); the message names the problem. Retrying it unchanged fails again."""
+
+
+class InvalidArgumentError(TypeError, lc.ModelInvalidRequestError):
+    """An argument of the wrong kind or an unknown keyword (the message names the closest
+    valid one); a ``TypeError`` as before."""
+
+
+class ContextOverflowError(ValueError, lc.ContextOverflowError):
     """Prompt plus ``max_tokens`` does not fit the context window.
 
-    Raised before anything is decoded: nothing is ever silently truncated.
+    Raised before anything is decoded: nothing is ever silently truncated. LangChain's
+    ``SummarizationMiddleware`` answers it by summarizing a shorter history.
     """
 
 
-class DecodeError(LlamaCppError):
+class InvalidSamplingParams(InvalidRequestError):
+    """A sampling setting is out of range (the message names the field)."""
+
+
+class GrammarTooLargeError(InvalidRequestError):
+    """A schema or grammar is beyond what llama.cpp's grammar engine can take (the
+    message names the bound or field)."""
+
+
+class ChatTemplateError(InvalidRequestError):
+    """A chat template failed to compile or render (includes sandbox violations and
+    resource limits); the message names the template origin.
+
+    ``raised_by_template`` is true when the template itself refused the input
+    (its ``raise_exception``), so the message is the template's own.
+    """
+
+    def __init__(
+        self, message: str, *, raised_by_template: bool = False, limit: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.raised_by_template = raised_by_template
+        self.limit = limit
+
+
+class ImageInputError(InvalidRequestError):
+    """An image was refused; the message says why and how to allow it if possible."""
+
+
+class StructuredOutputTruncatedError(lc.OutputParserException):
+    """Structured output (or a forced tool call) ended at ``max_tokens`` before it was
+    complete; the text so far is in ``llm_output``.
+
+    An ``OutputParserException`` (so a ``ValueError``), like every other failure to read
+    structured output: ``with_structured_output(..., include_raw=True)`` reports it as
+    ``parsing_error`` with ``parsed=None``. ChatOpenAI raises ``LengthFinishReasonError``
+    in the same case.
+    """
+
+    def __init__(self, message: str, *, llm_output: str | None = None) -> None:
+        super().__init__(message, llm_output=llm_output)
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (the base class's own pickling would append its troubleshooting link again)
+        return (type(self), (self.message,), vars(self))
+
+
+# --------------------------------------------------------------------------- time
+
+
+class RequestTimeoutError(TimeoutError, lc.ModelTimeoutError):
+    """The call's ``timeout`` expired (queueing, loading and generation included); the
+    request was cancelled. Retryable: a later call may find the model less busy."""
+
+
+class RequestCancelledError(LlamaCppError):
+    """The request was cancelled (stream closed, task cancelled or ``close()``)."""
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class ModelLoadError(LlamaCppError, lc.ModelError):
+    """The model file is missing, not a GGUF file, truncated or unsupported."""
+
+    is_retryable = False
+
+
+class ModelNotFoundError(ModelLoadError, lc.ModelNotFoundError):
+    """No model matched a name, or its file does not exist; the message lists every
+    place that was tried."""
+
+    def __init__(self, spec: str, tried: list[str], *, message: str | None = None) -> None:
+        self.spec = spec
+        self.tried = list(tried)
+        if message is None:
+            lines = "\n".join(f"  - {t}" for t in tried)
+            shown = repr(spec) if len(spec) <= 200 else f"{spec[:60]!r}... ({len(spec)} characters)"
+            message = f"model {shown} not found; tried:\n{lines}"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled errors cross processes (multiprocessing, a LangGraph checkpoint)
+        return (type(self), (self.spec, self.tried), {"args": self.args})
+
+
+class IncompatibleDraftModelError(ModelLoadError):
+    """The draft model's vocabulary cannot share token ids with the target's.
+
+    Checked at load like llama.cpp's ``common_speculative_are_compatible``; the
+    message names the mismatch and both files.
+    """
+
+
+class RpcError(ModelLoadError):
+    """An RPC server cannot be used (not compiled in, unreachable, wrong protocol)."""
+
+
+class GGUFHeaderError(ValueError, lc.ModelError):
+    """A GGUF header cannot be read (a length runs past the end of the file, a bad
+    value); the model file is at fault, not the request."""
+
+    is_retryable = False
+
+
+class DecodeError(LlamaCppError, lc.ModelAPIError):
     """``llama_decode`` failed (out of KV space or a backend failure)."""
 
 
@@ -36,6 +188,9 @@ class NonFiniteOutputError(DecodeError):
     state could not be put back (their cached prefix is gone; a running one fails).
     """
 
+    #: the request's own adapter set overflowed: the same request fails the same way
+    is_retryable = False
+
     def __init__(
         self,
         message: str,
@@ -47,17 +202,48 @@ class NonFiniteOutputError(DecodeError):
         self.lost = lost
 
 
-class WorkerDeadError(LlamaCppError):
-    """The worker thread that owns the model has stopped; reload the model."""
+class SamplingError(LlamaCppError, lc.ModelAPIError):
+    """This request cannot go on sampling (e.g. its grammar allows no token); the
+    worker reports it to the request and keeps serving."""
 
 
-class RequestCancelledError(LlamaCppError):
-    """The request was cancelled (stream closed, task cancelled or ``close()``)."""
+class WorkerDeadError(LlamaCppError, lc.ModelAPIError):
+    """The worker thread that owns the model has stopped; the next call loads the model
+    again on a new worker, so retrying is worthwhile."""
 
 
-class IncompatibleDraftModelError(ModelLoadError):
-    """The draft model's vocabulary cannot share token ids with the target's.
+class KVDesyncError(AssertionError):
+    """The worker's record of a slot disagrees with llama.cpp's memory (a bug). Raised
+    only under ``LLAMACPP_LOCAL_CHECK_KV=1``; the worker dies and its callers get
+    :class:`WorkerDeadError`."""
 
-    Checked at load like llama.cpp's ``common_speculative_are_compatible``; the
-    message names the mismatch and both files.
-    """
+
+# --------------------------------------------------------------------------- agents
+
+
+class InvalidToolCallError(ValueError):
+    """The model kept writing invalid tool calls after every retry
+    (``RetryInvalidToolCalls``); ``response`` is its last reply."""
+
+    def __init__(self, message: str, response: AIMessage) -> None:
+        super().__init__(message)
+        self.response = response
+
+
+# --------------------------------------------------------------------------- the boundary
+
+
+def as_model_error(exc: Exception) -> Exception:
+    """``exc`` as the error a chat call raises: itself when LangChain can already
+    classify it (or it is a cancellation); otherwise a plain ``TimeoutError``,
+    ``TypeError`` or ``ValueError`` from deeper code becomes the matching class above,
+    with the same message (the caller chains the original)."""
+    if isinstance(exc, (lc.ModelError, lc.OutputParserException, RequestCancelledError)):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return RequestTimeoutError(*exc.args)
+    if isinstance(exc, TypeError):
+        return InvalidArgumentError(*exc.args)
+    if isinstance(exc, ValueError):
+        return InvalidRequestError(*exc.args)
+    return exc

@@ -43,6 +43,7 @@ from langchain_llamacpp_local.cache.slot_plan import (
     usable_cached,
 )
 from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
+from langchain_llamacpp_local.errors import KVDesyncError
 from langchain_llamacpp_local.llama.backend import build_info
 from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, MemoryKind
 
@@ -54,10 +55,6 @@ CHECK_ENV = "LLAMACPP_LOCAL_CHECK_KV"
 #: state copy, where a cut costs a decode call), or not at all when one at most this many
 #: entries before it exists; an edit there re-reads the entries in between.
 WINDOW_SLACK = 64
-
-
-class KVDesyncError(AssertionError):
-    """The tracked entries of a slot differ from what llama.cpp's memory holds (a bug)."""
 
 
 @dataclass(frozen=True)

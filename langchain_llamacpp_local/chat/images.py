@@ -26,11 +26,9 @@ from typing import Any
 
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
+from langchain_llamacpp_local.errors import ImageInputError
+
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024
-
-
-class ImageInputError(ValueError):
-    """An image was refused; the message says why and how to allow it if possible."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import numpy as np
 from langchain_llamacpp_local.errors import (
     DecodeError,
     ModelLoadError,
+    ModelNotFoundError,
     NonFiniteOutputError,
     RequestCancelledError,
 )
@@ -205,7 +206,7 @@ def check_gguf_file(path: str) -> None:
     or abort the process on (a FIFO that blocks, a header value it asserts on)."""
     p = Path(path)
     if not p.exists():
-        raise ModelLoadError(f"model file not found: {path}")
+        raise ModelNotFoundError(path, [path], message=f"model file not found: {path}")
     try:
         with open_regular_file(p) as f:
             magic = f.read(4)
@@ -400,7 +401,7 @@ def load_adapter(model: object, model_path: str, path: str) -> object:
         if why is not None:
             raise ModelLoadError(f"LoRA adapter {path} is {why}")
         if not Path(path).is_file():
-            raise ModelLoadError(f"LoRA adapter file not found: {path}")
+            raise ModelNotFoundError(path, [path], message=f"LoRA adapter file not found: {path}")
         arch = (read_gguf_metadata(model_path, ["general.architecture"]) or {}).get(
             "general.architecture", ""
         )

@@ -19,6 +19,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from langchain_llamacpp_local.errors import GGUFHeaderError
+
 _SCALARS = {
     0: "<B",
     1: "<b",
@@ -41,11 +43,6 @@ def _read(f: BinaryIO, fmt: str) -> Any:
     if len(data) != size:
         raise ValueError("truncated GGUF header")
     return struct.unpack(fmt, data)[0]
-
-
-class GGUFHeaderError(ValueError):
-    """A GGUF header that cannot be read: truncated, or a length or count larger than the
-    file (a crafted header); the message names the file and the offset."""
 
 
 def _check_room(f: BinaryIO, n: int, what: str) -> None:

@@ -35,7 +35,7 @@ from importlib import metadata
 
 import llama_cpp.llama_cpp as C
 
-from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.errors import ModelLoadError, RpcError
 from langchain_llamacpp_local.llama.backend import init_backend
 
 logger = logging.getLogger(__name__)
@@ -54,10 +54,6 @@ PROBE_TIMEOUT = 10.0
 # enum ggml_backend_dev_type
 DEV_CPU, DEV_GPU, DEV_IGPU, DEV_ACCEL, DEV_META = range(5)
 _DEV_TYPES = {DEV_CPU: "CPU", DEV_GPU: "GPU", DEV_IGPU: "iGPU", DEV_ACCEL: "accelerator"}
-
-
-class RpcError(ModelLoadError):
-    """An RPC server cannot be used (not compiled in, unreachable, wrong protocol)."""
 
 
 def install_command() -> str:

@@ -28,6 +28,12 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 from llama_cpp import llama_grammar as G
 
+from langchain_llamacpp_local.errors import (
+    GrammarTooLargeError,
+    InvalidSamplingParams,
+    SamplingError,
+)
+
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
     "GrammarTooLargeError",
@@ -42,15 +48,6 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------- params
-
-
-class InvalidSamplingParams(ValueError):
-    """A sampling setting is out of range (the message names the field)."""
-
-
-class SamplingError(RuntimeError):
-    """This request cannot go on sampling (e.g. its grammar allows no token); the
-    worker reports it to the request and keeps serving."""
 
 
 _UINT32 = 0xFFFFFFFF
@@ -216,7 +213,7 @@ class Sampler:
 
     def _add(self, smpl: int | None, what: str) -> None:
         if not smpl:
-            raise RuntimeError(f"llama.cpp could not create the {what} sampler")
+            raise SamplingError(f"llama.cpp could not create the {what} sampler")
         C.llama_sampler_chain_add(self._chain, smpl)  # the chain takes ownership
 
     def _build(self, vocab: Any, p: SamplingParams) -> None:
@@ -560,10 +557,6 @@ MAX_GRAMMAR_REPETITION = _REP_CHUNK * _REP_CHUNK
 MAX_GRAMMAR_DEPTH = 200
 MAX_GRAMMAR_RULES = 200_000
 MAX_GRAMMAR_CHARS = 4_000_000
-
-
-class GrammarTooLargeError(ValueError):
-    """A schema or grammar asks for more than llama.cpp's grammar engine can take safely."""
 
 
 def _repeat(item: str, lo: int, hi: int | None, *, literal: bool = False) -> str:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_llamacpp_local.errors import RequestCancelledError
+from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.runtime.channel import Channel
 
@@ -59,5 +59,5 @@ class ChatJob:
 def cancel_error(job: ChatJob) -> BaseException:
     """The error a cancelled ``job`` ends with: a timeout or a cancellation."""
     if job.deadline is not None and time.monotonic() >= job.deadline:
-        return TimeoutError("the request timed out")
+        return RequestTimeoutError("the request timed out")
     return RequestCancelledError("the request was cancelled")

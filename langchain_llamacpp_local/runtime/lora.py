@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.errors import ModelLoadError, ModelNotFoundError
 from langchain_llamacpp_local.llama.adapters import not_a_file
 
 #: What a request runs with: ``(name, scale)`` pairs in declaration order, none at 0.
@@ -158,8 +158,10 @@ def resolve_adapter_path(path: str, models_dir: str | None) -> str:
             if why is not None:
                 raise ModelLoadError(f"LoRA adapter {path}: {cand} is {why}")
             return os.path.abspath(cand)
-    raise ModelLoadError(
-        f"LoRA adapter file not found: {path} (tried {', '.join(map(str, tried))})"
+    raise ModelNotFoundError(
+        path,
+        [str(c) for c in tried],
+        message=f"LoRA adapter file not found: {path} (tried {', '.join(map(str, tried))})",
     )
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.errors import ModelLoadError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -43,17 +43,6 @@ MODELS_DIR_ENV = "LLAMACPP_MODELS_DIR"
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")  # llama.cpp's choice when no quant is named
 
 Source = Literal["path", "models_dir", "huggingface"]
-
-
-class ModelNotFoundError(ModelLoadError):
-    """No model matched a name; the message lists every place that was tried."""
-
-    def __init__(self, spec: str, tried: list[str]) -> None:
-        self.spec = spec
-        self.tried = list(tried)
-        lines = "\n".join(f"  - {t}" for t in tried)
-        shown = repr(spec) if len(spec) <= 200 else f"{spec[:60]!r}... ({len(spec)} characters)"
-        super().__init__(f"model {shown} not found; tried:\n{lines}")
 
 
 @dataclass(frozen=True)

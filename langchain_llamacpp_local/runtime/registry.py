@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_llamacpp_local.errors import RequestTimeoutError
 from langchain_llamacpp_local.runtime.worker import CacheOptions, ModelWorker
 
 logger = logging.getLogger(__name__)
@@ -320,7 +321,7 @@ def acquire(
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise TimeoutError(
+                    raise RequestTimeoutError(
                         f"{len(_table)} models are loaded (max_loaded_models={budget}) and all "
                         f"have running or queued requests; none became idle in time to load "
                         f"{config.model_path}"
@@ -361,7 +362,7 @@ def _await_loaded(entry: _LoadedWorker, deadline: float | None) -> None:
     """Wait for ``entry`` to finish loading (short waits: Ctrl-C is seen promptly)."""
     while not entry.loaded.wait(0.25):
         if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(
+            raise RequestTimeoutError(
                 f"loading {entry.key[0].model_path} took longer than the request's timeout "
                 "(it goes on loading and will be reused)"
             )

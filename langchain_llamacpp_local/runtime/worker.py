@@ -36,6 +36,8 @@ from langchain_llamacpp_local.chat.special_tokens import scan_in_background
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
+    ImageInputError,
+    InvalidRequestError,
     NonFiniteOutputError,
     RequestCancelledError,
     WorkerDeadError,
@@ -416,7 +418,8 @@ class _WorkerState:
                 act = self._start(w, busy)
             except Exception as exc:
                 self.pending.popleft()
-                w.job.channel.put(("error", exc))
+                # a cancel or timeout that stopped the templating is why the request ended
+                w.job.channel.put(("error", self._stopped(w.job) or exc))
                 continue
             if act is None:  # unified cache: running requests hold the room it needs
                 return
@@ -438,7 +441,7 @@ class _WorkerState:
             prepared.tokens = key_tokens(prepared.tokens, w.job.lora, prepared.lora_start)
         n_prompt = len(prepared.tokens)
         if n_prompt == 0:
-            raise ValueError("the rendered prompt is empty")
+            raise InvalidRequestError("the rendered prompt is empty")
         job = w.job
         budget = eng.n_ctx - n_prompt
         if budget > 0 and job.max_tokens_default and (job.max_tokens or 0) > budget:
@@ -530,7 +533,7 @@ class _WorkerState:
         assert eng is not None
         proposer = self.proposers.get(kind)
         if proposer is None:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"speculative={kind!r} is not available for this model"
                 + (" (load it with draft_model_path=...)" if kind == "draft" else "")
             )
@@ -834,7 +837,7 @@ class _WorkerState:
         # refused before it is read: the text after an image is what shows (its logits)
         # whether the image overflowed under adapters, and nothing would follow this one
         if start + media.n_pos >= len(act.tokens):
-            raise DecodeError("a prompt cannot end with an image: add text after it")
+            raise ImageInputError("a prompt cannot end with an image: add text after it")
         try:
             eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
             eng.eval_media(media, start, slot.seq_id)

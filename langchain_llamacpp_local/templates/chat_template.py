@@ -39,6 +39,7 @@ from langchain_core.messages import (
     convert_to_messages,
 )
 
+from langchain_llamacpp_local.errors import ChatTemplateError
 from langchain_llamacpp_local.templates.sandbox import (
     DEFAULT_LIMITS,
     RenderLimits,
@@ -69,22 +70,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class ChatTemplateError(ValueError):
-    """A chat template failed to compile or render (includes sandbox violations and
-    resource limits); the message names the template origin.
-
-    ``raised_by_template`` is true when the template itself refused the input
-    (its ``raise_exception``), so the message is the template's own.
-    """
-
-    def __init__(
-        self, message: str, *, raised_by_template: bool = False, limit: bool = False
-    ) -> None:
-        super().__init__(message)
-        self.raised_by_template = raised_by_template
-        self.limit = limit
 
 
 # --------------------------------------------------------------------------- messages
