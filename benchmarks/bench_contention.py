@@ -99,14 +99,11 @@ class _Ours:
 class _Llama:
     def __init__(self, path: str) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import llama_cpp
         from machine import avoid_amx_in_llama
 
-        import llama_cpp
-
         self.placement = avoid_amx_in_llama()
-        self.llm = llama_cpp.Llama(
-            model_path=path, n_ctx=4096, chat_format="chatml", verbose=False
-        )
+        self.llm = llama_cpp.Llama(model_path=path, n_ctx=4096, chat_format="chatml", verbose=False)
         self.threads = {
             "n_threads": self.llm.n_threads,
             "n_threads_batch": self.llm.n_threads_batch,
@@ -197,7 +194,11 @@ def batching() -> dict[str, Any]:
         for t in ts:
             t.join()
         best_par = min(best_par, time.perf_counter() - t0)
-    return {"batching_speedup": best_seq / best_par, "batching_seq_s": best_seq, "batching_par_s": best_par}
+    return {
+        "batching_speedup": best_seq / best_par,
+        "batching_seq_s": best_seq,
+        "batching_par_s": best_par,
+    }
 
 
 def chat_and_embeddings(path: str) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -53,7 +52,7 @@ from langchain_llamacpp_local.errors import (
     RequestCancelledError,
     RequestTimeoutError,
     StructuredOutputTruncatedError,
-    as_model_error,
+    model_errors,
 )
 from langchain_llamacpp_local.formats import StreamDelta
 from langchain_llamacpp_local.llama.engine import check_gguf_file
@@ -673,7 +672,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         and ``tool_format``. Text-only prompts need only the GGUF's vocabulary (the
         weights are not loaded); prompts with images are prepared by the loaded model.
         """
-        with _model_errors():
+        with model_errors():
             return self._render_prompt(messages, tools, stop, kwargs)
 
     def _render_prompt(
@@ -905,7 +904,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        with _model_errors():
+        with model_errors():
             job = self._make_job(messages, stop, kwargs)
             spec = kwargs.get("model")
             lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
@@ -929,7 +928,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         # Off the event loop: image decoding (pillow, permitted downloads) in _make_job
         # and, on the first call, loading the model.
-        with _model_errors():
+        with model_errors():
             job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
             job.channel.bind_loop()
             spec = kwargs.get("model")
@@ -1105,19 +1104,6 @@ ChatLlamaCpp.list_models = _ClassOrInstanceMethod(ChatLlamaCpp._list_models)
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-@contextlib.contextmanager
-def _model_errors() -> Iterator[None]:
-    """Raise what escapes a call as LangChain's model error of its kind (see
-    :func:`~langchain_llamacpp_local.errors.as_model_error`), the original chained."""
-    try:
-        yield
-    except Exception as exc:
-        converted = as_model_error(exc)
-        if converted is exc:
-            raise
-        raise converted from exc
 
 
 def _complete_output(method: str) -> Runnable[Any, Any]:

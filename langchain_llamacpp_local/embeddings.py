@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 from typing_extensions import Self
 
 from langchain_llamacpp_local.copies import ConfigOnlyCopies
-from langchain_llamacpp_local.errors import ModelLoadError
+from langchain_llamacpp_local.errors import ModelLoadError, model_errors
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
@@ -317,13 +317,15 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """One vector per text, in order (``document_prefix`` is put before each)."""
-        return self._embed(check_texts(texts), self.document_prefix)
+        with model_errors():
+            return self._embed(check_texts(texts), self.document_prefix)
 
     def embed_query(self, text: str) -> list[float]:
         """The vector of one query (``query_prefix`` is put before it)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a string, got {type(text).__name__}")
-        return self._embed([text], self.query_prefix)[0]
+        with model_errors():
+            if not isinstance(text, str):
+                raise TypeError(f"text must be a string, got {type(text).__name__}")
+            return self._embed([text], self.query_prefix)[0]
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         """:meth:`embed_documents` on a worker thread; the event loop keeps running."""

@@ -10,6 +10,8 @@ keeps working. The table of which is which is in docs/concurrency.md ("Errors").
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from langchain_core import exceptions as lc
@@ -247,3 +249,16 @@ def as_model_error(exc: Exception) -> Exception:
     if isinstance(exc, ValueError):
         return InvalidRequestError(*exc.args)
     return exc
+
+
+@contextlib.contextmanager
+def model_errors() -> Iterator[None]:
+    """Raise what escapes a call as LangChain's model error of its kind
+    (:func:`as_model_error`), the original chained."""
+    try:
+        yield
+    except Exception as exc:
+        converted = as_model_error(exc)
+        if converted is exc:
+            raise
+        raise converted from exc

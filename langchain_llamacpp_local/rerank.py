@@ -20,7 +20,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict, Field, StrictBool, model_validator
 
 from langchain_llamacpp_local.embeddings import EngineUser, check_texts, encodable
-from langchain_llamacpp_local.errors import ContextOverflowError
+from langchain_llamacpp_local.errors import ContextOverflowError, model_errors
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.validation import check_argument_names
@@ -160,6 +160,10 @@ class LlamaCppRerank(EngineUser, BaseDocumentCompressor):
 
     def rerank(self, query: str, documents: Sequence[str]) -> list[float]:
         """The relevance score of each document for ``query``, in input order."""
+        with model_errors():
+            return self._rerank(query, documents)
+
+    def _rerank(self, query: str, documents: Sequence[str]) -> list[float]:
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
         docs = check_texts(documents, "documents")

@@ -212,3 +212,23 @@ def test_a_timeout_during_templating_is_a_timeout(tiny_llama: str) -> None:
     assert kind == "error"
     assert isinstance(value, lc.ModelTimeoutError) and isinstance(value, TimeoutError), value
     assert llm.invoke("still serving").response_metadata["finish_reason"] in ("stop", "length")
+
+
+def test_embeddings_and_rerank_errors_are_langchains(tiny_llama: str) -> None:
+    """Bad input to embeddings and rerank is LangChain's invalid-request error too (and
+    still the ``TypeError``/``ValueError`` it always was); an overflow is LangChain's."""
+    from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
+
+    emb = LlamaCppEmbeddings(model_path=tiny_llama, n_ctx=64)
+    with pytest.raises(TypeError) as info:
+        emb.embed_query(42)  # type: ignore[arg-type]
+    assert isinstance(info.value, lc.ModelInvalidRequestError)
+    with pytest.raises(ValueError) as info2:
+        emb.embed_documents(["bad \ud800 text"])
+    assert isinstance(info2.value, lc.ModelInvalidRequestError)
+    with pytest.raises(lc.ContextOverflowError):
+        emb.embed_documents(["word " * 500])
+    rr = LlamaCppRerank(model_path=tiny_llama, n_ctx=64)
+    with pytest.raises(TypeError) as info3:
+        rr.rerank(7, ["a"])  # type: ignore[arg-type]
+    assert isinstance(info3.value, lc.ModelInvalidRequestError)
