@@ -1,15 +1,12 @@
 """How many CPU threads llama.cpp may use, and how they wait.
 
-Three parts, each for a different failure of the naive ``os.cpu_count()`` default:
+Two parts, each for a different failure of the naive ``os.cpu_count()`` default:
 
 * :func:`read_cpu_view` reads the CPUs this process may really use: its affinity mask,
   a cgroup v1/v2 CPU quota (a container started with ``--cpus=2`` on a 64-core host),
   and physical cores rather than SMT siblings (and performance cores on hybrid Intel
   CPUs, as llama.cpp's ``cpu_get_num_math`` does). :func:`plan_threads` is the pure
   decision on top of it; an explicit ``n_threads``/``n_threads_batch`` always wins.
-* :func:`prepare_openmp` bounds how long llama.cpp's OpenMP threads spin at a barrier
-  before they sleep. It must run before the OpenMP runtime is loaded (libgomp reads its
-  environment once, when it is loaded), so the package calls it on import.
 * :class:`CpuBudget` is the process-wide budget shared by every context (chat models,
   embeddings, rerankers): the threads that decode at the same time never add up to more
   than the CPUs the process may use, and when another program keeps a CPU busy
@@ -256,31 +253,11 @@ def log_thread_plan(plan: ThreadPlan) -> None:
 
 # --------------------------------------------------------------------------- OpenMP
 
-#: How many times an idle OpenMP thread checks for work before it sleeps (libgomp's
-#: ``GOMP_SPINCOUNT``). libgomp's default is 300,000 (about 3 ms); llama.cpp's graphs
-#: reach a barrier every few microseconds, so this many checks keeps a thread awake
-#: between two barriers of one token while a thread whose CPU was taken by another
-#: program no longer makes the others burn milliseconds at each barrier.
-SPIN_COUNT = 10_000
-
-#: The variables that say how OpenMP threads wait; one set by the user is respected.
+#: The variables that say how OpenMP threads wait. The package sets none of them: with
+#: libgomp's default (spin about 3 ms, then sleep) and team sizes kept within the free
+#: CPUs by :class:`CpuBudget`, shorter spinning measured slower both idle and beside a
+#: CPU-bound process (docs/configuration.md#threads); a user's setting is left as it is.
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-
-
-def prepare_openmp(environ: dict[str, str] | None = None) -> str | None:
-    """Bound OpenMP's spinning, unless the user set any of :data:`WAIT_VARIABLES`.
-
-    Returns the setting made (``"GOMP_SPINCOUNT=10000"``) or None. It only takes effect
-    if the OpenMP runtime is not loaded yet (it reads the environment once), which is
-    why the package calls it before anything loads llama.cpp.
-    """
-    env = os.environ if environ is None else environ
-    if any(name in env for name in WAIT_VARIABLES):
-        return None
-    if environ is None and "llama_cpp" in __import__("sys").modules:
-        logger.debug("llama_cpp was imported first: OpenMP keeps its own spin count")
-    env["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
-    return f"GOMP_SPINCOUNT={SPIN_COUNT}"
 
 
 # --------------------------------------------------------------------------- budget

@@ -20,7 +20,6 @@ from langchain_llamacpp_local.llama.threads import (
     CpuView,
     next_limit,
     plan_threads,
-    prepare_openmp,
     usable_cpus,
 )
 
@@ -154,22 +153,6 @@ def test_unreadable_topology(tmp_path: Path) -> None:
 
 def test_cpu_list_format() -> None:
     assert T.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-
-
-# ---------------------------------------------------------------- OpenMP
-
-
-def test_openmp_spinning_is_bounded_by_default() -> None:
-    env: dict[str, str] = {}
-    assert prepare_openmp(env) == f"GOMP_SPINCOUNT={T.SPIN_COUNT}"
-    assert env == {"GOMP_SPINCOUNT": str(T.SPIN_COUNT)}
-
-
-@pytest.mark.parametrize("name", T.WAIT_VARIABLES)
-def test_the_users_wait_setting_is_respected(name: str) -> None:
-    env = {name: "PASSIVE" if name == "OMP_WAIT_POLICY" else "5"}
-    assert prepare_openmp(env) is None
-    assert env == {name: env[name]}
 
 
 # ---------------------------------------------------------------- the budget's decisions
