@@ -362,7 +362,9 @@ def main() -> None:
     }
     for rep in range(repeats):
         for cond in conditions:
-            for c in contenders:
+            # the order alternates between repeats: the first run after a condition
+            # change (burners just stopped, caches cold) favours nobody
+            for c in contenders if rep % 2 == 0 else contenders[::-1]:
                 if c == "ours_1thread" and cond != "confined1" and cond != "idle":
                     continue
                 r = run_one(c, cond, extras=(c == "ours" and cond in ("idle", "busy1")))

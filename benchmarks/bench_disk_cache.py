@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the children find machine.py (for Llama without AMX) here
+os.environ.setdefault("LLAMACPP_BENCH_DIR", str(Path(__file__).resolve().parent))
 
 from machine import flags_line, machine_info  # noqa: E402
 
@@ -82,6 +85,9 @@ if kind == "ours":
     n_prompt = usage["input_tokens"]
 else:
     from llama_cpp import Llama, LlamaDiskCache
+    sys.path.insert(0, __import__("os").environ["LLAMACPP_BENCH_DIR"])
+    from machine import avoid_amx_in_llama
+    avoid_amx_in_llama()
     llm = Llama(model_path=model, n_ctx=4096, verbose=False)
     llm.set_cache(LlamaDiskCache(cache_dir=cache_dir, capacity_bytes=4 << 30))
     t_load = time.perf_counter() - t0

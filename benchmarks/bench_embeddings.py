@@ -111,6 +111,11 @@ def bench_ours_native(path: str, texts: list[str], threads: int) -> float:
 def bench_llama_embed(path: str, texts: list[str], threads: int) -> float:
     import llama_cpp
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import avoid_amx_in_llama
+
+    avoid_amx_in_llama()
+
     llm = llama_cpp.Llama(
         model_path=path,
         embedding=True,

@@ -192,6 +192,11 @@ def raw(path: str, threads: int, max_tokens: int, lookup: int | None) -> Contend
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import avoid_amx_in_llama
+
+    avoid_amx_in_llama()
+
     draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup) if lookup else None
     # draft_model makes Llama keep every position's logits, but 0.3.36 sizes that
     # array by the logits_all argument (n_batch rows): past n_batch tokens it fails

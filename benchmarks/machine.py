@@ -95,6 +95,8 @@ def avoid_amx_in_llama() -> str | None:
 
     if "AMX" not in ggml_cpu.extra_buffer_types():
         return None
+    if getattr(llama_cpp.Llama.__init__, "_avoids_amx", False):
+        return _AVOIDED
     default = C.llama_model_default_params
     keep: list[Any] = []
 
@@ -117,5 +119,9 @@ def avoid_amx_in_llama() -> str | None:
         finally:
             C.llama_model_default_params = default  # type: ignore[assignment]
 
+    init._avoids_amx = True  # type: ignore[attr-defined]
     llama_cpp.Llama.__init__ = init  # type: ignore[method-assign]
-    return "Llama loads without the AMX buffer type (its kernel crashes on this CPU)"
+    return _AVOIDED
+
+
+_AVOIDED = "Llama loads without the AMX buffer type (its kernel crashes on this CPU)"

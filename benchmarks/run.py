@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import flags_line, machine_info  # noqa: E402
+from machine import avoid_amx_in_llama, flags_line, machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 N_CTX = 4096
@@ -104,6 +104,8 @@ class Community(Contender):
     def __init__(self, path: str) -> None:
         from langchain_community.chat_models import ChatLlamaCpp as OldChat
 
+        avoid_amx_in_llama()
+
         self.llm = OldChat(
             model_path=path,
             n_ctx=N_CTX,
@@ -133,6 +135,8 @@ class RawLlama(Contender):
 
     def __init__(self, path: str, **kw: Any) -> None:
         from llama_cpp import Llama
+
+        avoid_amx_in_llama()
 
         self.llm = Llama(
             model_path=path, n_ctx=N_CTX, n_batch=N_BATCH, chat_format="gemma", verbose=False, **kw
@@ -550,6 +554,9 @@ _LOAD_SNIPPET = """
 import json, sys, time
 sys.path.insert(0, {root!r})
 from llama_cpp import Llama
+sys.path.insert(0, {root!r} + "/benchmarks")
+from machine import avoid_amx_in_llama
+avoid_amx_in_llama()
 from langchain_llamacpp_local import ChatLlamaCpp
 rss = lambda: [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")][0]
 base = rss()

@@ -281,6 +281,10 @@ def _thread_wait_ns() -> Callable[[], int | None]:
 #: A decoding thread that waits for a CPU more than this share of the time shares its
 #: CPUs with other programs: the budget gives one CPU back.
 CONTENDED = 0.15
+#: One decode whose thread waited this share of its time gives a CPU back at once: a team
+#: that big a share too large costs more at every barrier than a window of decodes is
+#: worth waiting for.
+STRONG = 0.3
 #: How long the budget stays lowered before it tries one more CPU again.
 PROBE_AFTER_S = 2.0
 #: Decodes whose waits are averaged before the budget moves.
@@ -301,21 +305,27 @@ class ContentionState:
     probing: bool = False
 
 
-def next_limit(state: ContentionState, wait_share: float, now: float) -> int:
-    """Decide the budget's CPU limit after one decode whose thread waited ``wait_share``
-    of its time for a CPU. Pure: it updates ``state`` and returns the new limit.
+def next_limit(state: ContentionState, wait_share: float, now: float, team: int = 2) -> int:
+    """Decide the budget's CPU limit after one decode by ``team`` threads whose calling
+    thread waited ``wait_share`` of its time for a CPU. Pure: it updates ``state`` and
+    returns the new limit.
 
-    Averages :data:`WINDOW` decodes; a contended window gives one CPU back (a probe of
-    one more CPU that finds contention is undone at once); an uncontended limit below
-    ``usable`` tries one more CPU every :data:`PROBE_AFTER_S` seconds.
+    Only a team of several threads says anything: a lone thread has no barrier to wait
+    at, so its wait costs no more than the CPU time it lost; it counts as quiet (so a
+    lowered limit is still tried again). A decode past :data:`STRONG`, or past
+    :data:`CONTENDED` while one more CPU is being tried, gives one CPU back at once;
+    otherwise :data:`WINDOW` decodes are averaged. An uncontended limit below ``usable``
+    tries one more CPU every :data:`PROBE_AFTER_S` seconds.
     """
-    state.waits.append(wait_share)
-    if state.probing and wait_share > CONTENDED:
+    if team < 2:
+        wait_share = 0.0
+    if state.limit > 1 and (wait_share >= STRONG or (state.probing and wait_share > CONTENDED)):
         state.probing = False
         state.waits.clear()
-        state.limit = max(1, state.limit - 1)
+        state.limit -= 1
         state.lowered_at = now
         return state.limit
+    state.waits.append(wait_share)
     if len(state.waits) < WINDOW:
         return state.limit
     mean = sum(state.waits) / len(state.waits)
@@ -347,6 +357,8 @@ class CpuBudget:
         self._cond = threading.Condition()
         self._in_use = 0
         self._busy: dict[int, float] = {}
+        #: teams inside a decode now, with the threads they hold
+        self._holding: dict[int, int] = {}
         self._state = ContentionState(usable=usable, limit=usable)
         self._adaptive = adaptive
         self._wait_ns = _thread_wait_ns()
@@ -360,9 +372,12 @@ class CpuBudget:
         return self._state.usable
 
     def _share(self, team: int, want: int, now: float) -> int:
+        """``team``'s share: the limit divided among the teams decoding now or a moment
+        ago (a long decode, an embedding batch of seconds, keeps its team busy)."""
         self._busy = {t: at for t, at in self._busy.items() if now - at < BUSY_FOR_S}
         self._busy[team] = now
-        share = max(1, self._state.limit // len(self._busy))
+        busy = len(self._busy.keys() | self._holding.keys())
+        share = max(1, self._state.limit // busy)
         return max(1, min(want, share))
 
     @contextlib.contextmanager
@@ -376,6 +391,7 @@ class CpuBudget:
                 self._cond.wait(0.05)
                 n = self._share(team, want, time.monotonic())
             self._in_use += n
+            self._holding[team] = self._holding.get(team, 0) + n
         w0 = self._wait_ns() if self._adaptive else None
         t0 = time.perf_counter_ns()
         try:
@@ -385,10 +401,14 @@ class CpuBudget:
             w1 = self._wait_ns() if w0 is not None else None
             with self._cond:
                 self._in_use -= n
+                left = self._holding.pop(team) - n
+                if left:
+                    self._holding[team] = left
                 self._busy[team] = time.monotonic()
                 if w0 is not None and w1 is not None and wall > 0:
                     before = self._state.limit
-                    after = next_limit(self._state, (w1 - w0) / wall, time.monotonic())
+                    share = (w1 - w0) / wall
+                    after = next_limit(self._state, share, time.monotonic(), n)
                     if after != before:
                         logger.debug("CPU budget %d -> %d (other programs' load)", before, after)
                 self._cond.notify_all()

@@ -158,11 +158,29 @@ def test_cpu_list_format() -> None:
 # ---------------------------------------------------------------- the budget's decisions
 
 
-def test_contention_gives_a_cpu_back_after_a_window() -> None:
+def test_mild_contention_gives_a_cpu_back_after_a_window() -> None:
     state = ContentionState(usable=4, limit=4)
     for _ in range(T.WINDOW - 1):
-        assert next_limit(state, 0.4, now=10.0) == 4
-    assert next_limit(state, 0.4, now=10.0) == 3
+        assert next_limit(state, 0.2, now=10.0) == 4
+    assert next_limit(state, 0.2, now=10.0) == 3
+
+
+def test_strong_contention_gives_a_cpu_back_at_once() -> None:
+    state = ContentionState(usable=4, limit=4)
+    assert next_limit(state, T.STRONG + 0.05, now=10.0) == 3
+    assert next_limit(state, T.STRONG + 0.05, now=10.0) == 2
+
+
+def test_a_lone_thread_waiting_for_a_cpu_is_no_reason_to_shrink() -> None:
+    """A one-thread team has no barrier: its wait costs only the CPU time it lost."""
+    state = ContentionState(usable=2, limit=2)
+    for _ in range(3 * T.WINDOW):
+        assert next_limit(state, 0.9, now=1.0, team=1) == 2
+    # and a lowered limit is still tried again while only lone threads decode
+    state = ContentionState(usable=2, limit=1, lowered_at=0.0)
+    for _ in range(T.WINDOW):
+        next_limit(state, 0.9, now=T.PROBE_AFTER_S + 1, team=1)
+    assert state.limit == 2
 
 
 def test_a_quiet_window_keeps_the_limit() -> None:
@@ -268,3 +286,28 @@ def test_a_team_alone_again_gets_every_cpu_back() -> None:
     time.sleep(T.BUSY_FOR_S * 1.5)
     with budget.threads(1, 2) as n:
         assert n == 2
+
+
+def test_a_team_inside_a_long_decode_still_counts_as_busy() -> None:
+    """An embedding batch can hold one decode for seconds: another team arriving then
+    gets its share at once instead of waiting for the whole decode."""
+    budget = CpuBudget(2, adaptive=False)
+    inside = threading.Event()
+    release = threading.Event()
+
+    def long_decode() -> None:
+        with budget.threads(1, want=1):
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=long_decode)
+    t.start()
+    inside.wait(10)
+    time.sleep(T.BUSY_FOR_S * 2)  # long past the recent-decode window
+    t0 = time.monotonic()
+    with budget.threads(2, want=2) as n:
+        waited = time.monotonic() - t0
+    release.set()
+    t.join(10)
+    assert n == 1
+    assert waited < 1.0
