@@ -172,6 +172,49 @@ def decode(c: Any) -> dict[str, Any]:
     return {"decode_tok_s": (n - 1) / max(1e-9, total - first)}
 
 
+def decode_vs_raw(c: _Ours, path: str, n: int = 96) -> dict[str, Any]:
+    """Our reply's decode rate against a bare llama.cpp decode loop (greedy argmax, no
+    sampler, no request path) with the same team, in the same process."""
+    import llama_cpp
+    import numpy as np
+
+    from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
+
+    t = c.threads
+    eng = Engine(
+        LoadConfig(
+            model_path=path,
+            n_ctx=1024,
+            n_threads=int(t["n_threads"]),
+            n_threads_batch=int(t["n_threads_batch"]),
+        )
+    )
+    toks = eng.tokenize("Write a long story about the sea.", add_special=True)
+    raw = []
+    for _ in range(3):
+        eng.clear()
+        eng.decode(toks, 0, 0)
+        t0 = time.perf_counter()
+        pos = len(toks)
+        for _i in range(n):
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,)
+            )
+            eng.decode([int(logits.argmax())], pos, 0)
+            pos += 1
+        raw.append(n / (time.perf_counter() - t0))
+    eng.close()
+    ours = []
+    for _ in range(3):
+        msg = c.llm.invoke("Write a long story about the sea.", max_tokens=n, stop=[])
+        ours.append(msg.response_metadata["timings"]["predicted_per_second"])
+    return {
+        "raw_decode_tok_s": statistics.median(raw),
+        "ours_reply_decode_tok_s": statistics.median(ours),
+        "decode_ours_over_raw": statistics.median(ours) / statistics.median(raw),
+    }
+
+
 def batching() -> dict[str, Any]:
     from langchain_llamacpp_local import ChatLlamaCpp
 
@@ -259,6 +302,8 @@ def child(contender: str, condition: str, extras: bool) -> dict[str, Any]:
     out.update(agent_loop(c))
     out.update(decode(c))
     if extras and contender == "ours":
+        if condition == "idle":
+            out.update(decode_vs_raw(c, path))
         out.update(batching())
         out.update(chat_and_embeddings(path))
     return out
@@ -330,6 +375,8 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
             row["mixed_embed_together_over_sequential"] = o["mixed_embed_together_s"] / both
         if "batching_speedup" in o:
             row["batching_speedup"] = o["batching_speedup"]
+        if "decode_ours_over_raw" in o:
+            row["decode_ours_over_raw"] = o["decode_ours_over_raw"]
         out[cond] = row
     return out
 
@@ -365,7 +412,7 @@ def main() -> None:
             # the order alternates between repeats: the first run after a condition
             # change (burners just stopped, caches cold) favours nobody
             for c in contenders if rep % 2 == 0 else contenders[::-1]:
-                if c == "ours_1thread" and cond != "confined1" and cond != "idle":
+                if c == "ours_1thread" and cond != "confined1":
                     continue
                 r = run_one(c, cond, extras=(c == "ours" and cond in ("idle", "busy1")))
                 runs[c][cond].append(r)

@@ -331,9 +331,20 @@ def decode_throughput(path: str, ours: Ours, n: int = 128) -> dict[str, Any]:
     import llama_cpp
     import numpy as np
 
+    from langchain_llamacpp_local.llama import threads
     from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
 
-    eng = Engine(LoadConfig(model_path=path, n_ctx=N_CTX, n_batch=N_BATCH))
+    # the package's default team, set explicitly: a bare decode loop, no CPU budget
+    plan = threads.plan_threads(threads.default_cpu_view())
+    eng = Engine(
+        LoadConfig(
+            model_path=path,
+            n_ctx=N_CTX,
+            n_batch=N_BATCH,
+            n_threads=plan.n_threads,
+            n_threads_batch=plan.n_threads_batch,
+        )
+    )
     toks = eng.tokenize("Write a long story about the sea.", add_special=True)
     runs = []
     for _ in range(3):
