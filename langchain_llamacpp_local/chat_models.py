@@ -192,7 +192,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     n_ubatch: int | None = None
     """Physical micro-batch size (default: ``n_batch``)."""
     n_threads: int | None = None
-    """Threads for generation (default: all cores)."""
+    """Threads for generation (default: one per usable physical core, from the affinity
+    mask and cgroup quota, shared with the process's other models through a CPU budget;
+    docs/configuration.md#threads)."""
     n_threads_batch: int | None = None
     """Threads for prompt processing (default: ``n_threads``)."""
     n_gpu_layers: int = 0
@@ -687,8 +689,6 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         call = dict(kwargs)
         if tools is not None:
             call["tools"] = [convert_to_openai_tool(t) for t in tools]
-        elif call.get("tool_choice") is not None and not call.get("tools"):
-            raise ValueError("tool_choice needs tools=")
         msgs = self._convert_input(messages).to_messages()
         job = self._make_job(msgs, stop, call)
         spec = call.get("model")

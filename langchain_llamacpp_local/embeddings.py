@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 from typing_extensions import Self
 
 from langchain_llamacpp_local.copies import ConfigOnlyCopies
-from langchain_llamacpp_local.errors import ModelLoadError, model_errors
+from langchain_llamacpp_local.errors import RequestCancelledError, model_errors
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
@@ -113,7 +113,10 @@ class EngineHolder:
         return not self.engine.closed
 
     def stop(self, timeout: float | None = None) -> None:
-        self.engine.close()  # waits for a running call (the engine's lock)
+        """Free the context. The registry calls it only once no lease is held, so no
+        call runs on it; a call still holding the engine's lock is waited for. Cancelling
+        calls is each instance's own ``close()`` (docs/embeddings.md)."""
+        self.engine.close()
 
 
 class EngineUser(ConfigOnlyCopies, ModelSelection):
@@ -121,12 +124,21 @@ class EngineUser(ConfigOnlyCopies, ModelSelection):
 
     #: the cancel flags of this instance's running calls (:meth:`close` sets them)
     _running: set[threading.Event] = PrivateAttr(default_factory=set)
+    #: the contexts this instance leased: the only ones its :meth:`close` frees (closing
+    #: an instance that never ran resolves nothing, so it never downloads a model)
+    _acquired: set[EmbeddingConfig] = PrivateAttr(default_factory=set)
 
     def _engine_config(self, model_path: str) -> EmbeddingConfig:
         raise NotImplementedError
 
+    def _unusable(self, eng: EmbeddingEngine) -> str | None:
+        """Why this class can never use the context (a reranker for embeddings...), or
+        None. Such a context is freed again, as no instance of this class can use it."""
+        return None
+
     def _check_engine(self, eng: EmbeddingEngine) -> None:
-        """Refuse a context that does not fit this class (a reranker for embeddings...)."""
+        """Refuse a context that does not fit this instance's settings (its
+        ``dimensions``...); the context stays loaded for the instances that fit it."""
 
     def _config(self) -> EmbeddingConfig:
         return self._engine_config(model_file(self._resolve(None, MMPROJ_NONE).model_path))
@@ -141,28 +153,41 @@ class EngineUser(ConfigOnlyCopies, ModelSelection):
             keep_alive=self.keep_alive,
             factory=functools.partial(EngineHolder, config),
         )
+        self._acquired.add(config)
         eng: EmbeddingEngine = lease.worker.engine  # type: ignore[attr-defined]
+        why = self._unusable(eng)
+        if why is not None:
+            lease.release()
+            registry.unload(config, None)
+            raise ValueError(why)
         try:
             self._check_engine(eng)
         except BaseException:
-            lease.release()
-            registry.unload(config, None)
+            lease.release()  # other instances with these settings keep the context
             raise
         return lease, eng
 
     @contextmanager
     def _call(self) -> Iterator[tuple[EmbeddingEngine, Callable[[], bool]]]:
         """One call on the shared context: its lease and lock, and a cancel check that
-        :meth:`close` of this instance (not another one sharing the context) sets."""
-        lease, engine = self._lease()
+        :meth:`close` of this instance (not another one sharing the context) sets. The
+        flag exists before the lease, so a close() during the load cancels the call."""
         cancelled = threading.Event()
         self._running.add(cancelled)
         try:
-            with engine.using() as eng:
-                yield eng, cancelled.is_set
+            lease, engine = self._lease()
+            if cancelled.is_set():  # close() ran during the load: free what it missed
+                lease.release()
+                self._acquired.discard(engine.config)
+                registry.unload(engine.config, None)
+                raise RequestCancelledError("the call was cancelled by close()")
+            try:
+                with engine.using() as eng:
+                    yield eng, cancelled.is_set
+            finally:
+                lease.release()
         finally:
             self._running.discard(cancelled)
-            lease.release()
 
     def _get_engine(self) -> EmbeddingEngine:
         lease, eng = self._lease()
@@ -178,15 +203,15 @@ class EngineUser(ConfigOnlyCopies, ModelSelection):
     def close(self) -> None:
         """Cancel this instance's running calls (each raises ``RequestCancelledError``
         before its next batch, as ``ChatLlamaCpp.close()`` cancels its calls), then free
-        the context once no call uses it; the next call creates it again. Calls of other
-        instances sharing the context finish undisturbed."""
+        the contexts it used once no call uses them; the next call creates one again.
+        Calls of other instances sharing a context finish undisturbed. An instance
+        that never ran has nothing to free (its model is not even resolved)."""
         for cancelled in list(self._running):
             cancelled.set()
-        try:
-            config = self._config()
-        except (ModelLoadError, OSError, ValueError):  # never resolved: nothing loaded
-            return
-        registry.unload(config, None)
+        acquired = list(self._acquired)
+        self._acquired.clear()
+        for config in acquired:
+            registry.unload(config, None)
 
     def __enter__(self) -> Self:
         return self.load()
@@ -248,7 +273,9 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
     n_seq_max: int = Field(default=MAX_SEQ, ge=1, le=MAX_SEQ)
     """Most texts per ``llama_decode``."""
     n_threads: int | None = Field(default=None, gt=0)
-    """CPU threads (default: all cores)."""
+    """CPU threads (default: one per usable physical core, from the affinity mask and
+    cgroup quota, shared with the process's other models through a CPU budget;
+    docs/configuration.md#threads)."""
     n_gpu_layers: int = 0
     """Layers to offload to the GPU (-1: all). Part of the load settings shared with chat."""
     use_mmap: bool = True
@@ -284,12 +311,15 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
             deterministic=self.deterministic,
         )
 
-    def _check_engine(self, eng: EmbeddingEngine) -> None:
+    def _unusable(self, eng: EmbeddingEngine) -> str | None:
         if eng.pooling == "rank":
-            raise ValueError(
+            return (
                 f"{eng.config.model_path} is a reranker (pooling 'rank'): use LlamaCppRerank, "
                 "or pass pooling='mean'/'cls'/'last' for its hidden states"
             )
+        return None
+
+    def _check_engine(self, eng: EmbeddingEngine) -> None:
         if self.dimensions is not None and self.dimensions > eng.n_embd:
             raise ValueError(
                 f"dimensions={self.dimensions} exceeds the model's {eng.n_embd} dimensions"
@@ -300,8 +330,9 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
     def _embed(self, texts: list[str], prefix: str) -> list[list[float]]:
         if not texts:
             return []
-        # tokenize and embed under a lease and the engine's lock: close() on another
-        # thread frees the context after this call, never under it
+        # tokenize and embed under a lease and the engine's lock: the context is freed
+        # after this call, never under it; this instance's close() cancels it before
+        # its next batch, another instance's close() leaves it alone
         with self._call() as (eng, cancelled):
             tokens = [
                 eng.fit(

@@ -35,6 +35,7 @@ __all__ = [
     "LlamaCppError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "NonFiniteOutputError",
     "RequestCancelledError",
     "RequestTimeoutError",
     "RpcError",
@@ -207,6 +208,9 @@ class NonFiniteOutputError(DecodeError):
 class SamplingError(LlamaCppError, lc.ModelAPIError):
     """This request cannot go on sampling (e.g. its grammar allows no token); the
     worker reports it to the request and keeps serving."""
+
+    #: the request's own grammar or settings left no token: the same request fails again
+    is_retryable = False
 
 
 class WorkerDeadError(LlamaCppError, lc.ModelAPIError):

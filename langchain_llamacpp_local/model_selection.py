@@ -18,6 +18,7 @@ from typing_extensions import Self
 from langchain_llamacpp_local.llama.engine import check_gguf_file
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.model_resolution import (
+    MMPROJ_NONE,
     ModelNotFoundError,
     ResolvedModel,
     resolve_model,
@@ -96,7 +97,7 @@ class ModelSelection(BaseModel):
                 raise ModelNotFoundError(self.model_path, [f"path: no file at {path}"])
         else:
             path = resolve_model(
-                self.model, models_dir=self.models_dir, mmproj="none", offline=True
+                self.model, models_dir=self.models_dir, mmproj=MMPROJ_NONE, offline=True
             ).model_path
         check_gguf_file(path)
 

@@ -68,7 +68,9 @@ class LlamaCppRerank(EngineUser, BaseDocumentCompressor):
     n_seq_max: int = Field(default=MAX_SEQ, ge=1, le=MAX_SEQ)
     """Most pairs per ``llama_decode``."""
     n_threads: int | None = Field(default=None, gt=0)
-    """CPU threads (default: all cores)."""
+    """CPU threads (default: one per usable physical core, from the affinity mask and
+    cgroup quota, shared with the process's other models through a CPU budget;
+    docs/configuration.md#threads)."""
     n_gpu_layers: int = 0
     """Layers to offload to the GPU (-1: all)."""
     use_mmap: bool = True
@@ -104,13 +106,14 @@ class LlamaCppRerank(EngineUser, BaseDocumentCompressor):
             deterministic=self.deterministic,
         )
 
-    def _check_engine(self, eng: EmbeddingEngine) -> None:
+    def _unusable(self, eng: EmbeddingEngine) -> str | None:
         if eng.gguf_pooling != "rank":
-            raise ValueError(
+            return (
                 f"{eng.config.model_path} is not a reranker GGUF: its pooling_type is "
                 f"{eng.gguf_pooling or 'unset'}, a reranker's is 'rank' (use "
                 "LlamaCppEmbeddings for embedding models)"
             )
+        return None
 
     # ------------------------------------------------------------------ scoring
 
@@ -169,7 +172,8 @@ class LlamaCppRerank(EngineUser, BaseDocumentCompressor):
         docs = check_texts(documents, "documents")
         if not docs:
             return []
-        # one lease and lock across tokenizing and scoring: close() waits for this call
+        # one lease and lock across tokenizing and scoring: this instance's close() cancels
+        # the call before its next batch; another instance's close() leaves it alone
         with self._call() as (eng, cancelled):
             encodable(query, "the query")
             pairs = [

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from langchain_llamacpp_local.llama.sampling import MAX_SCHEMA_NESTING
+from langchain_llamacpp_local.llama.sampling import MAX_SCHEMA_NESTING, nesting_depth
 from langchain_llamacpp_local.llama.settings import check_int
 
 __all__ = [
@@ -132,22 +132,6 @@ def normalize_stop(value: Any, name: str = "stop") -> list[str]:
         if not isinstance(item, str):
             raise TypeError(f"{name} must hold strings only, got {item!r}")
     return [v for v in value if v]
-
-
-def nesting_depth(value: Any) -> int:
-    """How many objects/arrays deep ``value`` nests (measured without recursion, so a
-    value nested past Python's recursion limit is measured too)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, Mapping):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, (list, tuple)):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
 
 
 def check_tool_nesting(index: int, tool: Mapping[str, Any]) -> None:

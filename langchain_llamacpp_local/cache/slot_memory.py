@@ -300,14 +300,11 @@ class SlotMemory:
 
     def _purge(self, slot: Slot) -> None:
         """Empty ``slot``'s sequence whatever positions it holds: clear the whole memory
-        and put the other slots' sequences back (their states are copied first)."""
-        eng = self.engine
-        kept = [(s, eng.state_get(s.seq_id, 0)) for s in self.slots if s is not slot and s.n_past]
-        eng.clear()
-        for other, data in kept:
-            if not eng.state_set(data, other.seq_id, 0):  # it fitted a moment ago
+        and put the other slots' sequences back (the engine's ``wipe_memory``)."""
+        lost = self.engine.wipe_memory({slot.seq_id})
+        for other in self.slots:
+            if other is not slot and other.seq_id in lost:  # it fitted a moment ago
                 logger.error("slot %d could not be put back after a purge", other.seq_id)
-                eng.seq_rm(other.seq_id, -1, -1)
                 other.clear()
         slot.clear()
 

@@ -183,9 +183,6 @@ class EmbeddingEngine:
             raise ValueError(f"n_seq_max must be at least 1, got {config.n_seq_max}")
         self.config = config
         self.lock = threading.RLock()
-        # set by close() before it takes the lock: a running call stops before its next
-        # llama_decode instead of making close() wait for all of its texts
-        self._closing = threading.Event()
         self.ctx = None
         self._batch: C.llama_batch | None = None
         self._model_ref = _engine.load_model(config.load_config())
@@ -258,7 +255,9 @@ class EmbeddingEngine:
         )
         log_thread_plan(plan)
         self._threads_set = plan.n_threads_batch
-        self._budgeted = config.n_threads is None
+        # a deterministic context keeps one team size (as chat's, engine.py): the
+        # budget would change it with the load of the process's other models
+        self._budgeted = config.n_threads is None and not config.deterministic
         cparams.n_threads = plan.n_threads_batch
         cparams.n_threads_batch = plan.n_threads_batch
         cparams.no_perf = True
@@ -301,7 +300,7 @@ class EmbeddingEngine:
             yield self
 
     def _check_open(self) -> None:
-        if self.ctx is None or self._closing.is_set():
+        if self.ctx is None:
             raise RequestCancelledError(
                 f"the embedding context of {os.path.basename(self.config.model_path)} was "
                 "closed (close() ran before or during this call)"
@@ -359,7 +358,6 @@ class EmbeddingEngine:
             self._check_open()
             per_call = 1 if self.config.deterministic else self.n_seq_max
             for start, end in pack(lengths, self.n_batch, per_call):
-                self._check_open()  # close() on another thread: stop here
                 if cancelled is not None and cancelled():
                     raise RequestCancelledError("the call was cancelled by close()")
                 out[start:end] = self._embed_group(token_lists[start:end], width)
@@ -430,12 +428,11 @@ class EmbeddingEngine:
     def close(self) -> None:
         """Free the context; the model goes when its last user releases it. Idempotent.
 
-        A call running on another thread is cancelled, as ``ChatLlamaCpp.close()``
-        cancels its calls: it raises :class:`~.errors.RequestCancelledError` before its
-        next ``llama_decode``, so close() waits for one batch, not for all its texts.
-        (No abort callback inside the decode: llama.cpp calls it after every graph
-        node, each call a wait for the GIL.)"""
-        self._closing.set()
+        A call running on another thread holds the lock: close() waits for it, and a
+        later call raises :class:`~.errors.RequestCancelledError`. To stop a running
+        call sooner, pass it a ``cancelled`` check (:meth:`embed`), as the LangChain
+        classes do for their own ``close()``. (No abort callback inside the decode:
+        llama.cpp calls it after every graph node, each call a wait for the GIL.)"""
         with self.lock:
             free_context(self.ctx, self._batch)
             self.ctx = self._batch = None

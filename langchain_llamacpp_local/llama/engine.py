@@ -600,7 +600,6 @@ class Engine(vocab.VocabMethods):
         self.lora: dict[str, object] = {}
         self.lora_defaults: dict[str, float] = {}
         self.alora: dict[str, list[int]] = {}
-        self._lora_current: tuple[tuple[str, float], ...] = ()
         for name, path, scale in self.config.lora_adapters:
             try:
                 adapter = load_adapter(self.model, self.config.model_path, path)

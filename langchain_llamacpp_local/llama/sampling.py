@@ -19,7 +19,7 @@ import dataclasses
 import math
 import re
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -836,20 +836,29 @@ def _unescape_pointer(token: str) -> str:
 MAX_SCHEMA_NESTING = 128
 
 
-def check_schema_nesting(schema: Any) -> None:
-    """Refuse a schema nested deeper than :data:`MAX_SCHEMA_NESTING` (checked without
-    recursion, so the check itself cannot overflow)."""
-    stack: list[tuple[Any, int]] = [(schema, 1)]
+def nesting_depth(value: Any) -> int:
+    """How many objects/arrays deep ``value`` nests (measured without recursion, so a
+    value nested past Python's recursion limit is measured too)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        if not isinstance(node, (dict, list)):
-            continue  # a plain value is no level of nesting
-        if depth > MAX_SCHEMA_NESTING:
-            raise GrammarTooLargeError(
-                f"JSON schema nests more than {MAX_SCHEMA_NESTING} objects/arrays deep"
-            )
-        values = node.values() if isinstance(node, dict) else node
-        stack.extend((v, depth + 1) for v in values)
+        if isinstance(node, Mapping):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def check_schema_nesting(schema: Any) -> None:
+    """Refuse a schema nested deeper than :data:`MAX_SCHEMA_NESTING` (measured without
+    recursion, so the check itself cannot overflow)."""
+    if nesting_depth(schema) > MAX_SCHEMA_NESTING:
+        raise GrammarTooLargeError(
+            f"JSON schema nests more than {MAX_SCHEMA_NESTING} objects/arrays deep"
+        )
 
 
 def _relocate(schema: Any, prefix: str, defs_out: dict[str, Any]) -> dict[str, Any]:

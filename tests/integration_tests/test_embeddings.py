@@ -464,3 +464,60 @@ def test_close_cancels_only_its_own_instances_calls() -> None:
     assert finished and finished[0] > closed_at, "the other call ended before close()"
     assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
     np.testing.assert_allclose(outcome[0][: len(texts)], want, atol=ATOL)
+
+
+def test_close_of_an_instance_that_never_ran_frees_nothing() -> None:
+    """``close()`` frees only the contexts its own instance used: closing an instance
+    that never ran (here with the settings of a loaded one) neither resolves its model
+    nor frees the context another instance holds."""
+    a = LlamaCppEmbeddings(model_path=tiny_bert_path()).load()
+    eng = a._get_engine()
+    LlamaCppEmbeddings(model_path=tiny_bert_path()).close()
+    assert not eng.closed
+    a.embed_query("still here")
+    assert a._get_engine() is eng  # the same context, not a new one
+    a.close()
+    assert eng.closed
+
+
+def test_an_instance_refused_by_its_own_settings_leaves_the_shared_context() -> None:
+    """``dimensions`` beyond the model's is this instance's error: the context it shares
+    with other instances of equal settings stays loaded for them."""
+    a = LlamaCppEmbeddings(model_path=tiny_bert_path()).load()
+    eng = a._get_engine()
+    with pytest.raises(ValueError, match="dimensions=65 exceeds the model's 64"):
+        LlamaCppEmbeddings(model_path=tiny_bert_path(), dimensions=65).embed_query("x")
+    assert not eng.closed
+    assert a._get_engine() is eng
+    a.close()
+
+
+def test_close_during_the_load_cancels_the_call() -> None:
+    """A call whose context is still being leased (loading) is cancelled by a
+    ``close()`` that runs meanwhile: it raises ``RequestCancelledError`` right after the
+    lease instead of running all its texts; the instance works again afterwards."""
+    from langchain_llamacpp_local.runtime import registry
+
+    emb = LlamaCppEmbeddings(model_path=tiny_bert_path())
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(emb.embed_documents(["a", "b"]))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=run)
+    closer = threading.Thread(target=emb.close)
+    with registry._lock:  # the lease waits here, as behind a slow load
+        t.start()
+        deadline = time.monotonic() + 3.0
+        while not emb._running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        closer.start()  # (a thread: code that takes the registry's lock in close() waits)
+        time.sleep(0.2)
+    closer.join(30)
+    t.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], RequestCancelledError), outcome
+    assert len(emb.embed_documents(["a", "b"])) == 2
+    emb.close()

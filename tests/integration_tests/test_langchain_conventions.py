@@ -225,6 +225,21 @@ def test_tool_choice_without_tools_is_an_error(tiny_llama: str) -> None:
     assert llm.invoke("hi", tool_choice="none").content is not None
 
 
+def test_render_prompt_takes_the_tool_choice_invoke_takes(tiny_llama: str) -> None:
+    """``render_prompt`` accepts what ``invoke`` accepts: "auto" and "none" without tools
+    ask for nothing (the prompt is the plain one); a forced choice without tools is refused
+    by both."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, max_tokens=2, n_slots=1, **GREEDY)
+    msgs = [HumanMessage("hi")]
+    plain = llm.render_prompt(msgs)
+    for choice in ("auto", "none"):
+        assert llm.render_prompt(msgs, tool_choice=choice).tokens == plain.tokens
+    assert llm.get_num_tokens_from_messages(msgs) == plain.n_tokens
+    for choice in ("any", "required", "get_weather"):
+        with pytest.raises(ValueError, match="no(ne are| tools are) bound|needs tools"):
+            llm.render_prompt(msgs, tool_choice=choice)
+
+
 def test_default_max_tokens_is_fitted_to_a_small_context(
     tiny_llama: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -105,3 +105,28 @@ def test_a_chat_model_and_embeddings_busy_at_once_share_the_budget(tiny_llama: s
     assert results["chat"] == solo_text
     assert results["emb"] == solo_vecs
     assert seen and max(seen) <= budget.usable
+
+
+def test_a_deterministic_embedding_context_keeps_one_team_size(tiny_llama: str) -> None:
+    """As a deterministic chat context: it never asks the shared CPU budget (whose grant
+    follows the other models' load), so its team size, and its numbers, stay fixed."""
+    budget = T.cpu_budget()
+    asked: list[int] = []
+    original = budget.threads
+
+    def count(team: int, want: int):  # type: ignore[no-untyped-def]
+        asked.append(team)
+        return original(team, want)
+
+    fixed = LlamaCppEmbeddings(model_path=tiny_llama, n_ctx=128, deterministic=True)
+    budgeted = LlamaCppEmbeddings(model_path=tiny_llama, n_ctx=128)
+    budget.threads = count  # type: ignore[method-assign]
+    try:
+        fixed.embed_documents(["one", "two"])
+        assert asked == []
+        budgeted.embed_documents(["one", "two"])
+        assert asked  # the same model without deterministic does use the budget
+    finally:
+        del budget.threads
+        fixed.close()
+        budgeted.close()

@@ -25,7 +25,8 @@ TABLE = [
     (errors.GrammarTooLargeError, ValueError, lc.ModelInvalidRequestError, False),
     (errors.DecodeError, errors.LlamaCppError, lc.ModelAPIError, True),
     (errors.WorkerDeadError, errors.LlamaCppError, lc.ModelAPIError, True),
-    (errors.SamplingError, RuntimeError, lc.ModelAPIError, True),
+    (errors.SamplingError, RuntimeError, lc.ModelAPIError, False),
+    (errors.NonFiniteOutputError, errors.DecodeError, lc.ModelAPIError, False),
     (errors.ModelLoadError, errors.LlamaCppError, lc.ModelError, False),
     (errors.RpcError, errors.ModelLoadError, lc.ModelError, False),
     (errors.IncompatibleDraftModelError, errors.ModelLoadError, lc.ModelError, False),
@@ -89,6 +90,22 @@ def test_every_exception_class_of_the_package_lives_in_errors() -> None:
         "langchain_llamacpp_local.templates.sandbox.TemplateLimitError",
         "langchain_llamacpp_local.templates.sandbox.TemplateRaised",
     ]
+
+
+def test_every_public_error_class_is_exported() -> None:
+    """From ``errors.__all__`` and the package root: a caller's ``except`` needs the name."""
+    defined = {
+        name
+        for name, obj in vars(errors).items()
+        if inspect.isclass(obj)
+        and issubclass(obj, BaseException)
+        and obj.__module__ == errors.__name__
+        and not name.startswith("_")
+    }
+    assert defined <= set(errors.__all__)
+    assert defined <= set(langchain_llamacpp_local.__all__)
+    for name in defined:
+        assert getattr(langchain_llamacpp_local, name) is getattr(errors, name)
 
 
 def test_old_import_paths_still_work() -> None:
