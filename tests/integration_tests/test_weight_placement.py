@@ -56,9 +56,12 @@ def test_the_amx_avoiding_placement_keeps_every_repacked_weight(
     with caplog.at_level(logging.DEBUG, logger="langchain_llamacpp_local.llama_cpp"):
         avoided = _buffers(config, AMX_MACHINE)
     overridden = [r for r in caplog.records if "buffer type overridden to CPU_REPACK" in r.message]
-    reference = _buffers(config, ("CPU_REPACK",))  # llama.cpp's choice with AMX left out
-    assert "AMX" not in avoided
-    assert avoided == reference and avoided["CPU_REPACK"] > 0
+    assert "AMX" not in avoided and avoided["CPU_REPACK"] > 0
+    if "AMX" not in ggml_cpu.extra_buffer_types():
+        # llama.cpp's own choice on a machine without AMX: the same buffers. (On one with
+        # AMX its own choice is AMX; what it would do without cannot be asked of it, so
+        # the 27 overrides below are the check there.)
+        assert avoided == _buffers(config, ("CPU_REPACK",))
     assert len(overridden) == 27  # Gemma 3 270M Q4_K_M: its 27 Q4_K matrices
     # and without the overrides nothing would have been repacked
     assert "CPU_REPACK" not in _buffers(config, ("AMX",))
@@ -67,6 +70,10 @@ def test_the_amx_avoiding_placement_keeps_every_repacked_weight(
 def test_the_placement_gives_the_same_logits(gemma: str) -> None:
     """The probes and every decode run on the placement actually loaded: the same
     weights in the same buffer types compute the same numbers."""
+    if "AMX" in ggml_cpu.extra_buffer_types():
+        # the reference is llama.cpp's own placement on a machine without AMX: here that
+        # would put the weights in AMX, whose kernel dies (SIGILL) on this CPU
+        pytest.skip("this machine has AMX: llama.cpp's own placement cannot run here")
     tokens = list(range(2, 40))
 
     def logits(extra: tuple[str, ...] | None) -> np.ndarray:
