@@ -175,43 +175,19 @@ def decode(c: Any) -> dict[str, Any]:
 def decode_vs_raw(c: _Ours, path: str, n: int = 96) -> dict[str, Any]:
     """Our reply's decode rate against a bare llama.cpp decode loop (greedy argmax, no
     sampler, no request path) with the same team, in the same process."""
-    import llama_cpp
-    import numpy as np
-
-    from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import STORY_PROMPT, bare_decode_rate
 
     t = c.threads
-    eng = Engine(
-        LoadConfig(
-            model_path=path,
-            n_ctx=1024,
-            n_threads=int(t["n_threads"]),
-            n_threads_batch=int(t["n_threads_batch"]),
-        )
-    )
-    toks = eng.tokenize("Write a long story about the sea.", add_special=True)
-    raw = []
-    for _ in range(3):
-        eng.clear()
-        eng.decode(toks, 0, 0)
-        t0 = time.perf_counter()
-        pos = len(toks)
-        for _i in range(n):
-            logits = np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,)
-            )
-            eng.decode([int(logits.argmax())], pos, 0)
-            pos += 1
-        raw.append(n / (time.perf_counter() - t0))
-    eng.close()
+    raw = bare_decode_rate(path, int(t["n_threads"]), int(t["n_threads_batch"]), n)
     ours = []
     for _ in range(3):
-        msg = c.llm.invoke("Write a long story about the sea.", max_tokens=n, stop=[])
+        msg = c.llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
         ours.append(msg.response_metadata["timings"]["predicted_per_second"])
     return {
-        "raw_decode_tok_s": statistics.median(raw),
+        "raw_decode_tok_s": raw,
         "ours_reply_decode_tok_s": statistics.median(ours),
-        "decode_ours_over_raw": statistics.median(ours) / statistics.median(raw),
+        "decode_ours_over_raw": statistics.median(ours) / raw,
     }
 
 

@@ -125,3 +125,46 @@ def avoid_amx_in_llama() -> str | None:
 
 
 _AVOIDED = "Llama loads without the AMX buffer type (its kernel crashes on this CPU)"
+
+
+STORY_PROMPT = "Write a long story about the sea."
+
+
+def bare_decode_rate(
+    path: str, n_threads: int, n_threads_batch: int, n: int, *, n_ctx: int = 1024, runs: int = 3
+) -> float:
+    """Tokens/s of a bare llama.cpp decode loop (greedy argmax, no sampler, no request
+    path) after :data:`STORY_PROMPT`: the floor a reply's decode rate is compared with.
+    The team is explicit, so the loop stays outside the package's CPU budget; the median
+    of ``runs``."""
+    import statistics
+    import time
+
+    import llama_cpp
+    import numpy as np
+
+    from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
+
+    eng = Engine(
+        LoadConfig(
+            model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch
+        )
+    )
+    try:
+        toks = eng.tokenize(STORY_PROMPT, add_special=True)
+        rates = []
+        for _ in range(runs):
+            eng.clear()
+            eng.decode(toks, 0, 0)
+            t0 = time.perf_counter()
+            pos = len(toks)
+            for _i in range(n):
+                logits = np.ctypeslib.as_array(
+                    llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,)
+                )
+                eng.decode([int(logits.argmax())], pos, 0)
+                pos += 1
+            rates.append(n / (time.perf_counter() - t0))
+    finally:
+        eng.close()
+    return statistics.median(rates)

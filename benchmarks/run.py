@@ -33,7 +33,13 @@ sys.path.insert(0, str(ROOT))
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import avoid_amx_in_llama, flags_line, machine_info  # noqa: E402
+from machine import (  # noqa: E402
+    STORY_PROMPT,
+    avoid_amx_in_llama,
+    bare_decode_rate,
+    flags_line,
+    machine_info,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 N_CTX = 4096
@@ -328,45 +334,14 @@ def single_conversation(c: Contender, turns: int) -> list[float]:
 
 def decode_throughput(path: str, ours: Ours, n: int = 128) -> dict[str, Any]:
     """Tokens/s of a greedy 128-token generation against a bare llama.cpp decode loop."""
-    import llama_cpp
-    import numpy as np
-
     from langchain_llamacpp_local.llama import threads
-    from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
 
     # the package's default team, set explicitly: a bare decode loop, no CPU budget
     plan = threads.plan_threads(threads.default_cpu_view())
-    eng = Engine(
-        LoadConfig(
-            model_path=path,
-            n_ctx=N_CTX,
-            n_batch=N_BATCH,
-            n_threads=plan.n_threads,
-            n_threads_batch=plan.n_threads_batch,
-        )
-    )
-    toks = eng.tokenize("Write a long story about the sea.", add_special=True)
-    runs = []
-    for _ in range(3):
-        eng.clear()
-        eng.decode(toks, 0, 0)
-        t0 = time.perf_counter()
-        pos = len(toks)
-        for _i in range(n):
-            logits = np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,)
-            )
-            tok = int(logits.argmax())
-            eng.decode([tok], pos, 0)
-            pos += 1
-        runs.append(n / (time.perf_counter() - t0))
-    eng.close()
-    raw = statistics.median(runs)
+    raw = bare_decode_rate(path, plan.n_threads, plan.n_threads_batch, n, n_ctx=N_CTX)
     ours_runs = []
     for _ in range(3):
-        msg = ours.llm.invoke(
-            "Write a long story about the sea.", max_tokens=n, stop=[], cache_prompt=True
-        )
+        msg = ours.llm.invoke(STORY_PROMPT, max_tokens=n, stop=[], cache_prompt=True)
         ours_runs.append(msg.response_metadata["timings"]["predicted_per_second"])
     mine = statistics.median(ours_runs)
     return {
