@@ -257,7 +257,9 @@ class EmbeddingEngine:
         self._threads_set = plan.n_threads_batch
         # a deterministic context keeps one team size (as chat's, engine.py): the
         # budget would change it with the load of the process's other models
-        self._budgeted = config.n_threads is None and not config.deterministic
+        self._budget = (
+            cpu_budget() if config.n_threads is None and not config.deterministic else None
+        )
         cparams.n_threads = plan.n_threads_batch
         cparams.n_threads_batch = plan.n_threads_batch
         cparams.no_perf = True
@@ -407,8 +409,8 @@ class EmbeddingEngine:
         seq_ids = [s for s, text in enumerate(group) for _ in text]
         # pooled embeddings need every token as an output
         fill_batch(batch, tokens, positions, seq_ids, [True] * len(tokens))
-        if self._budgeted:
-            with cpu_budget().threads(id(self), self.thread_plan.n_threads_batch) as got:
+        if self._budget is not None:
+            with self._budget.threads(id(self), self.thread_plan.n_threads_batch) as got:
                 if got != self._threads_set:
                     C.llama_set_n_threads(self.ctx, got, got)
                     self._threads_set = got

@@ -535,12 +535,15 @@ class Engine(vocab.VocabMethods):
             #: thread) draw threads from the process-wide budget under one id
             self.team = id(self)
             self._threads_set = (plan.n_threads, plan.n_threads_batch)
-            # an explicit setting always wins; deterministic mode keeps one team size
-            # (its exactness probes are keyed by it)
-            self._budgeted = (
-                config.n_threads is None
+            # the process-wide budget, looked up once (not per decode); None for an
+            # explicit setting, which always wins, and for deterministic mode, which
+            # keeps one team size (its exactness probes are keyed by it)
+            self._budget = (
+                cpu_budget()
+                if config.n_threads is None
                 and config.n_threads_batch is None
                 and not config.deterministic
+                else None
             )
             cparams.swa_full = config.swa_full
             cparams.no_perf = True
@@ -965,10 +968,10 @@ class Engine(vocab.VocabMethods):
         fill_batch(batch, tokens, positions, seq_ids, outputs)
         self._abort_flag = cancel
         try:
-            if self._budgeted:
+            if self._budget is not None:
                 plan = self.thread_plan
                 want = plan.n_threads if n == 1 else plan.n_threads_batch
-                with cpu_budget().threads(self.team, want) as got:
+                with self._budget.threads(self.team, want) as got:
                     self._use_threads(min(plan.n_threads, got), min(plan.n_threads_batch, got))
                     rc = C.llama_decode(self.ctx, batch)
             else:

@@ -23,7 +23,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -263,19 +263,14 @@ WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 # --------------------------------------------------------------------------- budget
 
 
-def _thread_wait_ns() -> Callable[[], int | None]:
-    """A reader of the calling thread's time spent waiting for a CPU (Linux schedstat);
-    a reader returning None where the kernel does not expose it."""
-    path = "/proc/thread-self/schedstat"
-
-    def read() -> int | None:
-        try:
-            with open(path, "rb") as f:
-                return int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    return read
+def _thread_wait_ns() -> int | None:
+    """The calling thread's time spent waiting for a CPU (Linux schedstat), or None
+    where the kernel does not expose it."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 #: A decoding thread that waits for a CPU more than this share of the time shares its
@@ -361,7 +356,6 @@ class CpuBudget:
         self._holding: dict[int, int] = {}
         self._state = ContentionState(usable=usable, limit=usable)
         self._adaptive = adaptive
-        self._wait_ns = _thread_wait_ns()
 
     @property
     def limit(self) -> int:
@@ -392,13 +386,13 @@ class CpuBudget:
                 n = self._share(team, want, time.monotonic())
             self._in_use += n
             self._holding[team] = self._holding.get(team, 0) + n
-        w0 = self._wait_ns() if self._adaptive else None
+        w0 = _thread_wait_ns() if self._adaptive else None
         t0 = time.perf_counter_ns()
         try:
             yield n
         finally:
             wall = time.perf_counter_ns() - t0
-            w1 = self._wait_ns() if w0 is not None else None
+            w1 = _thread_wait_ns() if w0 is not None else None
             with self._cond:
                 self._in_use -= n
                 left = self._holding.pop(team) - n
