@@ -1,0 +1,80 @@
+"""The docs' snippets can be pasted and run: every class they use is imported, and the
+image forms docs/multimodal.md lists are the ones a message can carry."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import re
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def _snippets() -> list[tuple[str, int, str]]:
+    out = []
+    for path in sorted(DOCS.glob("*.md")):
+        for k, m in enumerate(_BLOCK.finditer(path.read_text())):
+            out.append((path.name, k, m.group(1)))
+    return out
+
+
+def _defined(tree: ast.AST) -> set[str]:
+    names = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+@functools.cache
+def _library_names() -> set[str]:
+    """The public names of this package and of the LangChain modules snippets use."""
+    import importlib
+
+    names: set[str] = set()
+    for module in (
+        "langchain_llamacpp_local",
+        "langchain_core.messages",
+        "langchain_core.runnables",
+        "langchain_core.tools",
+        "langchain_core.documents",
+        "langchain_core.prompts",
+    ):
+        mod = importlib.import_module(module)
+        names.update(getattr(mod, "__all__", None) or dir(mod))
+    return {n for n in names if n[:1].isupper()}
+
+
+@pytest.mark.parametrize(("doc", "index", "code"), _snippets(), ids=lambda v: str(v)[:20])
+def test_every_library_class_a_snippet_uses_is_imported(doc: str, index: int, code: str) -> None:
+    """A snippet may leave a value to the reader (``docs``, ``Person``), but a class of
+    this package or of LangChain it uses must be imported in it."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        pytest.skip("not a complete program")
+    known = _defined(tree)
+    used = {
+        n.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id[:1].isupper()
+    }
+    missing = (used & _library_names()) - known
+    assert not missing, f"{doc} snippet {index} uses {sorted(missing)} without importing it"
+
+
+def test_multimodal_doc_lists_only_message_forms() -> None:
+    """Bytes and PIL images cannot be put in a message; the doc must not offer them."""
+    text = (DOCS / "multimodal.md").read_text()
+    accepted = text[text.index("Accepted") :].split("\n- ", 1)[0]
+    assert not re.search(r"raw bytes|bytes and PIL images", accepted), accepted
+    assert "base64-encode" in accepted  # and says how to send them
