@@ -17,7 +17,6 @@ from langchain_llamacpp_local.formats import parse
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
 from langchain_llamacpp_local.formats.registry import FAMILIES, Markup
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-
 from tests.gguf_models import write_scripted_llama
 from tests.sampling_support import TOOLS, TinyModel
 from tests.sampling_support import validate as _validate

@@ -19,8 +19,8 @@ from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.chat_models import _aggregate
 from langchain_llamacpp_local.formats import detect_format
 from langchain_llamacpp_local.formats.registry import FAMILIES
-from tests.printing_model import write_printing_llama
 from tests.llama_cpp_cases import TEMPLATES, case_id, load_cases
+from tests.printing_model import write_printing_llama
 
 QWEN = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
 NOTE = (

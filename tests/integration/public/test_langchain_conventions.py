@@ -9,8 +9,6 @@ import copy
 import io
 import logging
 import pickle
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

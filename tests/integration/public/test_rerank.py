@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import tempfile
-import threading
 import time
 from pathlib import Path
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from langchain_llamacpp_local.formats import detect_format, parse
 from langchain_llamacpp_local.formats.families import _MM
-
 from tests.llama_cpp_cases import _settings, _template, load_cases
+
 from .test_stream_equals_parse import check_stream
 
 SEED_CALL = (

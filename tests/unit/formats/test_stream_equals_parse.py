@@ -35,8 +35,8 @@ from langchain_llamacpp_local.formats import (
 from langchain_llamacpp_local.formats.base import _read_as_arguments
 from langchain_llamacpp_local.formats.parsers import _markers
 from langchain_llamacpp_local.formats.registry import FAMILIES
-
 from tests.llama_cpp_cases import _settings, _template, case_id, load_cases
+
 from .test_tool_parsers import RECORDED
 
 CASES = [c for c in load_cases()["cases"] if not c["is_partial"]]
