@@ -216,7 +216,7 @@ GLM_CALL = (
 CMD_ACTION = 'Action: ```json\n[{"tool_name": "get_weather", "parameters": {"city": "Paris"}}]\n```'
 
 #: (template, what the model prints, reasoning, content, reasoning content): llama.cpp's
-#: no-tools parsers (tests/unit_tests/test_no_tools_output.py names them) remove the turn
+#: no-tools parsers (tests/unit/formats/test_no_tools_output.py names them) remove the turn
 #: wrappers, extract reasoning in the family's markers and leave call markup as content
 NO_TOOLS = [
     (

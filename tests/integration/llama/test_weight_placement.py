@@ -1,6 +1,6 @@
 """Weight placement on real llama.cpp: what llama.cpp reports it did with the weights.
 
-The AMX decision itself is tested in unit_tests/test_weight_placement.py. Here Gemma
+The AMX decision itself is tested in unit/llama/test_weight_placement.py. Here Gemma
 3 270M (Q4_K_M: the weights llama.cpp repacks) is loaded and the load log's buffer
 sizes, routed through :mod:`logging`, are read back.
 """

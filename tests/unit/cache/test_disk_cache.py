@@ -1,7 +1,7 @@
 """The disk prompt cache's files: format, verification, budget, concurrent writers.
 
 No model: records are written and read back as the worker would hand them over; the
-restore path on real llama.cpp is in integration_tests/test_disk_cache.py.
+restore path on real llama.cpp is in integration/cache/test_disk_cache.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The slot decision without a model: plain numbers in, a plan out.
 
 The mechanism that applies the plans (``cache.slot_memory.SlotMemory``) is tested on
-real llama.cpp in ``tests/integration_tests/test_slots.py`` and ``test_checkpoints.py``.
+real llama.cpp in ``tests/integration/cache/test_slots.py`` and ``test_checkpoints.py``.
 """
 
 from __future__ import annotations

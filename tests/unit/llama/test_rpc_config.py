@@ -115,7 +115,7 @@ def test_without_rpc_build_the_error_gives_the_reinstall_command(tiny_llama: str
     reason = rpc.rpc_unavailable_reason()
     if reason is None:
         pytest.skip(
-            "this llama-cpp-python has RPC compiled in (tests/integration_tests/test_rpc.py)"
+            "this llama-cpp-python has RPC compiled in (tests/integration/llama/test_rpc.py)"
         )
     cmd = rpc.install_command()
     assert cmd.startswith('CMAKE_ARGS="-DGGML_RPC=ON" pip install ')

@@ -1,6 +1,6 @@
 """The worker's step plan without a model: grouping, drafts, LoRA sets.
 
-The worker applies the plan on real llama.cpp (tests/integration_tests/test_slots.py,
+The worker applies the plan on real llama.cpp (tests/integration/cache/test_slots.py,
 test_exactness.py, test_lora.py, test_speculative.py)."""
 
 from __future__ import annotations
