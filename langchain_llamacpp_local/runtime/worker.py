@@ -18,17 +18,13 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from langchain_llamacpp_local.cache.chunking import (
-    fast_piece_end,
-    marker_cuts,
-    piece_end,
-)
+from langchain_llamacpp_local.cache.chunking import marker_cuts
 from langchain_llamacpp_local.cache.disk import PendingSave
-from langchain_llamacpp_local.cache.slot_memory import WINDOW_SLACK, CacheOptions, SlotMemory
+from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory, Verify
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.chat import prompts
 from langchain_llamacpp_local.chat.logprobs import logprob_entry
@@ -43,12 +39,19 @@ from langchain_llamacpp_local.errors import (
     WorkerDeadError,
 )
 from langchain_llamacpp_local.formats import StreamDelta
-from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, LoadConfig, MemoryKind
+from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
 from langchain_llamacpp_local.llama.sampling import Sampler, StopMatcher, Utf8Decoder
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.jobs import ChatJob, cancel_error
 from langchain_llamacpp_local.runtime.lora import activate, key_tokens
-from langchain_llamacpp_local.runtime.scheduler import plan_step, row_limit
+from langchain_llamacpp_local.runtime.scheduler import (
+    PieceRules,
+    PromptPiece,
+    PromptRead,
+    StepPlan,
+    plan_step,
+    row_limit,
+)
 from langchain_llamacpp_local.runtime.speculative import DraftController, NgramProposer, Proposer
 
 logger = logging.getLogger(__name__)
@@ -252,6 +255,16 @@ class _Active:
     @property
     def tokens(self) -> list[Any]:
         return self.prepared.tokens
+
+    @property
+    def media(self) -> dict[int, Any]:
+        """The prompt's images by first position (``MediaChunk``: ``n_pos`` positions)."""
+        return self.prepared.media
+
+    @property
+    def lora_start(self) -> int:
+        """Where an activated LoRA starts applying (0: everywhere)."""
+        return self.prepared.lora_start
 
     @property
     def prefilling(self) -> bool:
@@ -560,42 +573,76 @@ class _WorkerState:
     # ------------------------------------------------------------------ one step
 
     def _step(self) -> None:
-        """Decode the generating requests' next tokens, then one prompt piece."""
+        """Plan one step (:func:`plan_step`), then run it: the generating requests'
+        next tokens, their draft verifies, then one prompt piece."""
         for act in list(self.active):
             err = self._stopped(act.job)
             if err is not None:
                 self._finish_error(act, err)
-        gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
+        plan = self._plan()
+        for group in plan.decode_groups:
+            members = [a for a in group if a in self.active]
+            if members:
+                self._decode_generation(members)
+        for act, draft in plan.verifies():  # each its own decode call (see _decode_verify)
+            if act in self.active:
+                self._decode_verify(act, list(draft))
+        piece = plan.prompt
+        # a request whose memory was lost with another's (adapters overflowed) ended
+        if piece is not None and piece.request in self.active:
+            self._decode_prompt_piece(piece)
+
+    def _plan(self) -> StepPlan[_Active]:
+        """What this step decodes: the drafts are proposed here (a proposer may run a
+        draft model), the rest is :func:`plan_step`'s decision."""
         eng = self.engine
-        assert eng is not None
-        drafts: dict[int, list[int]] = {}
-        for act in gen:
-            draft = self._draft(act)
-            if draft:
-                drafts[id(act)] = draft
+        memory = self.memory
+        assert eng is not None and memory is not None
+        gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
+        drafts = {id(act): self._draft(act) for act in gen}
+        n_drafting = sum(1 for d in drafts.values() if d)
+        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
         self.lora_turn += 1
-        plan = plan_step(
+        return plan_step(
             gen,
-            drafting=lambda a: id(a) in drafts,
+            drafts=lambda a: drafts[id(a)],
             limit=row_limit(
-                len(gen) - len(drafts),
+                len(gen) - n_drafting,
                 deterministic=self.config.deterministic,
                 kv_unified=eng.kv_unified,
                 exact_rows=eng.exact_rows,
             ),
             lora_of=_lora_of,
             turn=self.lora_turn,
+            reading=[] if reading is None else [(reading, self._prompt_read(reading))],
+            rules=self.piece_rules,
         )
-        for group in plan.decode_groups:
-            members = [a for a in group if a in self.active]
-            if members:
-                self._decode_generation(members)
-        for act in plan.verify:  # a verify step is its own decode call (see _decode_verify)
-            if act in self.active:
-                self._decode_verify(act, drafts[id(act)])
-        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
-        if reading is not None:
-            self._decode_prompt_piece(reading)
+
+    @property
+    def piece_rules(self) -> PieceRules:
+        """How this context cuts prompts into decode calls."""
+        eng = self.engine
+        memory = self.memory
+        assert eng is not None and memory is not None
+        return PieceRules(
+            deterministic=self.config.deterministic,
+            n_batch=eng.n_batch,
+            n_ubatch=eng.n_ubatch,
+            align=memory.align,
+            window_checkpoints=memory.window_checkpoints,
+        )
+
+    def _prompt_read(self, act: _Active) -> PromptRead:
+        items = act.slot.checkpoints.items
+        return PromptRead(
+            n_past=act.slot.n_past,
+            n_prompt=len(act.tokens),
+            media={p: m.n_pos for p, m in act.media.items()},
+            targets=tuple(act.targets),
+            marks=tuple(act.marks),
+            lora_start=act.lora_start,
+            last_checkpoint=items[-1].n_tokens if items else None,
+        )
 
     def _decode_generation(self, gen: list[_Active]) -> None:
         eng = self.engine
@@ -645,61 +692,34 @@ class _WorkerState:
             return []
         return [int(t) for t in draft[:n]]
 
-    def _rollback_mode(self, act: _Active, n_rows: int) -> bool:
-        """True if rejected positions of a verify step need a state restore (not seq_rm).
-
-        Recurrent/hybrid memory cannot be trimmed. A sliding-window cache can, as
-        llama.cpp's server trims it: a step that fits one ubatch only reuses cells
-        masked for its first position (``find_slot`` tests the mask against the
-        sequence's end before the step), which no position after it attends to. In
-        deterministic mode the kept rows are decoded again from a restored state
-        instead, so that every cell sits where a fresh run puts it (the order of
-        the attention sums), unless the whole sequence fits in half a window.
-        """
-        eng = self.engine
-        assert eng is not None
-        kind = eng.memory_kind
-        if kind is MemoryKind.PARTIAL:
-            return False
-        if kind is MemoryKind.SWA:
-            if not self.config.deterministic and n_rows <= eng.n_ubatch:
-                return False
-            return act.slot.n_past + n_rows >= eng.n_swa // 2
-        return True
-
     def _decode_verify(self, act: _Active, draft: list[int]) -> None:
         """Decode [pending, *draft] of one request in one call and keep what its sampler
-        agrees with (llama.cpp's ``common_sampler_sample_and_accept_n``)."""
+        agrees with (llama.cpp's ``common_sampler_sample_and_accept_n``); the slot's
+        memory saves and rolls back what the verify needs."""
         eng = self.engine
-        assert eng is not None and act.pending is not None
+        memory = self.memory
+        assert eng is not None and memory is not None and act.pending is not None
         slot = act.slot
-        batch = [act.pending, *draft]
-        n_past = slot.n_past
-        saved = (
-            eng.state_get(slot.seq_id, PARTIAL_ONLY)
-            if self._rollback_mode(act, len(batch))
-            else None
-        )
+        step = memory.begin_verify(slot, [act.pending, *draft])
+        n = len(step.rows)
         try:
             eng.set_lora(_lora_of(act))  # LoRA hook
             eng.decode_batch(
-                batch,
-                range(n_past, n_past + len(batch)),
-                [slot.seq_id] * len(batch),
-                [True] * len(batch),
+                step.rows, range(step.n_past, step.n_past + n), [slot.seq_id] * n, [True] * n
             )
         except (RequestCancelledError, DecodeError) as exc:
-            if saved is not None:
-                eng.state_set(saved, slot.seq_id, PARTIAL_ONLY)
+            memory.abort_verify(step)
             self._after_failed_decode([act], exc)
             return
         act.pending = None
-        self._guarded(act, self._accept_draft, act, batch, saved)
+        self._guarded(act, self._accept_draft, act, step)
 
-    def _accept_draft(self, act: _Active, batch: list[int], saved: bytes | None) -> None:
+    def _accept_draft(self, act: _Active, step: Verify) -> None:
         """Sample the verify rows in order until the sampler disagrees with the draft."""
         eng = self.engine
-        assert eng is not None and act.spec is not None
+        memory = self.memory
+        assert eng is not None and memory is not None and act.spec is not None
+        batch = step.rows
         n_draft = len(batch) - 1
         used = 0  # rows whose input token stays in the sequence
         accepted = 0
@@ -720,71 +740,39 @@ class _WorkerState:
                     break
         finally:
             act.spec.controller.update(n_draft, accepted)
-            self._keep_rows(act, batch, used, saved)
 
-    def _keep_rows(self, act: _Active, batch: list[int], used: int, saved: bytes | None) -> None:
-        """Leave the first ``used`` rows of a verify step in the sequence, drop the rest."""
-        eng = self.engine
-        memory = self.memory
-        assert eng is not None and memory is not None
-        slot = act.slot
-        seq = slot.seq_id
-        n_past = slot.n_past
-        if used == len(batch):
-            memory.record(slot, batch, exact=False)
-            return
-        if saved is None:
-            if eng.seq_rm(seq, n_past + used, -1):
-                memory.record(slot, batch[:used], exact=False)
-                return
-        elif eng.state_set(saved, seq, PARTIAL_ONLY) and eng.seq_rm(seq, n_past, -1):
-            try:  # back to before the step: decode the kept rows again
+            def redecode(rows: Sequence[Any], start: int) -> None:
                 eng.set_lora(_lora_of(act))  # LoRA hook
-                eng.decode_batch(
-                    batch[:used], range(n_past, n_past + used), [seq] * used, [False] * used
-                )
-            except (RequestCancelledError, DecodeError):
-                memory.sync(slot)
-                raise
-            memory.record(slot, batch[:used], exact=False)
-            return
-        memory.reset(slot)  # the memory is unknown now: nothing of it may be reused
-        raise DecodeError("rolling back the rejected draft tokens failed")
+                n = len(rows)
+                eng.decode_batch(rows, range(start, start + n), [act.slot.seq_id] * n, [False] * n)
 
-    def _decode_prompt_piece(self, act: _Active) -> None:
+            memory.keep(step, used, redecode)
+
+    def _decode_prompt_piece(self, piece: PromptPiece[_Active]) -> None:
+        """Read the planned piece: its images, then its tokens in one decode call."""
         eng = self.engine
         memory = self.memory
         assert eng is not None and memory is not None
-        media = act.prepared.media
+        act = piece.request
+        media = act.media
         slot = act.slot
         try:
-            while act.prefilling and slot.n_past in media:
-                self._eval_media(act, media[slot.n_past])
+            for pos in piece.media:
+                self._eval_media(act, media[pos])
         except Exception as exc:  # a decode error or a bad image: this request's error
             self._finish_error(act, exc)
             return
-        start = slot.n_past
+        start, end = piece.start, piece.end
+        assert slot.n_past == start
         n_prompt = len(act.tokens)
-        window = memory.window_checkpoints and not media
-        if window:
-            self._checkpoint_at_start(act)
-        lora_start = act.prepared.lora_start  # an aLoRA piece never spans its activation
-        stops = [*act.targets, *media, *([lora_start] if lora_start > start else [])]
-        if self.config.deterministic:
-            end = piece_end(
-                start,
-                n_prompt,
-                min(eng.n_batch, eng.n_ubatch),
-                memory.align,
-                stops=stops,
-                marks=act.marks,
-            )
-        else:
-            end = fast_piece_end(start, n_prompt, eng.n_batch, stops=stops)
+        if piece.targets_taken:
+            del act.targets[: piece.targets_taken]
+            if piece.checkpoint_at_start:
+                memory.save_checkpoint(slot, act.keep)
         chunk = act.tokens[start:end]
         job = act.job
         try:
-            lora = _lora_of(act) if start >= lora_start else ()
+            lora = _lora_of(act) if piece.adapters else ()
             eng.set_lora(lora)  # LoRA hook
             eng.decode_batch(
                 chunk,
@@ -806,25 +794,9 @@ class _WorkerState:
         memory.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
         self._guarded(act, self._sample, act, len(chunk) - 1)
-        if window and slot.n_past == n_prompt:
+        if piece.window and slot.n_past == n_prompt:
             # the prompt's end, after its first token went out: a regenerate of this
             # prompt resumes one entry back from it
-            memory.save_checkpoint(slot, act.keep)
-
-    def _checkpoint_at_start(self, act: _Active) -> None:
-        """Checkpoints wanted just after where this piece starts are taken now, before
-        it is decoded (see slot_memory.WINDOW_SLACK): no decode call of their own; none
-        when the newest one (the previous prompt's end, say) is close enough already."""
-        memory = self.memory
-        assert memory is not None
-        slot = act.slot
-        start = slot.n_past
-        near = [t for t in act.targets if t <= start + WINDOW_SLACK]
-        if not near:
-            return
-        del act.targets[: len(near)]
-        items = slot.checkpoints.items
-        if not items or items[-1].n_tokens < near[-1] - WINDOW_SLACK:
             memory.save_checkpoint(slot, act.keep)
 
     def _eval_media(self, act: _Active, media: Any) -> None:
@@ -839,7 +811,7 @@ class _WorkerState:
         if start + media.n_pos >= len(act.tokens):
             raise ImageInputError("a prompt cannot end with an image: add text after it")
         try:
-            eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
+            eng.set_lora(_lora_of(act) if start >= act.lora_start else ())  # LoRA hook
             eng.eval_media(media, start, slot.seq_id)
         except DecodeError:
             memory.sync(slot)
