@@ -20,6 +20,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from langchain_llamacpp_local.cache.chunking import marker_cuts
@@ -740,13 +741,16 @@ class _WorkerState:
                     break
         finally:
             act.spec.controller.update(n_draft, accepted)
+            memory.keep(step, used, partial(self._decode_kept, act))
 
-            def redecode(rows: Sequence[Any], start: int) -> None:
-                eng.set_lora(_lora_of(act))  # LoRA hook
-                n = len(rows)
-                eng.decode_batch(rows, range(start, start + n), [act.slot.seq_id] * n, [False] * n)
-
-            memory.keep(step, used, redecode)
+    def _decode_kept(self, act: _Active, rows: Sequence[Any], start: int) -> None:
+        """Decode a verify step's kept rows again (``SlotMemory.keep`` restored the state
+        from before it: memory that cannot be trimmed)."""
+        eng = self.engine
+        assert eng is not None
+        eng.set_lora(_lora_of(act))  # LoRA hook
+        n = len(rows)
+        eng.decode_batch(rows, range(start, start + n), [act.slot.seq_id] * n, [False] * n)
 
     def _decode_prompt_piece(self, piece: PromptPiece[_Active]) -> None:
         """Read the planned piece: its images, then its tokens in one decode call."""
@@ -762,8 +766,7 @@ class _WorkerState:
         except Exception as exc:  # a decode error or a bad image: this request's error
             self._finish_error(act, exc)
             return
-        start, end = piece.start, piece.end
-        assert slot.n_past == start
+        start, end = piece.start, piece.end  # the images read, the slot ends at start
         n_prompt = len(act.tokens)
         if piece.targets_taken:
             del act.targets[: piece.targets_taken]

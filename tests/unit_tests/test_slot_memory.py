@@ -5,7 +5,8 @@ The store keeps the token each sequence holds at each position and follows
 llama.cpp's rules for the memory kinds: attention KV trims any suffix; a recurrent
 state is one summary of every token so far that only goes away whole
 (``llama_memory_recurrent::seq_rm``); a sliding-window cache forgets positions that
-left its window. Its saved states are its contents, so what a restore gives back is
+left its window at once (llama.cpp forgets them when their cells are needed, and a
+saved state never holds them: the fake takes the earliest moment). Its saved states are its contents, so what a restore gives back is
 checked, not assumed. The same bookkeeping on real llama.cpp: tests/integration_tests/
 test_slots.py, test_checkpoints.py, test_speculative.py.
 """
@@ -276,6 +277,19 @@ def test_attention_memory_is_trimmed_without_checkpoints() -> None:
     slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
     assert memory.checkpoint_targets(0, PROMPT, (), [], slot) == []
     assert not memory.uses_checkpoints
+
+
+@pytest.mark.parametrize(("n_swa", "kept"), [(256, 50), (16, 0)])
+def test_a_sliding_window_is_trimmed_only_while_it_holds_what_the_prefix_needs(
+    n_swa: int, kept: int
+) -> None:
+    store = FakeStore(MemoryKind.SWA, n_seq_max=1, n_swa=n_swa)
+    memory = _memory(store, checkpoint_max_count=0)
+    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    _read(memory, store, slot, PROMPT, len(PROMPT))
+    slot, n_keep = memory.acquire(PROMPT[:50] + [1], [], set(), cache_prompt=True)
+    assert n_keep == kept and _held(store, slot) == PROMPT[:kept]
+    memory.check()
 
 
 # --------------------------------------------------------------------------- draft verify
