@@ -55,15 +55,13 @@ from langchain_llamacpp_local.errors import (
     model_errors,
 )
 from langchain_llamacpp_local.formats import StreamDelta
-from langchain_llamacpp_local.llama.engine import check_gguf_file
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
+from langchain_llamacpp_local.llama.loading import check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, check_load_settings
 from langchain_llamacpp_local.model_selection import ModelSelection, duration_seconds
-from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
-from langchain_llamacpp_local.runtime.model_resolution import (
+from langchain_llamacpp_local.resolution.model_resolution import (
     MMPROJ_AUTO,
     MMPROJ_NONE,
     ModelEntry,
@@ -71,7 +69,9 @@ from langchain_llamacpp_local.runtime.model_resolution import (
     models_dir_from,
     resolve_model,
 )
-from langchain_llamacpp_local.runtime.model_resolution import list_models as _list_models
+from langchain_llamacpp_local.resolution.model_resolution import list_models as _list_models
+from langchain_llamacpp_local.runtime import registry
+from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
 from langchain_llamacpp_local.runtime.worker import (
     CacheOptions,
     ChatJob,
@@ -79,7 +79,7 @@ from langchain_llamacpp_local.runtime.worker import (
     ModelInfo,
     ModelWorker,
 )
-from langchain_llamacpp_local.templates.chat_template import convert_messages
+from langchain_llamacpp_local.templates.messages import convert_messages
 from langchain_llamacpp_local.validation import (
     check_argument_names,
     check_call_options,
@@ -488,7 +488,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     # ------------------------------------------------------------------ lifecycle
 
     def _load_config(self, resolved: ResolvedModel | None = None) -> Any:
-        from langchain_llamacpp_local.llama.engine import LoadConfig
+        from langchain_llamacpp_local.llama.loading import LoadConfig
 
         if resolved is None:
             resolved = self._resolve(None)

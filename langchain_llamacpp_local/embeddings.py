@@ -26,8 +26,8 @@ from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingE
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.model_selection import ModelSelection
+from langchain_llamacpp_local.resolution.model_resolution import MMPROJ_NONE
 from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.model_resolution import MMPROJ_NONE
 from langchain_llamacpp_local.validation import check_argument_names
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from langchain_llamacpp_local.llama.sampling import MAX_SCHEMA_NESTING, nesting_depth
+from langchain_llamacpp_local.llama.json_grammar import MAX_SCHEMA_NESTING, nesting_depth
 from langchain_llamacpp_local.llama.settings import check_int
 
 __all__ = [

@@ -45,7 +45,8 @@ from langchain_llamacpp_local.cache.slot_plan import (
 from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
 from langchain_llamacpp_local.errors import KVDesyncError
 from langchain_llamacpp_local.llama.backend import build_info
-from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, MemoryKind
+from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine
+from langchain_llamacpp_local.llama.probes import MemoryKind
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 llama.cpp answers many bad load values with a ``GGML_ASSERT`` (the process dies) or
 silently with something else (``n_ctx=2**32+1`` wraps to 1). These are pure functions
 raising ``ValueError``/``TypeError`` whose message names the setting, testable without a
-model; :func:`langchain_llamacpp_local.llama.engine.check_load_config` runs them for
+model; :func:`langchain_llamacpp_local.llama.loading.check_load_config` runs them for
 every load, whoever builds the config.
 """
 

@@ -15,7 +15,7 @@ that works is both together: extra types off, and an explicit ``CPU_REPACK`` ove
 for every weight the repack kernels accept (asked of ggml itself, see
 :mod:`.ggml_cpu`), so the placement is what llama.cpp would choose with AMX left out.
 
-This module decides; :func:`langchain_llamacpp_local.llama.engine.load_model` applies the
+This module decides; :func:`langchain_llamacpp_local.llama.loading.load_model` applies the
 plan. It imports nothing from llama.cpp, so the decision is tested on any CPU.
 """
 

@@ -12,7 +12,7 @@ from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
 from langchain_llamacpp_local.embeddings import PREFIXES, check_texts, postprocess
 from langchain_llamacpp_local.llama import model_handle
 from langchain_llamacpp_local.llama.embedding import pack, pool
-from langchain_llamacpp_local.llama.engine import LoadConfig
+from langchain_llamacpp_local.llama.loading import LoadConfig
 
 
 def test_pack_respects_token_and_sequence_budgets() -> None:
