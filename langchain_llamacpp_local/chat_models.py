@@ -331,9 +331,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     reasoning: bool | None = None
     """True: move ``<think>`` blocks into ``additional_kwargs["reasoning_content"]``;
     False: ask the template not to think and strip stray blocks; None: leave text as is."""
-    logprobs: bool = False
+    logprobs: bool = ChatJob.logprobs
     """Return the log-probability of each generated token in ``response_metadata``."""
-    top_logprobs: int = 0
+    top_logprobs: int = ChatJob.top_logprobs
     """Also return this many most likely alternatives per token."""
     timeout: float | None = None
     """Seconds a call may take (queueing included) before it is cancelled."""
@@ -342,7 +342,6 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
 
     list_models: ClassVar[Any]  # see _ClassOrInstanceMethod below the class
     _worker: ModelWorker | None = PrivateAttr(default=None)
-    _closed: bool = PrivateAttr(default=False)
     _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
 
     # ------------------------------------------------------------------ setup
@@ -562,7 +561,6 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         )
         if spec is None:
             self._worker = lease.worker
-            self._closed = False
         return lease, resolved
 
     async def _alease(
@@ -696,7 +694,6 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         for cancel in list(self._inflight):
             cancel.set()
         self._worker = None
-        self._closed = True
 
     def __enter__(self) -> Self:
         return self.load()

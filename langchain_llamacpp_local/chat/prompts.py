@@ -388,7 +388,7 @@ def chunk_markers(template: ChatTemplate, eng: Engine) -> tuple[tuple[int, ...],
     its end of a message (e.g. ``<end_of_turn>\n``: every message then starts on a
     cut, so an edited last message resumes from a checkpoint at its start). Only
     sequences that start with a control token count: message text cannot spell one
-    (see :mod:`~.prompt_tokens`), so the cuts stay on message boundaries.
+    (see :mod:`~.special_tokens`), so the cuts stay on message boundaries.
     """
     probe = [{"role": "user", "content": "\x01probe\x02"}]
     try:

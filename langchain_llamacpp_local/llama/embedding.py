@@ -85,7 +85,7 @@ class EmbeddingConfig:
     n_gpu_layers: int = 0
     use_mmap: bool = True
     use_mlock: bool = False
-    cpu_amx: bool | None = None  # weights in the AMX buffer type (weight_placement.py)
+    cpu_amx: bool | None = None  # weights in the AMX buffer type (weights.py)
     flash_attn: bool | None = None
     fast_pooling: bool = True  # causal models: pool in numpy, skip the output head
     # one text per llama_decode: a text's vector does not depend on the texts beside it

@@ -31,7 +31,7 @@ from langchain_llamacpp_local.llama.gguf import (
 from langchain_llamacpp_local.llama.lora_registry import free_adapters
 from langchain_llamacpp_local.llama.model_handle import model_address
 from langchain_llamacpp_local.llama.rpc import DevicePlacement
-from langchain_llamacpp_local.llama.settings import KV_TYPES, check_load_settings
+from langchain_llamacpp_local.llama.settings import DEFAULT_N_BATCH, KV_TYPES, check_load_settings
 from langchain_llamacpp_local.llama.weights import (
     AMX,
     TensorInfo,
@@ -50,7 +50,7 @@ class LoadConfig:
 
     model_path: str
     n_ctx: int | None = None
-    n_batch: int = 512
+    n_batch: int = DEFAULT_N_BATCH
     n_ubatch: int | None = None
     n_threads: int | None = None
     n_threads_batch: int | None = None

@@ -53,8 +53,6 @@ class WeightPlacement:
     reason: str = "llama.cpp's default placement"
 
 
-DEFAULT = WeightPlacement()
-
 # Weights that llama.cpp multiplies as the first operand of a MUL_MAT: the projections of
 # the attention and feed-forward blocks (not their norms, sinks or biases), state-space
 # in/out projections, and the output head. Others (token embeddings read by GET_ROWS,
