@@ -41,13 +41,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     PrivateAttr,
-    StrictBool,
     model_validator,
 )
 from typing_extensions import Self
 
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
-from langchain_llamacpp_local.copies import ConfigOnlyCopies
 from langchain_llamacpp_local.errors import (
     RequestCancelledError,
     RequestTimeoutError,
@@ -55,15 +53,13 @@ from langchain_llamacpp_local.errors import (
     model_errors,
 )
 from langchain_llamacpp_local.formats import StreamDelta
-from langchain_llamacpp_local.llama.engine import check_gguf_file
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
+from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, check_load_settings
-from langchain_llamacpp_local.model_selection import ModelSelection, duration_seconds
-from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
-from langchain_llamacpp_local.runtime.model_resolution import (
+from langchain_llamacpp_local.model_selection import duration_seconds
+from langchain_llamacpp_local.resolution.model_resolution import (
     MMPROJ_AUTO,
     MMPROJ_NONE,
     ModelEntry,
@@ -71,7 +67,9 @@ from langchain_llamacpp_local.runtime.model_resolution import (
     models_dir_from,
     resolve_model,
 )
-from langchain_llamacpp_local.runtime.model_resolution import list_models as _list_models
+from langchain_llamacpp_local.resolution.model_resolution import list_models as _list_models
+from langchain_llamacpp_local.runtime import registry
+from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
 from langchain_llamacpp_local.runtime.worker import (
     CacheOptions,
     ChatJob,
@@ -79,11 +77,14 @@ from langchain_llamacpp_local.runtime.worker import (
     ModelInfo,
     ModelWorker,
 )
-from langchain_llamacpp_local.templates.chat_template import convert_messages
+from langchain_llamacpp_local.settings_base import ModelSettings
+from langchain_llamacpp_local.templates.messages import convert_messages
 from langchain_llamacpp_local.validation import (
-    check_argument_names,
     check_call_options,
+    check_constructor_arguments,
+    check_max_loaded_models,
     check_max_tokens,
+    check_placement,
     check_speculative,
     check_timeout,
     normalize_stop,
@@ -150,7 +151,7 @@ _LOAD_FIELDS = (
 )
 
 
-class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
+class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """Chat model that runs a GGUF model in-process with llama.cpp.
 
     Requests go to one worker thread per loaded model, which keeps a persistent
@@ -181,25 +182,18 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     for; for a ``model_path``, the file's stem in traces (``ls_model_name``, stable
     whether or not the model is loaded) and the GGUF's ``general.name`` in
     ``response_metadata``."""
-    n_ctx: int | None = None
+    n_ctx: int | None = LoadConfig.n_ctx
     """Context window in tokens (default: the model's trained context, capped at 8192).
     By default the ``n_slots`` slots share one KV pool of ``n_ctx`` positions, as in
     llama.cpp's server; with per-slot streams (``kv_unified=False``, the default of
     ``deterministic=True``) each slot gets a window of its own and the KV cache holds
     ``n_ctx * n_slots`` positions."""
-    n_batch: int = 512
+    n_batch: int = LoadConfig.n_batch
     """Maximum tokens per ``llama_decode`` call while reading a prompt."""
-    n_ubatch: int | None = None
+    n_ubatch: int | None = LoadConfig.n_ubatch
     """Physical micro-batch size (default: ``n_batch``)."""
-    n_threads: int | None = None
-    """Threads for generation (default: one per usable physical core, from the affinity
-    mask and cgroup quota, shared with the process's other models through a CPU budget;
-    docs/configuration.md#threads)."""
-    n_threads_batch: int | None = None
+    n_threads_batch: int | None = LoadConfig.n_threads_batch
     """Threads for prompt processing (default: ``n_threads``)."""
-    n_gpu_layers: int = 0
-    """Layers to offload to the GPU (-1: all). Needs a GPU build of llama-cpp-python.
-    With ``rpc_servers`` the default is all layers."""
     rpc_servers: list[str] | None = None
     """``host:port`` of llama.cpp RPC servers (``python -m langchain_llamacpp_local.rpc_server``)
     whose devices hold this model's offloaded layers and their KV cache, for a model
@@ -208,43 +202,34 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     tensor_split: list[float] | None = None
     """Proportion of the offloaded layers per device: the RPC servers' devices in
     order, then the local GPUs (default: by free memory)."""
-    flash_attn: bool | None = None
+    flash_attn: bool | None = LoadConfig.flash_attn
     """Flash attention: True/False, or None for llama.cpp's own default ("auto"); with
     ``deterministic=True`` None means off unless a quantized ``type_v`` needs it (off
     keeps warm and fresh prompts bit-identical: llama.cpp's CPU kernel rounds a row
     differently with the micro-batch shape)."""
-    type_k: str | None = None
+    type_k: str | None = LoadConfig.type_k
     """KV cache type for keys (``f16``, ``q8_0``, ``q4_0``...; default f16)."""
-    type_v: str | None = None
+    type_v: str | None = LoadConfig.type_v
     """KV cache type for values (quantized V needs flash attention)."""
     kv_unified: bool | None = None
     """Share one KV buffer of ``n_ctx`` positions between all slots (True) instead of a
     window per slot (False): ``n_slots`` times less KV memory, but a request's logits
     then depend on what runs beside it. None: shared, or per slot with
     ``deterministic=True``."""
-    swa_full: bool = False
+    swa_full: bool = LoadConfig.swa_full
     """Keep the full KV cache for sliding-window layers. Off saves memory; state
     checkpoints keep prefix reuse exact without it."""
-    use_mmap: bool = True
-    """Memory-map the model file."""
-    use_mlock: bool = False
-    """Lock the model in RAM."""
-    cpu_amx: StrictBool | None = None
-    """Let llama.cpp put weights in ggml's AMX buffer type on Intel CPUs with AMX.
-    None (default) or False: no weight goes there, because its matrix kernel crashes the
-    process on some CPUs (ggml-org/llama.cpp#20824); every other repacking is kept.
-    Part of the load settings; see docs/configuration.md."""
-    rope_freq_base: float = 0.0
+    rope_freq_base: float = LoadConfig.rope_freq_base
     """RoPE base frequency; 0 uses the model's own value."""
-    rope_freq_scale: float = 0.0
+    rope_freq_scale: float = LoadConfig.rope_freq_scale
     """RoPE frequency scale; 0 uses the model's own value."""
     mmproj_path: str | None = None
     """Vision projector GGUF (llama.cpp mtmd) for image input. None: only the one in a
     ``models_dir`` model's own folder; ``"auto"``: also beside a path and in a Hugging
     Face repo; ``"none"``: never (see docs/models.md)."""
-    image_min_tokens: int | None = None
+    image_min_tokens: int | None = LoadConfig.image_min_tokens
     """Fewest tokens an image may take (models with dynamic resolution)."""
-    image_max_tokens: int | None = None
+    image_max_tokens: int | None = LoadConfig.image_max_tokens
     """Most tokens an image may take (models with dynamic resolution)."""
     allow_local_image_files: bool = False
     """Accept image blocks that name a local file path (off: a prompt could read files)."""
@@ -255,7 +240,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
 
     A request goes to the slot sharing the longest prefix with it, and concurrent
     requests run together in one batch (see ``kv_unified`` for how they share KV memory)."""
-    prompt_cache_bytes: int = 1024 * 1024 * 1024
+    prompt_cache_bytes: int = CacheOptions.prompt_cache_bytes
     """Host-RAM budget for conversations evicted from the slots (0 disables it)."""
     prompt_cache_dir: str | None = None
     """Directory of a prompt cache on disk that outlives the process: a new process's
@@ -264,15 +249,15 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     else off. Files are keyed by the model file, the load settings and the llama.cpp
     build, and signed with a per-user secret; the directory must be the user's and not
     writable by others (created 0700, files 0600; docs/cache.md)."""
-    prompt_cache_dir_bytes: int = 4 * 1024**3
+    prompt_cache_dir_bytes: int = CacheOptions.prompt_cache_dir_bytes
     """Byte budget of ``prompt_cache_dir`` (least recently used files go first)."""
-    checkpoint_max_count: int = 16
+    checkpoint_max_count: int = CacheOptions.checkpoint_max_count
     """Most state checkpoints kept per conversation (recurrent/hybrid/SWA models)."""
-    checkpoint_max_bytes: int = 256 * 1024 * 1024
+    checkpoint_max_bytes: int = CacheOptions.checkpoint_max_bytes
     """Byte budget for the checkpoints of one conversation."""
-    checkpoint_min_step: int = 512
+    checkpoint_min_step: int = CacheOptions.checkpoint_min_step
     """Minimum spacing in tokens between periodic checkpoints."""
-    deterministic: bool = False
+    deterministic: bool = LoadConfig.deterministic
     """Bit-exact mode (docs/cache.md): a greedy answer does not depend on what runs beside
     it nor on what the cache holds (warm equals fresh). At load it turns flash attention
     off by default, gives each slot its own KV stream and probes the kernels; per request
@@ -287,7 +272,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     ``"draft"`` asks ``draft_model_path``'s model. Verified by this model with the
     request's own sampler, so the output is the same as without it; overridable per call.
     None: ``"draft"`` when ``draft_model_path`` is set, else off."""
-    speculative_max_draft: int = 16
+    speculative_max_draft: int = ChatJob.speculative_max_draft
     """Most draft tokens per verify step (adapted per request below it). With
     ``deterministic`` a step also stays within what the model's kernels verify exactly
     (probed at load; a model that allows no multi-token step then does not speculate)."""
@@ -314,23 +299,23 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     used idle one (default: ``LLAMACPP_MAX_LOADED_MODELS`` or 3)."""
 
     # ------------------------------------------------------------------ sampling
-    seed: int = -1
+    seed: int = SamplingParams.seed
     """Sampling seed; -1 picks a random one."""
-    temperature: float = 0.8
+    temperature: float = SamplingParams.temperature
     """Sampling temperature; 0 is greedy."""
-    top_p: float = 0.95
+    top_p: float = SamplingParams.top_p
     """Nucleus sampling threshold."""
-    top_k: int = 40
+    top_k: int = SamplingParams.top_k
     """Sample from the k most likely tokens (0: all)."""
-    min_p: float = 0.05
+    min_p: float = SamplingParams.min_p
     """Drop tokens below this fraction of the top token's probability."""
-    repeat_penalty: float = 1.0
+    repeat_penalty: float = SamplingParams.repeat_penalty
     """Penalty for repeated tokens (1.0: off)."""
-    presence_penalty: float = 0.0
+    presence_penalty: float = SamplingParams.presence_penalty
     """OpenAI-style presence penalty."""
-    frequency_penalty: float = 0.0
+    frequency_penalty: float = SamplingParams.frequency_penalty
     """OpenAI-style frequency penalty."""
-    penalty_last_n: int = 64
+    penalty_last_n: int = SamplingParams.penalty_last_n
     """How many recent tokens the penalties look at (-1: the whole context)."""
     max_tokens: int | None = 256
     """Most tokens to generate; None generates until the model stops or the context is full."""
@@ -346,9 +331,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     reasoning: bool | None = None
     """True: move ``<think>`` blocks into ``additional_kwargs["reasoning_content"]``;
     False: ask the template not to think and strip stray blocks; None: leave text as is."""
-    logprobs: bool = False
+    logprobs: bool = ChatJob.logprobs
     """Return the log-probability of each generated token in ``response_metadata``."""
-    top_logprobs: int = 0
+    top_logprobs: int = ChatJob.top_logprobs
     """Also return this many most likely alternatives per token."""
     timeout: float | None = None
     """Seconds a call may take (queueing included) before it is cancelled."""
@@ -357,7 +342,6 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
 
     list_models: ClassVar[Any]  # see _ClassOrInstanceMethod below the class
     _worker: ModelWorker | None = PrivateAttr(default=None)
-    _closed: bool = PrivateAttr(default=False)
     _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
 
     # ------------------------------------------------------------------ setup
@@ -367,7 +351,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     def _reject_unknown_arguments(cls, data: Any) -> Any:
         """A misspelt argument (``n_gpu_layer=10``) must not be silently ignored."""
         if isinstance(data, dict):
-            return _check_constructor_arguments(cls, data)
+            return check_constructor_arguments(cls, data, "ChatLlamaCpp")
         return data
 
     @model_validator(mode="after")
@@ -393,33 +377,16 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
 
     @model_validator(mode="after")
     def _check_loaded_models(self) -> Self:
-        if self.max_loaded_models is not None and self.max_loaded_models < 1:
-            raise ValueError("max_loaded_models must be at least 1 (or None for the default)")
+        check_max_loaded_models(self.max_loaded_models)
         return self
 
     def _check_placement(self) -> None:
         """Fail at construction on RPC/split settings llama.cpp would ignore or abort on."""
-        from langchain_llamacpp_local.llama.rpc import parse_endpoint, rpc_unavailable_reason
-
-        if self.rpc_servers is not None:
-            if not self.rpc_servers:
-                raise ValueError("rpc_servers is empty; leave it None to run on this machine")
-            endpoints = [parse_endpoint(e) for e in self.rpc_servers]
-            if len(set(endpoints)) != len(endpoints):
-                raise ValueError(f"rpc_servers lists an endpoint twice: {self.rpc_servers}")
-            reason = rpc_unavailable_reason()
-            if reason:
-                raise ValueError(f"rpc_servers needs llama.cpp's RPC backend: {reason}")
-            if "n_gpu_layers" in self.model_fields_set and self.n_gpu_layers == 0:
-                raise ValueError(
-                    "n_gpu_layers=0 keeps every layer on this machine, so rpc_servers would "
-                    "be unused; leave n_gpu_layers unset (all layers) or give a count"
-                )
-        if self.tensor_split is not None:
-            if not self.tensor_split or any(not v >= 0 for v in self.tensor_split):
-                raise ValueError("tensor_split needs one non-negative proportion per device")
-            if sum(self.tensor_split) <= 0:
-                raise ValueError("tensor_split proportions must not all be zero")
+        check_placement(
+            self.rpc_servers,
+            self.tensor_split,
+            no_gpu_layers_asked="n_gpu_layers" in self.model_fields_set and self.n_gpu_layers == 0,
+        )
 
     def _resolve_model_profile(self) -> ModelProfile | None:
         n_ctx = self.n_ctx
@@ -488,8 +455,6 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     # ------------------------------------------------------------------ lifecycle
 
     def _load_config(self, resolved: ResolvedModel | None = None) -> Any:
-        from langchain_llamacpp_local.llama.engine import LoadConfig
-
         if resolved is None:
             resolved = self._resolve(None)
         return LoadConfig(
@@ -596,7 +561,6 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         )
         if spec is None:
             self._worker = lease.worker
-            self._closed = False
         return lease, resolved
 
     async def _alease(
@@ -730,7 +694,6 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         for cancel in list(self._inflight):
             cancel.set()
         self._worker = None
-        self._closed = True
 
     def __enter__(self) -> Self:
         return self.load()
@@ -1235,27 +1198,6 @@ def _aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
         id=msg.id,
     )
     return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])
-
-
-def _check_constructor_arguments(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
-    """Refuse unknown constructor arguments (naming the closest field) and booleans
-    given for numbers (``max_tokens=True`` would silently mean 1); a single ``stop``
-    string is one stop string."""
-    check_argument_names(cls, data, "ChatLlamaCpp")
-    for name, value in data.items():
-        field = cls.model_fields.get(name)
-        if field is None or not isinstance(value, bool):
-            continue
-        if field.annotation is not None and _is_number_annotation(field.annotation):
-            raise TypeError(f"{name} must be a number, got {value!r}")
-    if isinstance(data.get("stop"), str):
-        data = {**data, "stop": [data["stop"]]}
-    return data
-
-
-def _is_number_annotation(annotation: Any) -> bool:
-    args = getattr(annotation, "__args__", None) or (annotation,)
-    return bool not in args and any(a in (int, float) for a in args)
 
 
 def _is_pydantic_v1(schema: type) -> bool:

@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from langchain_llamacpp_local.cache import checkpoints, host_ram
 from langchain_llamacpp_local.cache import disk as disk_cache
 from langchain_llamacpp_local.cache.checkpoints import (
     Checkpoint,
@@ -49,7 +50,8 @@ from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
 from langchain_llamacpp_local.cache.store import SequenceStore
 from langchain_llamacpp_local.errors import DecodeError, KVDesyncError, RequestCancelledError
 from langchain_llamacpp_local.llama.backend import build_info
-from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, MemoryKind
+from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY
+from langchain_llamacpp_local.llama.probes import MemoryKind
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +67,10 @@ WINDOW_SLACK = 64
 class CacheOptions:
     """Per-model cache settings that do not change how the weights load."""
 
-    checkpoint_max_count: int = 16
-    checkpoint_max_bytes: int = 256 * 1024 * 1024
+    checkpoint_max_count: int = checkpoints.DEFAULT_MAX_COUNT
+    checkpoint_max_bytes: int = checkpoints.DEFAULT_MAX_BYTES
     checkpoint_min_step: int = 512
-    prompt_cache_bytes: int = 1024 * 1024 * 1024
+    prompt_cache_bytes: int = host_ram.DEFAULT_MAX_BYTES
     #: Directory of the prompt cache on disk (None: off), and its byte budget.
     prompt_cache_dir: str | None = None
     prompt_cache_dir_bytes: int = disk_cache.DEFAULT_MAX_BYTES

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from langchain_llamacpp_local.llama.engine import LoadConfig, MemoryKind
+from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.llama.probes import MemoryKind
 
 
 class SequenceStore(Protocol):

@@ -27,17 +27,15 @@ from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_f
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
 from langchain_llamacpp_local.formats.registry import FAMILIES
-from langchain_llamacpp_local.llama.sampling import (
+from langchain_llamacpp_local.llama.json_grammar import (
     JSON_OBJECT_GRAMMAR,
-    SamplingParams,
     json_schema_to_grammar,
 )
-from langchain_llamacpp_local.templates.chat_template import (
-    ChatTemplate,
-    adapt_messages,
-    inject_tool_prompt,
-    select_template,
-)
+from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.templates.adaptation import adapt_messages
+from langchain_llamacpp_local.templates.builtin_templates import select_template
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate
+from langchain_llamacpp_local.templates.hermes_prompt import inject_tool_prompt
 from langchain_llamacpp_local.templates.sandbox import request_budget
 
 if TYPE_CHECKING:
@@ -390,7 +388,7 @@ def chunk_markers(template: ChatTemplate, eng: Engine) -> tuple[tuple[int, ...],
     its end of a message (e.g. ``<end_of_turn>\n``: every message then starts on a
     cut, so an edited last message resumes from a checkpoint at its start). Only
     sequences that start with a control token count: message text cannot spell one
-    (see :mod:`~.prompt_tokens`), so the cuts stay on message boundaries.
+    (see :mod:`~.special_tokens`), so the cuts stay on message boundaries.
     """
     probe = [{"role": "user", "content": "\x01probe\x02"}]
     try:
@@ -472,7 +470,7 @@ def _last_user_boundary(
     Only computed for memory that needs checkpoints; found by rendering the
     conversation before that message and matching it against the full prompt.
     """
-    from langchain_llamacpp_local.llama.engine import MemoryKind  # local: engine imports llama.cpp
+    from langchain_llamacpp_local.llama.probes import MemoryKind  # local: probes import llama.cpp
 
     if eng.memory_kind is MemoryKind.PARTIAL:
         return ()

@@ -7,7 +7,7 @@ memory cannot be trimmed), decodes only the new suffix, samples, parses, and
 streams :class:`~langchain_llamacpp_local.formats.StreamDelta` items back.
 
 Models are shared: :mod:`~langchain_llamacpp_local.runtime.registry` keeps one worker per
-:class:`~langchain_llamacpp_local.llama.engine.LoadConfig` (keep-alive, loaded-model budget).
+:class:`~langchain_llamacpp_local.llama.loading.LoadConfig` (keep-alive, loaded-model budget).
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ from langchain_llamacpp_local.errors import (
     WorkerDeadError,
 )
 from langchain_llamacpp_local.formats import StreamDelta
-from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
-from langchain_llamacpp_local.llama.sampling import Sampler, StopMatcher, Utf8Decoder
+from langchain_llamacpp_local.llama.engine import Engine
+from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.llama.sampling import Sampler
+from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.jobs import ChatJob, cancel_error
 from langchain_llamacpp_local.runtime.lora import activate, key_tokens

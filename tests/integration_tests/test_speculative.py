@@ -325,7 +325,7 @@ def test_speculation_after_an_image_looks_only_at_the_text_after_it(
 
 
 def test_worker_refuses_a_proposer_it_does_not_have_and_keeps_serving(cycle_model: str) -> None:
-    from langchain_llamacpp_local.llama.engine import LoadConfig
+    from langchain_llamacpp_local.llama.loading import LoadConfig
     from langchain_llamacpp_local.llama.sampling import SamplingParams
     from langchain_llamacpp_local.runtime.worker import CacheOptions, ChatJob, ModelWorker
 

@@ -21,8 +21,8 @@ PKG = "langchain_llamacpp_local"
 ROOT = Path(langchain_llamacpp_local.__file__).parent
 
 # lowest first; a module may import its own layer and the ones before it
-LAYERS = ("errors", "llama", "templates", "formats", "chat", "cache", "runtime", "")
-SUBPACKAGES = ("llama", "templates", "formats", "chat", "cache", "runtime")
+LAYERS = ("errors", "resolution", "llama", "templates", "formats", "chat", "cache", "runtime", "")
+SUBPACKAGES = ("resolution", "llama", "templates", "formats", "chat", "cache", "runtime")
 
 
 def _modules() -> dict[str, Path]:

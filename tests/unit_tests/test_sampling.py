@@ -1,5 +1,5 @@
-"""Tests for sampling.py: parameter validation, stop strings, UTF-8 streaming, and
-grammars that really constrain generation on a tiny random-weight llama model."""
+"""Tests for sampling.py, text_stream.py and json_grammar.py: parameter validation, stop
+strings, UTF-8 streaming, and grammars that really constrain generation on a tiny random-weight llama model."""
 
 from __future__ import annotations
 
@@ -18,16 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from langchain_llamacpp_local.errors import InvalidSamplingParams
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
-from langchain_llamacpp_local.llama.sampling import (
-    JSON_OBJECT_GRAMMAR,
-    InvalidSamplingParams,
-    Sampler,
-    SamplingParams,
-    StopMatcher,
-    Utf8Decoder,
-    json_schema_to_grammar,
-)
+from langchain_llamacpp_local.llama.json_grammar import JSON_OBJECT_GRAMMAR, json_schema_to_grammar
+from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
+from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
 from tests.gguf_models import write_tiny_llama
 
 try:

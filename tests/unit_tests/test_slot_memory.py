@@ -22,7 +22,9 @@ from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.cache.store import SequenceStore
 from langchain_llamacpp_local.errors import DecodeError
-from langchain_llamacpp_local.llama.engine import Engine, LoadConfig, MemoryKind
+from langchain_llamacpp_local.llama.engine import Engine
+from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.llama.probes import MemoryKind
 
 _END = 2**31 - 1
 
