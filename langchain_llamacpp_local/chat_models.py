@@ -46,11 +46,13 @@ from pydantic import (
 )
 from typing_extensions import Self
 
+from langchain_llamacpp_local.chat.frontend import frontend_for
+from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
+from langchain_llamacpp_local.chat.reply import Done, Reply
 from langchain_llamacpp_local.copies import ConfigOnlyCopies
 from langchain_llamacpp_local.errors import (
     RequestCancelledError,
-    RequestTimeoutError,
     StructuredOutputTruncatedError,
     model_errors,
 )
@@ -72,13 +74,8 @@ from langchain_llamacpp_local.runtime.model_resolution import (
     resolve_model,
 )
 from langchain_llamacpp_local.runtime.model_resolution import list_models as _list_models
-from langchain_llamacpp_local.runtime.worker import (
-    CacheOptions,
-    ChatJob,
-    Done,
-    ModelInfo,
-    ModelWorker,
-)
+from langchain_llamacpp_local.runtime.requests import EngineRequest
+from langchain_llamacpp_local.runtime.worker import CacheOptions, ModelInfo, ModelWorker
 from langchain_llamacpp_local.templates.chat_template import convert_messages
 from langchain_llamacpp_local.validation import (
     check_argument_names,
@@ -594,6 +591,11 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
             max_loaded_models=self.max_loaded_models,
             deadline=deadline,
         )
+        try:  # the model's format, resolved once per loaded model on the caller's side
+            frontend_for(lease.worker)
+        except BaseException:
+            lease.release()
+            raise
         if spec is None:
             self._worker = lease.worker
             self._closed = False
@@ -651,9 +653,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     @property
     def model_info(self) -> ModelInfo:
         """Facts about the loaded model (loads it if needed)."""
-        info = self.load()._worker.info  # type: ignore[union-attr]
-        assert info is not None
-        return info
+        worker = self.load()._worker
+        assert worker is not None
+        return frontend_for(worker).info
 
     # -- what the model reads: the rendered prompt and token counts
 
@@ -695,13 +697,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         if not _has_images(job.messages):
             path = self._resolve(spec).model_path
             return prompt_preview.prepare_without_weights(path, job)
-        from langchain_llamacpp_local.chat.prompts import prepare
-
         lease, _ = self._lease(spec, job.deadline)
         try:
-            return lease.worker.call(
-                lambda state: prompt_preview.from_prepared(prepare(state.format, job, state.engine))
-            )
+            return frontend_for(lease.worker).render(job)
         finally:
             lease.release()
 
@@ -813,63 +811,23 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
                     )
         return messages
 
-    def _submit(self, job: ChatJob, lease: registry.Lease) -> None:
+    def _submit(self, job: ChatJob, lease: registry.Lease) -> Reply:
+        """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it."""
         self._inflight.add(job.cancel)
+        frontend = frontend_for(lease.worker)
+        request, prepared = frontend.prepare(job)
+        return self._queue(request, prepared, frontend.info.model_name, lease)
+
+    @staticmethod
+    def _queue(
+        request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease
+    ) -> Reply:
+        reply = Reply(request, prepared, model_name)
         # the model is free for others (keep-alive, max_loaded_models) once the reply is
         # complete, even if the caller never reads it to the end
-        job.channel.on_final(lease.release)
-        lease.worker.submit(job)
-
-    def _replies(self, job: ChatJob) -> Iterator[tuple[str, Any]]:
-        """Reply items of a submitted job; cancels it if the consumer goes away."""
-        finished = False
-        try:
-            while True:
-                remaining = None if job.deadline is None else job.deadline - time.monotonic()
-                try:
-                    item = job.channel.get(
-                        timeout=max(remaining, 0) if remaining is not None else None
-                    )
-                except TimeoutError:
-                    job.cancel.set()
-                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
-                kind, value = item
-                if kind == "error":
-                    finished = True
-                    raise value
-                yield kind, value
-                if kind == "done":
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                job.cancel.set()
-
-    async def _areplies(self, job: ChatJob) -> AsyncIterator[tuple[str, Any]]:
-        finished = False
-        try:
-            while True:
-                remaining = None if job.deadline is None else job.deadline - time.monotonic()
-                try:
-                    if remaining is None:
-                        item = await job.channel.aget()
-                    else:
-                        with anyio.fail_after(max(remaining, 0)):
-                            item = await job.channel.aget()
-                except TimeoutError:
-                    job.cancel.set()
-                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
-                kind, value = item
-                if kind == "error":
-                    finished = True
-                    raise value
-                yield kind, value
-                if kind == "done":
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                job.cancel.set()
+        request.channel.on_final(lease.release)
+        lease.worker.submit(request)
+        return reply
 
     def _chunk(self, kind: str, value: Any, name: str | None = None) -> ChatGenerationChunk:
         if kind == "delta":
@@ -909,9 +867,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
             spec = kwargs.get("model")
             lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
             try:
-                self._submit(job, lease)
+                reply = self._submit(job, lease)
                 name = self._reported_name(spec, resolved)
-                for kind, value in self._replies(job):
+                for kind, value in reply.items():
                     chunk = self._chunk(kind, value, name)
                     if run_manager and kind == "delta":
                         run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
@@ -926,17 +884,32 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        # Off the event loop: image decoding (pillow, permitted downloads) in _make_job
-        # and, on the first call, loading the model.
+        # Off the event loop: image decoding (pillow, permitted downloads) in _make_job,
+        # on the first call loading the model, and preparing the prompt (template,
+        # tokens, grammar): the loop never waits on any of them.
         with model_errors():
             job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
-            job.channel.bind_loop()
             spec = kwargs.get("model")
             lease, resolved = await self._alease(spec, job.deadline, _keep_alive_kwarg(kwargs))
             try:
-                self._submit(job, lease)
+                self._inflight.add(job.cancel)
+                frontend = frontend_for(lease.worker)
+                made: list[Any] = []
+
+                def prepare() -> Any:
+                    made.append(frontend.prepare(job))
+                    return made[-1]
+
+                try:
+                    request, prepared = await anyio.to_thread.run_sync(prepare)
+                except BaseException:  # cancelled while it ran: free what it built
+                    for req, _ in made:
+                        req.close_sampler()
+                    raise
+                request.channel.bind_loop()
+                reply = self._queue(request, prepared, frontend.info.model_name, lease)
                 name = self._reported_name(spec, resolved)
-                async for kind, value in self._areplies(job):
+                async for kind, value in reply.aitems():
                     chunk = self._chunk(kind, value, name)
                     if run_manager and kind == "delta":
                         await run_manager.on_llm_new_token(_text_of(value), chunk=chunk)

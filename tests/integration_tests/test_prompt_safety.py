@@ -10,6 +10,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError
+from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.prompts import ChatFormat, prepare
 from langchain_llamacpp_local.chat.special_tokens import (
     _partition,
@@ -19,7 +20,6 @@ from langchain_llamacpp_local.chat.special_tokens import (
 )
 from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-from langchain_llamacpp_local.runtime.worker import ChatJob
 from langchain_llamacpp_local.templates.chat_template import ChatTemplateError, convert_messages
 from tests.gguf_models import EOS_ID, byte_token
 
