@@ -19,9 +19,7 @@ from langchain_core.language_models.chat_models import BaseChatModel, LangSmithP
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import (
-    Runnable,
-)
+from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import (
@@ -40,9 +38,7 @@ from langchain_llamacpp_local.chat.preview import RenderedPrompt
 from langchain_llamacpp_local.chat.reply import Reply
 from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.copies import ConfigOnlyCopies
-from langchain_llamacpp_local.errors import (
-    model_errors,
-)
+from langchain_llamacpp_local.errors import model_errors
 from langchain_llamacpp_local.llama.engine import check_gguf_file
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.model_handle import model_file
