@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -19,24 +17,11 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
 from langchain_core.language_models.model_profile import ModelProfile
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.tool import tool_call_chunk
-from langchain_core.output_parsers import (
-    JsonOutputKeyToolsParser,
-    JsonOutputParser,
-    PydanticOutputParser,
-    PydanticToolsParser,
-)
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import (
-    Runnable,
-    RunnableGenerator,
-    RunnableMap,
-    RunnablePassthrough,
-)
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
-from langchain_core.utils.pydantic import is_basemodel_subclass
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -45,14 +30,15 @@ from pydantic import (
 )
 from typing_extensions import Self
 
+from langchain_llamacpp_local.chat.frontend import frontend_for
+from langchain_llamacpp_local.chat.jobs import ChatJob
+from langchain_llamacpp_local.chat.messages import aggregate, chunk_of, text_of
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
+from langchain_llamacpp_local.chat.reply import Reply
+from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.errors import (
-    RequestCancelledError,
-    RequestTimeoutError,
-    StructuredOutputTruncatedError,
     model_errors,
 )
-from langchain_llamacpp_local.formats import StreamDelta
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
@@ -70,13 +56,8 @@ from langchain_llamacpp_local.resolution.model_resolution import (
 from langchain_llamacpp_local.resolution.model_resolution import list_models as _list_models
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
-from langchain_llamacpp_local.runtime.worker import (
-    CacheOptions,
-    ChatJob,
-    Done,
-    ModelInfo,
-    ModelWorker,
-)
+from langchain_llamacpp_local.runtime.requests import EngineRequest
+from langchain_llamacpp_local.runtime.worker import CacheOptions, ModelInfo, ModelWorker
 from langchain_llamacpp_local.settings_base import ModelSettings
 from langchain_llamacpp_local.templates.messages import convert_messages
 from langchain_llamacpp_local.validation import (
@@ -93,7 +74,6 @@ from langchain_llamacpp_local.validation import (
 
 logger = logging.getLogger(__name__)
 
-_PARSED_KEY = "_llamacpp_parsed"
 _SAMPLING_FIELDS = (
     "temperature",
     "top_p",
@@ -559,6 +539,11 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             max_loaded_models=self.max_loaded_models,
             deadline=deadline,
         )
+        try:  # the model's format, resolved once per loaded model on the caller's side
+            frontend_for(lease.worker)
+        except BaseException:
+            lease.release()
+            raise
         if spec is None:
             self._worker = lease.worker
         return lease, resolved
@@ -615,9 +600,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     @property
     def model_info(self) -> ModelInfo:
         """Facts about the loaded model (loads it if needed)."""
-        info = self.load()._worker.info  # type: ignore[union-attr]
-        assert info is not None
-        return info
+        worker = self.load()._worker
+        assert worker is not None
+        return frontend_for(worker).info
 
     # -- what the model reads: the rendered prompt and token counts
 
@@ -659,13 +644,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         if not _has_images(job.messages):
             path = self._resolve(spec).model_path
             return prompt_preview.prepare_without_weights(path, job)
-        from langchain_llamacpp_local.chat.prompts import prepare
-
         lease, _ = self._lease(spec, job.deadline)
         try:
-            return lease.worker.call(
-                lambda state: prompt_preview.from_prepared(prepare(state.format, job, state.engine))
-            )
+            return frontend_for(lease.worker).render(job)
         finally:
             lease.release()
 
@@ -776,89 +757,23 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                     )
         return messages
 
-    def _submit(self, job: ChatJob, lease: registry.Lease) -> None:
+    def _submit(self, job: ChatJob, lease: registry.Lease) -> Reply:
+        """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it."""
         self._inflight.add(job.cancel)
+        frontend = frontend_for(lease.worker)
+        request, prepared = frontend.prepare(job)
+        return self._queue(request, prepared, frontend.info.model_name, lease)
+
+    @staticmethod
+    def _queue(
+        request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease
+    ) -> Reply:
+        reply = Reply(request, prepared, model_name)
         # the model is free for others (keep-alive, max_loaded_models) once the reply is
         # complete, even if the caller never reads it to the end
-        job.channel.on_final(lease.release)
-        lease.worker.submit(job)
-
-    def _replies(self, job: ChatJob) -> Iterator[tuple[str, Any]]:
-        """Reply items of a submitted job; cancels it if the consumer goes away."""
-        finished = False
-        try:
-            while True:
-                remaining = None if job.deadline is None else job.deadline - time.monotonic()
-                try:
-                    item = job.channel.get(
-                        timeout=max(remaining, 0) if remaining is not None else None
-                    )
-                except TimeoutError:
-                    job.cancel.set()
-                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
-                kind, value = item
-                if kind == "error":
-                    finished = True
-                    raise value
-                yield kind, value
-                if kind == "done":
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                job.cancel.set()
-
-    async def _areplies(self, job: ChatJob) -> AsyncIterator[tuple[str, Any]]:
-        finished = False
-        try:
-            while True:
-                remaining = None if job.deadline is None else job.deadline - time.monotonic()
-                try:
-                    if remaining is None:
-                        item = await job.channel.aget()
-                    else:
-                        with anyio.fail_after(max(remaining, 0)):
-                            item = await job.channel.aget()
-                except TimeoutError:
-                    job.cancel.set()
-                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
-                kind, value = item
-                if kind == "error":
-                    finished = True
-                    raise value
-                yield kind, value
-                if kind == "done":
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                job.cancel.set()
-
-    def _chunk(self, kind: str, value: Any, name: str | None = None) -> ChatGenerationChunk:
-        if kind == "delta":
-            return ChatGenerationChunk(message=_delta_message(value))
-        done: Done = value
-        meta: dict[str, Any] = {
-            "model_name": name or done.model_name,
-            "model_provider": "llamacpp",
-            "finish_reason": done.finish_reason,
-            "timings": done.timings,
-        }
-        if done.logprobs is not None:
-            meta["logprobs"] = {"content": done.logprobs}
-        if done.speculative is not None:
-            meta["speculative"] = done.speculative
-        if done.lora is not None:
-            meta["lora"] = done.lora
-        msg = AIMessageChunk(
-            content="",
-            usage_metadata=done.usage,
-            response_metadata=meta,  # type: ignore[arg-type]
-        )
-        info: dict[str, Any] = {"finish_reason": done.finish_reason}
-        if done.parsed is not None:
-            info[_PARSED_KEY] = done.parsed
-        return ChatGenerationChunk(message=msg, generation_info=info)
+        request.channel.on_final(lease.release)
+        lease.worker.submit(request)
+        return reply
 
     def _stream(
         self,
@@ -872,12 +787,12 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             spec = kwargs.get("model")
             lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
             try:
-                self._submit(job, lease)
+                reply = self._submit(job, lease)
                 name = self._reported_name(spec, resolved)
-                for kind, value in self._replies(job):
-                    chunk = self._chunk(kind, value, name)
+                for kind, value in reply.items():
+                    chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
-                        run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+                        run_manager.on_llm_new_token(text_of(value), chunk=chunk)
                     yield chunk
             finally:
                 lease.release()
@@ -889,20 +804,35 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        # Off the event loop: image decoding (pillow, permitted downloads) in _make_job
-        # and, on the first call, loading the model.
+        # Off the event loop: image decoding (pillow, permitted downloads) in _make_job,
+        # on the first call loading the model, and preparing the prompt (template,
+        # tokens, grammar): the loop never waits on any of them.
         with model_errors():
             job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
-            job.channel.bind_loop()
             spec = kwargs.get("model")
             lease, resolved = await self._alease(spec, job.deadline, _keep_alive_kwarg(kwargs))
             try:
-                self._submit(job, lease)
+                self._inflight.add(job.cancel)
+                frontend = frontend_for(lease.worker)
+                made: list[Any] = []
+
+                def prepare() -> Any:
+                    made.append(frontend.prepare(job))
+                    return made[-1]
+
+                try:
+                    request, prepared = await anyio.to_thread.run_sync(prepare)
+                except BaseException:  # cancelled while it ran: free what it built
+                    for req, _ in made:
+                        req.close_sampler()
+                    raise
+                request.channel.bind_loop()
+                reply = self._queue(request, prepared, frontend.info.model_name, lease)
                 name = self._reported_name(spec, resolved)
-                async for kind, value in self._areplies(job):
-                    chunk = self._chunk(kind, value, name)
+                async for kind, value in reply.aitems():
+                    chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
-                        await run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+                        await run_manager.on_llm_new_token(text_of(value), chunk=chunk)
                     yield chunk
             finally:
                 lease.release()
@@ -917,7 +847,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         chunks = list(
             self._stream(messages, stop, run_manager if self.streaming else None, **kwargs)
         )
-        return _aggregate(chunks)
+        return aggregate(chunks)
 
     async def _agenerate(
         self,
@@ -932,7 +862,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                 messages, stop, run_manager if self.streaming else None, **kwargs
             )
         ]
-        return _aggregate(chunks)
+        return aggregate(chunks)
 
     # ------------------------------------------------------------------ tools
 
@@ -983,73 +913,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         schema; ``function_calling`` forces a call of a tool shaped like the schema;
         ``json_mode`` constrains output to some JSON object (describe the keys in the prompt).
         """
-        if kwargs:
-            raise ValueError(f"Received unsupported arguments {kwargs}")
-        is_pydantic = isinstance(schema, type) and (
-            is_basemodel_subclass(schema) or _is_pydantic_v1(schema)
+        return structured_output(
+            self, schema, method=method, include_raw=include_raw, strict=strict, **kwargs
         )
-        if method == "function_calling":
-            tool = convert_to_openai_tool(schema, strict=strict)
-            name = tool["function"]["name"]
-            llm = self.bind_tools(
-                [schema],
-                tool_choice=name,
-                parallel_tool_calls=False,
-                ls_structured_output_format={
-                    "kwargs": {"method": method, "strict": strict},
-                    "schema": tool,
-                },
-            )
-            parser: Runnable = (
-                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
-                if is_pydantic
-                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
-            )
-        elif method in ("json_schema", "json_mode"):
-            if method == "json_schema":
-                json_schema = _json_schema_of(schema)
-                response_format: dict[str, Any] = {
-                    "type": "json_schema",
-                    "json_schema": {
-                        "name": json_schema.get("title", "output"),
-                        "schema": json_schema,
-                        "strict": strict,
-                    },
-                }
-            else:
-                response_format = {"type": "json_object"}
-            try:
-                ls_schema: Any = convert_to_json_schema(schema)
-            except (TypeError, ValueError):
-                ls_schema = schema
-            llm = self.bind(
-                response_format=response_format,
-                ls_structured_output_format={
-                    "kwargs": {"method": method, "strict": strict},
-                    "schema": ls_schema,
-                },
-            )
-            parser = (
-                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
-                if is_pydantic
-                else JsonOutputParser()
-            )
-        else:
-            raise ValueError(
-                f"method must be 'json_schema', 'function_calling' or 'json_mode', not {method!r}"
-            )
-        # Partial-JSON parsing would read output cut off by max_tokens as a valid answer.
-        parser = _complete_output(method) | parser
-        if not include_raw:
-            return llm | parser
-        parser_assign = RunnablePassthrough.assign(
-            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
-        )
-        parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
-        parser_with_fallback = parser_assign.with_fallbacks(
-            [parser_none], exception_key="parsing_error"
-        )
-        return RunnableMap(raw=llm) | parser_with_fallback
 
 
 class _ClassOrInstanceMethod:
@@ -1067,64 +933,6 @@ ChatLlamaCpp.list_models = _ClassOrInstanceMethod(ChatLlamaCpp._list_models)
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _complete_output(method: str) -> Runnable[Any, Any]:
-    """Passes the model's output through and then checks it was not cut off by the token
-    limit: ``finish_reason == "length"`` with output that does not parse whole raises
-    :class:`StructuredOutputTruncatedError`. A generator, so the parser after it still
-    streams partial output."""
-
-    def transform(chunks: Iterator[Any]) -> Iterator[Any]:
-        total = None
-        for chunk in chunks:
-            total = chunk if total is None else total + chunk
-            yield chunk
-        _check_complete(total, method)
-
-    async def atransform(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        total = None
-        async for chunk in chunks:
-            total = chunk if total is None else total + chunk
-            yield chunk
-        _check_complete(total, method)
-
-    return RunnableGenerator(transform, atransform, name="check_complete")
-
-
-def _check_complete(message: Any, method: str) -> None:
-    if not isinstance(message, AIMessage):
-        return
-    if message.response_metadata.get("finish_reason") != "length":
-        return
-    if method == "function_calling":
-        if isinstance(message, AIMessageChunk):  # merged chunks: arguments as streamed
-            whole = bool(message.tool_call_chunks) and all(
-                _is_json(c.get("args") or "{}") for c in message.tool_call_chunks
-            )
-        else:
-            whole = bool(message.tool_calls) and not message.invalid_tool_calls
-        what = "the forced tool call"
-    else:
-        whole = _is_json(message.text)
-        what = "the structured output"
-    if whole:  # complete exactly at the limit
-        return
-    usage = message.usage_metadata or {}
-    raise StructuredOutputTruncatedError(
-        f"{what} was cut off by max_tokens after {usage.get('output_tokens', '?')} tokens "
-        "(finish_reason='length') before it was complete; raise max_tokens (with "
-        "max_tokens=None, the context window n_ctx is the limit)",
-        llm_output=message.text,
-    )
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _has_images(messages: list[dict[str, Any]]) -> bool:
@@ -1145,75 +953,6 @@ def _keep_alive_kwarg(kwargs: dict[str, Any]) -> float | None:
     return float(value)
 
 
-def _delta_message(d: StreamDelta) -> AIMessageChunk:
-    """One streamed piece; with ``logprobs``, those of its own tokens, shaped as
-    ChatOpenAI's chunks carry them (merging the chunks concatenates the lists)."""
-    meta: dict[str, Any] = {} if d.logprobs is None else {"logprobs": {"content": d.logprobs}}
-    if d.kind == "content":
-        return AIMessageChunk(content=d.text, response_metadata=meta)
-    if d.kind == "reasoning":
-        return AIMessageChunk(
-            content="", additional_kwargs={"reasoning_content": d.text}, response_metadata=meta
-        )
-    return AIMessageChunk(
-        content="",
-        tool_call_chunks=[tool_call_chunk(name=d.name, args=d.args, id=d.id, index=d.index)],
-        response_metadata=meta,
-    )
-
-
-def _text_of(d: Any) -> str:
-    return d.text if isinstance(d, StreamDelta) and d.kind == "content" else ""
-
-
-def _aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
-    """Merge streamed chunks into the ``invoke`` result.
-
-    Tool calls come from the parser's final result: chunk merging would read a
-    truncated call's arguments as valid partial JSON, where the parser reports
-    it in ``invalid_tool_calls``.
-    """
-    if not chunks:
-        raise RequestCancelledError("no reply from the model")
-    total = chunks[0]
-    for c in chunks[1:]:
-        total += c
-    msg = total.message
-    assert isinstance(msg, AIMessageChunk)
-    info = dict(total.generation_info or {})
-    parsed = info.pop(_PARSED_KEY, None)
-    invalid = list(parsed.invalid_tool_calls if parsed is not None else msg.invalid_tool_calls)
-    if invalid and info.get("finish_reason") == "length":
-        # the call still being written when the token limit came: say so
-        last = invalid[-1]
-        error = f"cut off by max_tokens before the call was complete ({last.get('error')})"
-        invalid[-1] = {**last, "error": error}
-    message = AIMessage(
-        content=msg.content,
-        additional_kwargs=msg.additional_kwargs,
-        response_metadata=msg.response_metadata,
-        usage_metadata=msg.usage_metadata,
-        tool_calls=parsed.tool_calls if parsed is not None else msg.tool_calls,
-        invalid_tool_calls=invalid,
-        id=msg.id,
-    )
-    return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])
-
-
-def _is_pydantic_v1(schema: type) -> bool:
-    try:
-        from pydantic.v1 import BaseModel as V1BaseModel
-    except ImportError:  # pragma: no cover
-        return False
-    return issubclass(schema, V1BaseModel)
-
-
-def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
-    if isinstance(schema, type) and _is_pydantic_v1(schema):
-        return schema.schema()  # type: ignore[attr-defined]
-    if isinstance(schema, type) and is_basemodel_subclass(schema):
-        return schema.model_json_schema()
-    return convert_to_json_schema(schema)
 
 
 def _log_progress(path: str) -> Callable[[float], None]:

@@ -10,7 +10,7 @@ sampling (forced tool calls, JSON schema, JSON mode).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,8 +39,8 @@ from langchain_llamacpp_local.templates.hermes_prompt import inject_tool_prompt
 from langchain_llamacpp_local.templates.sandbox import request_budget
 
 if TYPE_CHECKING:
+    from langchain_llamacpp_local.chat.jobs import ChatJob
     from langchain_llamacpp_local.llama.engine import Engine
-    from langchain_llamacpp_local.runtime.jobs import ChatJob
 
 logger = logging.getLogger(__name__)
 
@@ -242,17 +242,27 @@ def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
     )
 
 
-def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
+#: ``Engine.tokenize_multimodal``'s signature: (text or parts, images) -> (positions, media)
+TokenizeMedia = Callable[[Any, list[Any]], tuple[list[Any], dict[int, Any]]]
+
+
+def prepare(
+    fmt: ChatFormat, job: ChatJob, eng: Engine, tokenize_media: TokenizeMedia | None = None
+) -> PreparedPrompt:
     """Render, tokenize and choose grammar and parser for ``job``.
 
     Every template operation of the request (compiling an override, probing, each
     render) shares one time budget, which also stops at the caller's cancel or timeout.
+    ``tokenize_media`` tokenizes a prompt with images (default: the engine's own; the
+    front end passes the worker's, where the projector's context lives).
     """
     with request_budget(fmt.template.limits, cancelled=job.cancelled):
-        return _prepare(fmt, job, eng)
+        return _prepare(fmt, job, eng, tokenize_media or eng.tokenize_multimodal)
 
 
-def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
+def _prepare(
+    fmt: ChatFormat, job: ChatJob, eng: Engine, tokenize_media: TokenizeMedia
+) -> PreparedPrompt:
     tools = job.tools or []
     choice = normalize_tool_choice(job.tool_choice, tools) if tools else None
     use_tools = bool(tools) and choice != "none"
@@ -317,9 +327,9 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         pictures = [(im.width, im.height, im.rgb, im.digest) for im in images]
         if mapping:  # control-token text in content stays plain text, as without images
             parts = protected_parts(info, _strip_bos(eng, fmt, rendered), mapping, MEDIA_MARKER)
-            tokens, media = eng.tokenize_multimodal(parts, pictures)
+            tokens, media = tokenize_media(parts, pictures)
         else:
-            tokens, media = eng.tokenize_multimodal(_strip_bos(eng, fmt, text), pictures)
+            tokens, media = tokenize_media(_strip_bos(eng, fmt, text), pictures)
         boundaries: tuple[int, ...] = ()
     elif mapping:
         tokens = tokenize_protected(eng, info, _strip_bos(eng, fmt, rendered), mapping)

@@ -1,10 +1,12 @@
 """One worker thread per loaded model: it owns the engine and serves requests in order.
 
-Callers put a :class:`ChatJob` on the worker's queue and read replies from the
-job's :class:`~langchain_llamacpp_local.runtime.channel.Channel`. The thread renders the
-prompt, reuses the longest cached prefix (restoring a state checkpoint where the
-memory cannot be trimmed), decodes only the new suffix, samples, parses, and
-streams :class:`~langchain_llamacpp_local.formats.StreamDelta` items back.
+Callers (the front end, ``chat/``) put a token-level
+:class:`~langchain_llamacpp_local.runtime.requests.EngineRequest` on the worker's queue and
+read its reply from the request's :class:`~langchain_llamacpp_local.runtime.channel.Channel`.
+The thread reuses the longest cached prefix (restoring a state checkpoint where the
+memory cannot be trimmed), decodes only the new suffix, samples, detokenizes, applies
+stop strings and streams typed items back (:class:`TextDelta`, then :class:`Finished`
+or :class:`Failed`). It renders, tokenizes and parses nothing: the caller's side does.
 
 Models are shared: :mod:`~langchain_llamacpp_local.runtime.registry` keeps one worker per
 :class:`~langchain_llamacpp_local.llama.loading.LoadConfig` (keep-alive, loaded-model budget).
@@ -18,18 +20,14 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from langchain_llamacpp_local.cache.chunking import marker_cuts
 from langchain_llamacpp_local.cache.disk import PendingSave
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory, Verify
 from langchain_llamacpp_local.cache.slots import Slot
-from langchain_llamacpp_local.chat import prompts
-from langchain_llamacpp_local.chat.logprobs import logprob_entry
-from langchain_llamacpp_local.chat.special_tokens import scan_in_background
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
@@ -39,14 +37,19 @@ from langchain_llamacpp_local.errors import (
     RequestCancelledError,
     WorkerDeadError,
 )
-from langchain_llamacpp_local.formats import StreamDelta
 from langchain_llamacpp_local.llama.engine import Engine
 from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.sampling import Sampler
 from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
 from langchain_llamacpp_local.runtime.channel import Channel
-from langchain_llamacpp_local.runtime.jobs import ChatJob, cancel_error
-from langchain_llamacpp_local.runtime.lora import activate, key_tokens
+from langchain_llamacpp_local.runtime.logprobs import logprob_entry
+from langchain_llamacpp_local.runtime.requests import (
+    EngineRequest,
+    Failed,
+    Finished,
+    TextDelta,
+    cancel_error,
+)
 from langchain_llamacpp_local.runtime.scheduler import (
     PieceRules,
     PromptPiece,
@@ -61,20 +64,6 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Done:
-    """Final reply item: why generation ended, usage and timings."""
-
-    finish_reason: str
-    usage: dict[str, Any]
-    timings: dict[str, float]
-    model_name: str
-    logprobs: list[dict[str, Any]] | None = None
-    parsed: Any = None  # the parser's final ParsedOutput, when tools or reasoning were parsed
-    speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
-    lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
-
-
-@dataclass
 class ModelInfo:
     """What callers may want to know about the loaded model (read once after load)."""
 
@@ -85,8 +74,10 @@ class ModelInfo:
     n_slots: int
     memory_kind: str
     metadata: dict[str, str]
-    template_origin: str
-    tool_format: str
+    #: the chat template's origin and tool-call format: the front end's (resolved once
+    #: per loaded model on the caller's side); empty in the worker's own copy
+    template_origin: str = ""
+    tool_format: str = ""
     #: MiB of weights per buffer type, as llama.cpp reported the load (CPU_REPACK, AMX...)
     weight_buffers: dict[str, float] = field(default_factory=dict)
     #: the CPU threads chosen at load (``n_threads``, ``n_threads_batch``, the usable
@@ -114,6 +105,7 @@ class ModelWorker:
         self._dead: BaseException | None = None
         self.info: ModelInfo | None = None
         state = _WorkerState(config, cache, progress)
+        self._state = state
         self._thread = threading.Thread(
             target=_thread_main,
             args=(state, self._queue, self._ready, weakref.ref(self)),
@@ -132,14 +124,34 @@ class ModelWorker:
     def alive(self) -> bool:
         return self._thread.is_alive() and self._dead is None
 
-    def submit(self, job: ChatJob) -> Channel:
+    @property
+    def engine(self) -> Engine:
+        """The loaded engine, for what callers may read of it from their own thread: the
+        vocabulary (tokenizing, token texts), metadata and sizes (llama.cpp's vocabulary
+        is read-only once loaded, as its server's HTTP threads rely on)."""
+        eng = self._state.engine
+        if eng is None:
+            raise WorkerDeadError(f"the worker for {self.config.model_path} has stopped")
+        return eng
+
+    def submit(self, job: EngineRequest) -> Channel:
         if not self.alive:
+            job.close_sampler()
             raise WorkerDeadError(
                 f"the worker for {self.config.model_path} has stopped"
                 + (f": {self._dead!r}" if self._dead else "")
             )
         self._queue.put(job)
         return job.channel
+
+    def tokenize_media(
+        self,
+        text: str | list[tuple[str, bool] | None],
+        images: list[tuple[int, int, bytes | bytearray, str]],
+    ) -> tuple[list[Any], dict[int, Any]]:
+        """A prompt with images as positions and image chunks, made on the worker thread
+        (mtmd's tokenizer preprocesses the images with the projector's context)."""
+        return self.call(lambda state: state.engine.tokenize_multimodal(text, images))
 
     def call(self, fn: Callable[[_WorkerState], Any]) -> Any:
         """Run ``fn(state)`` on the worker thread and return its result (tests, tools)."""
@@ -201,19 +213,18 @@ def _drain(q: queue.SimpleQueue[Any], exc: BaseException) -> None:
             item = q.get_nowait()
         except queue.Empty:
             return
-        if isinstance(item, ChatJob):
-            item.channel.put(("error", exc))
+        if isinstance(item, EngineRequest):
+            item.close_sampler()
+            item.channel.put(Failed(exc))
         elif isinstance(item, tuple):
             item[1].put(("error", exc))
 
 
 @dataclass
 class _Waiting:
-    """A queued request; its prompt is prepared once, the first time it is considered."""
+    """A queued request (its prompt prepared by the front end before it was queued)."""
 
-    job: ChatJob
-    prepared: prompts.PreparedPrompt | None = None
-    max_new: int = 0
+    job: EngineRequest
 
 
 @dataclass
@@ -233,50 +244,46 @@ class _Speculation:
 class _Active:
     """A request that owns a slot: reading its prompt or generating."""
 
-    job: ChatJob
-    prepared: prompts.PreparedPrompt
+    job: EngineRequest
     slot: Slot
     n_keep: int
     max_new: int
     targets: list[int]
     keep: frozenset[int]
     sampler: Sampler
-    parser: prompts.OutputParser
     decoder: Utf8Decoder = field(default_factory=Utf8Decoder)
     stopper: StopMatcher = field(default_factory=lambda: StopMatcher([]))
     logprobs: list[dict[str, Any]] | None = None
-    logprobs_sent: int = 0  # entries of logprobs already sent with a streamed piece
+    logprobs_sent: int = 0  # entries of logprobs already sent with a text item
     marks: list[int] = field(default_factory=list)  # chunking.marker_cuts of the prompt
     n_gen: int = 0
     pending: int | None = None  # sampled token to decode in the next step
     t_start: float = field(default_factory=time.perf_counter)
     t_prefill: float = 0.0
     retried: bool = False
-    streamed: bool = False
     spec: _Speculation | None = None
 
     @property
     def tokens(self) -> list[Any]:
-        return self.prepared.tokens
+        return self.job.tokens
 
     @property
     def media(self) -> dict[int, Any]:
-        """The prompt's images by first position (``MediaChunk``: ``n_pos`` positions)."""
-        return self.prepared.media
+        """Image chunks by the position where each starts."""
+        return self.job.media
 
     @property
     def lora_start(self) -> int:
-        """Where an activated LoRA starts applying (0: everywhere)."""
-        return self.prepared.lora_start
+        return self.job.lora_start
 
     @property
     def prefilling(self) -> bool:
-        return self.slot.n_past < len(self.prepared.tokens)
+        return self.slot.n_past < len(self.job.tokens)
 
     @property
     def reserved(self) -> int:
         """KV positions this request may occupy until it ends (unified-cache admission)."""
-        return len(self.prepared.tokens) + self.max_new
+        return len(self.job.tokens) + self.max_new
 
 
 class _WorkerState:
@@ -289,8 +296,8 @@ class _WorkerState:
     with other sequences and generation steps share a call only in groups the
     kernels keep exact, so a request computes the same logits whatever runs beside it.
 
-    Anything that goes wrong while preparing, sampling, parsing or streaming one
-    request becomes that request's error; only a failure of llama.cpp itself (an
+    Anything that goes wrong while starting, sampling or streaming one request
+    becomes that request's error; only a failure of llama.cpp itself (an
     exception out of the engine other than a decode error) stops the worker.
     """
 
@@ -307,9 +314,6 @@ class _WorkerState:
         self.memory: SlotMemory | None = None
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
-        self.format: prompts.ChatFormat | None = None
-        # token sequences prompts are cut after (chunking marks: message boundaries)
-        self.markers: tuple[tuple[int, ...], ...] = ()
         self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
         self.proposers: dict[str, Proposer] = {}
@@ -322,8 +326,6 @@ class _WorkerState:
     def load(self) -> None:
         eng = Engine(self.config, self.progress)
         self.engine = eng
-        self.format = prompts.ChatFormat.from_engine(eng)
-        self.markers = prompts.chunk_markers(self.format.template, eng)
         self.memory = SlotMemory(eng, self.cache)
         self.proposers["ngram"] = NgramProposer()
         if self.config.draft_model_path:
@@ -339,13 +341,9 @@ class _WorkerState:
             n_slots=eng.n_seq_max,
             memory_kind=eng.memory_kind.value,
             metadata=dict(eng.metadata),
-            template_origin=self.format.template.origin,
-            tool_format=self.format.call_format,
             weight_buffers=dict(eng.weight_buffers),
             threads=eng.thread_plan.as_dict(),
         )
-        # what requests need of the vocabulary (control-token texts): not part of loading
-        scan_in_background(eng)
 
     @property
     def slots(self) -> list[Slot]:
@@ -366,10 +364,12 @@ class _WorkerState:
     def fail_all(self, exc: BaseException) -> None:
         for act in self.active:
             act.sampler.close()
-            act.job.channel.put(("error", exc))
+            act.job.channel.put(Failed(exc))
         self.active.clear()
         while self.pending:
-            self.pending.popleft().job.channel.put(("error", exc))
+            job = self.pending.popleft().job
+            job.close_sampler()
+            job.channel.put(Failed(exc))
 
     # ------------------------------------------------------------------ main loop
 
@@ -408,7 +408,7 @@ class _WorkerState:
     def _busy(self) -> set[int]:
         return {a.slot.seq_id for a in self.active}
 
-    def _stopped(self, job: ChatJob) -> BaseException | None:
+    def _stopped(self, job: EngineRequest) -> BaseException | None:
         """The error ``job`` must end with now (cancelled, timed out, broken), or None."""
         try:
             return cancel_error(job) if job.cancelled() else None
@@ -423,19 +423,18 @@ class _WorkerState:
             err = self._stopped(w.job)
             if err is not None:  # the caller is gone: skip, don't run
                 self.pending.popleft()
-                w.job.channel.put(("error", err))
+                w.job.close_sampler()
+                w.job.channel.put(Failed(err))
                 continue
             busy = self._busy()
             if len(busy) >= len(self.slots):
                 return
             try:
-                if w.prepared is None:
-                    self._prepare(w)
                 act = self._start(w, busy)
             except Exception as exc:
                 self.pending.popleft()
-                # a cancel or timeout that stopped the templating is why the request ended
-                w.job.channel.put(("error", self._stopped(w.job) or exc))
+                w.job.close_sampler()
+                w.job.channel.put(Failed(self._stopped(w.job) or exc))
                 continue
             if act is None:  # unified cache: running requests hold the room it needs
                 return
@@ -444,55 +443,18 @@ class _WorkerState:
 
     # ------------------------------------------------------------------ starting a request
 
-    def _prepare(self, w: _Waiting) -> None:
-        """Render and tokenize once; a request too long for the window fails here."""
-        eng = self.engine
-        assert eng is not None and self.format is not None
-        prepared = prompts.prepare(self.format, w.job, eng)
-        logger.debug("prepared a prompt of %d tokens", len(prepared.tokens))
-        if w.job.lora:  # LoRA hook: the adapter set is part of the prefix's identity
-            eng.check_lora(w.job.lora)
-            # an activated LoRA: off before its invocation, off without one
-            w.job.lora, prepared.lora_start = activate(w.job.lora, eng.alora, prepared.tokens)
-            prepared.tokens = key_tokens(prepared.tokens, w.job.lora, prepared.lora_start)
-        n_prompt = len(prepared.tokens)
-        if n_prompt == 0:
-            raise InvalidRequestError("the rendered prompt is empty")
-        job = w.job
-        budget = eng.n_ctx - n_prompt
-        if budget > 0 and job.max_tokens_default and (job.max_tokens or 0) > budget:
-            logger.warning(
-                "the prompt of %d tokens leaves %d of the %d-token context: generating at "
-                "most %d tokens instead of the default max_tokens=%d (pass max_tokens= or "
-                "raise n_ctx)",
-                n_prompt,
-                budget,
-                eng.n_ctx,
-                budget,
-                job.max_tokens,
-            )
-            job.max_tokens = budget
-        if budget <= 0 or (job.max_tokens is not None and job.max_tokens > budget):
-            raise ContextOverflowError(
-                f"prompt of {n_prompt} tokens"
-                + (f" plus max_tokens={job.max_tokens}" if job.max_tokens is not None else "")
-                + f" does not fit the context window of {eng.n_ctx} tokens"
-                " (raise n_ctx, lower max_tokens or shorten the conversation)"
-            )
-        w.max_new = budget if job.max_tokens is None else job.max_tokens
-        w.prepared = prepared
-
     def _start(self, w: _Waiting, busy: set[int]) -> _Active | None:
         eng = self.engine
         memory = self.memory
-        assert eng is not None and memory is not None and w.prepared is not None
-        prepared = w.prepared
+        assert eng is not None and memory is not None
         job = w.job
-        tokens = prepared.tokens
-        spans = [(p, m.n_pos) for p, m in prepared.media.items()]
-        spec = self._speculation(job, prepared)  # first: it may refuse the job
-        marks = marker_cuts(tokens, self.markers)
-        needed = len(tokens) + w.max_new
+        tokens = job.tokens
+        if not tokens:
+            raise InvalidRequestError("the rendered prompt is empty")
+        spans = [(p, m.n_pos) for p, m in job.media.items()]
+        spec = self._speculation(job)  # first: it may refuse the job
+        marks = job.marks
+        needed = len(tokens) + job.max_new
         reserved = sum(a.reserved for a in self.active)
         if eng.kv_unified and not memory.fits(needed, reserved):
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
@@ -513,11 +475,11 @@ class _WorkerState:
             marks=marks,
             room=(needed, reserved) if eng.kv_unified else None,
         )
-        targets = memory.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot, marks)
-        sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
+        targets = memory.checkpoint_targets(n_keep, tokens, job.boundaries, spans, slot, marks)
+        sampler = job.sampler or Sampler(eng.vocab, job.sampling, n_ctx=eng.n_ctx)
+        job.sampler = None  # the request's from here on: closed when it ends
         try:
-            parser = prepared.make_parser()
-            stopper = StopMatcher(prepared.stop)
+            stopper = StopMatcher(job.stop)
         except BaseException:
             sampler.close()
             raise
@@ -526,21 +488,19 @@ class _WorkerState:
                 proposer.forget(slot.seq_id)
         return _Active(
             job=job,
-            prepared=prepared,
             slot=slot,
             n_keep=n_keep,
-            max_new=w.max_new,
+            max_new=job.max_new,
             targets=targets,
             keep=frozenset(targets),
             marks=marks,
             sampler=sampler,
-            parser=parser,
             stopper=stopper,
             logprobs=[] if job.logprobs else None,
             spec=spec,
         )
 
-    def _speculation(self, job: ChatJob, prepared: prompts.PreparedPrompt) -> _Speculation | None:
+    def _speculation(self, job: EngineRequest) -> _Speculation | None:
         """How ``job`` speculates, or None when it does not ask to."""
         kind = job.speculative
         if kind is None:
@@ -563,8 +523,8 @@ class _WorkerState:
                     "different logits (exact_verify_rows=%d); deterministic=False allows it",
                     eng.exact_verify_rows,
                 )
-        start = max((p + m.n_pos for p, m in prepared.media.items()), default=0)
-        history = [int(t) for t in prepared.tokens[start:]]
+        start = max((p + m.n_pos for p, m in job.media.items()), default=0)
+        history = [int(t) for t in job.tokens[start:]]
         return _Speculation(
             kind=kind,
             proposer=proposer if limit >= 1 else None,
@@ -911,23 +871,21 @@ class _WorkerState:
         return False
 
     def _emit(self, act: _Active, text: str) -> bool:
-        """Stream ``text`` through stop strings and the output parser; True if a stop matched."""
+        """Stream ``text`` through stop strings; True if a stop matched."""
         if not text:
             return False
         out, stopped = act.stopper.feed(text)
         if out:
-            self._put_deltas(act, act.parser.feed(out))
+            self._put_text(act, out)
         return stopped
 
-    def _put_deltas(self, act: _Active, deltas: Iterable[StreamDelta]) -> None:
-        """Stream parsed pieces; the first carries the logprobs of the tokens sampled
-        since the last piece sent (as OpenAI streams them: each chunk its own)."""
-        for d in deltas:
-            act.streamed = True
-            if act.logprobs is not None and act.logprobs_sent < len(act.logprobs):
-                d = replace(d, logprobs=act.logprobs[act.logprobs_sent :])
-                act.logprobs_sent = len(act.logprobs)
-            act.job.channel.put(("delta", d))
+    def _put_text(self, act: _Active, text: str) -> None:
+        """Send text with the logprobs of the tokens sampled since the last item sent."""
+        logprobs = None
+        if act.logprobs is not None:
+            logprobs = act.logprobs[act.logprobs_sent :]
+            act.logprobs_sent = len(act.logprobs)
+        act.job.channel.put(TextDelta(text, logprobs))
 
     def _finish(self, act: _Active, reason: str, *, stopped: bool = False) -> None:
         put = act.job.channel.put
@@ -937,20 +895,13 @@ class _WorkerState:
             else:
                 rest = act.stopper.flush()
                 if rest:
-                    self._put_deltas(act, act.parser.feed(rest))
-        self._put_deltas(act, act.parser.finish())
+                    self._put_text(act, rest)
         now = time.perf_counter()
         t_prefill = act.t_prefill or now
         n_prompt = len(act.tokens)
         n_decoded = n_prompt - act.n_keep
         prompt_ms = (t_prefill - act.t_start) * 1000
         gen_ms = (now - t_prefill) * 1000
-        usage = {
-            "input_tokens": n_prompt,
-            "output_tokens": act.n_gen,
-            "total_tokens": n_prompt + act.n_gen,
-            "input_token_details": {"cache_read": act.n_keep},
-        }
         timings = {
             "prompt_n": float(n_decoded),
             "prompt_ms": prompt_ms,
@@ -965,24 +916,19 @@ class _WorkerState:
             spec = {"type": sp.kind, "drafted": sp.drafted, "accepted": sp.accepted}
             timings["draft_n"] = float(sp.drafted)
             timings["draft_n_accepted"] = float(sp.accepted)
-        assert self.info is not None
-        parsed = getattr(act.parser, "result", None)
         self._release(act)
         self._reserve_save(act)
         put(
-            (
-                "done",
-                Done(
-                    reason,
-                    usage,
-                    timings,
-                    self.info.model_name,
-                    # the tokens no streamed piece carried (an end-of-generation token)
-                    None if act.logprobs is None else act.logprobs[act.logprobs_sent :],
-                    parsed,
-                    spec,
-                    None if act.job.lora is None else dict(act.job.lora),
-                ),
+            Finished(
+                reason,
+                n_prompt=n_prompt,
+                n_cached=act.n_keep,
+                n_generated=act.n_gen,
+                timings=timings,
+                # the tokens no text item carried (an end-of-generation token)
+                logprobs=None if act.logprobs is None else act.logprobs[act.logprobs_sent :],
+                speculative=spec,
+                lora=None if act.job.lora is None else dict(act.job.lora),
             )
         )
 
@@ -1018,7 +964,7 @@ class _WorkerState:
 
     def _finish_error(self, act: _Active, exc: BaseException) -> None:
         self._release(act)
-        act.job.channel.put(("error", exc))
+        act.job.channel.put(Failed(exc))
 
     def _release(self, act: _Active) -> None:
         if act in self.active:
@@ -1043,9 +989,10 @@ def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:
 
 __all__ = [
     "CacheOptions",
-    "ChatJob",
-    "Done",
+    "EngineRequest",
+    "Failed",
+    "Finished",
     "ModelInfo",
     "ModelWorker",
-    "StreamDelta",
+    "TextDelta",
 ]

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessageChunk
 
-from langchain_llamacpp_local.chat_models import _delta_message
+from langchain_llamacpp_local.chat.messages import delta_message as _delta_message
 from langchain_llamacpp_local.formats import (
     FORMATS,
     ParsedOutput,
