@@ -272,9 +272,15 @@ def _split_calls(
     region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[_Call]]
 ) -> list[_Call]:
     out: list[_Call] = []
-    # a call ends at its end marker, or (a model that skips it) where the next call begins
+    # a call ends at its end marker, or (a model that skips it) where the next call begins;
+    # while streaming, a call whose text so far ends with a newline is still open (\Z)
     for m in re.finditer(
-        re.escape(begin) + r"(.*?)(" + re.escape(end) + r"|(?=" + re.escape(begin) + r")|$)",
+        re.escape(begin)
+        + r"(.*?)("
+        + re.escape(end)
+        + r"|(?="
+        + re.escape(begin)
+        + (r")|$)" if final else r")|\Z)"),
         region,
         re.S,
     ):

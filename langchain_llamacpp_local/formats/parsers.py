@@ -15,6 +15,7 @@ raw text and a reason, never an exception.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import json
 import logging
@@ -329,6 +330,27 @@ class _Scan:
     content: str
     calls: list[_Call]
     settled: bool  # False: the tail is an unfinished call/marker (streaming only)
+    #: where the text ends, for a stream that goes on from there without reading it
+    #: again: ``"rest"`` past the reasoning block, ``"think"`` inside it, ``""`` at no
+    #: point a scan can restart from
+    stage: str = ""
+    #: the text ends inside a call region: content and reasoning cannot change until
+    #: a marker is written
+    open: bool = False
+    #: the output is held back until one of these strings is written (or the end)
+    hold: tuple[str, ...] | None = None
+    #: the content read past the reasoning block is all whitespace so far
+    rest_blank: bool = True
+    #: the end of the content is held back (it may be a marker still being written)
+    trimmed: bool = False
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What a scan that starts part-way through a generation knows about the part before."""
+
+    head: bool = True  # no content has been read yet (rules on the whole output apply)
+    had_calls: bool = False  # calls were read before
 
 
 @dataclass
@@ -506,7 +528,10 @@ def _scan_multi(
         pos = j + len(end)
 
 
-def _scan_spec(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, list[_Call], bool]:
+def _scan_spec(
+    rest: str, fmt: str, opts: Options, final: bool
+) -> tuple[str, list[_Call], bool, bool]:
+    """(content, calls, settled, whether the content's end is held back while streaming)."""
     spec = FAMILIES[fmt].spec
     assert spec is not None
     calls: list[_Call] = []
@@ -520,18 +545,20 @@ def _scan_spec(rest: str, fmt: str, opts: Options, final: bool) -> tuple[str, li
     strip = (*spec.strip, *spec.section) if opts.calls else spec.strip
     pieces, found, settled_at = _scan_multi(rest, regions, opts, final)
     content = "".join(pieces)
+    trimmed = False
     if not final and strip:
         # a stripped marker may be the start of a longer one: settle only what cannot grow
-        content = content[: len(content) - _held_suffix(content, strip)]
+        held = _held_suffix(content, strip)
+        content, trimmed = content[: len(content) - held], held > 0
     for m in strip:
         content = content.replace(m, "")
     if spec.strip_re:
         if not final:  # a header still being written is held back
             cut = max(content.rfind("to="), content.rfind("<|start|>"))
             if cut >= 0 and "<|message|>" not in content[cut:]:
-                content = content[:cut]
+                content, trimmed = content[:cut], True
         content = re.sub(spec.strip_re, "", content)
-    return content, found + calls, settled_at >= len(rest)
+    return content, found + calls, settled_at >= len(rest), trimmed
 
 
 _HERMES_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
@@ -633,29 +660,44 @@ def _granite_unwrap(text: str) -> str:
     return text.replace("<response>", "").replace("</response>", "")
 
 
+def _hermes_rest(
+    rest: str, opts: Options, final: bool, ctx: _Ctx
+) -> tuple[str, list[_Call], bool, bool] | None:
+    """Hermes content and calls, and whether the content's end is held back (a fence)."""
+    pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
+    content = "".join(pieces)
+    if (
+        calls or ctx.had_calls
+    ):  # a call wrapped in a ```xml / ```json fence leaves no empty fence behind
+        content = _EMPTY_FENCE.sub("", content)
+    trimmed = False
+    if not final:  # a fence that may open a call is held back until it is known
+        m = _OPEN_FENCE.search(content)
+        if m is not None:
+            content, trimmed = content[: m.start()], True
+    if not calls and not ctx.had_calls and ctx.head:
+        s = content.strip()
+        if not final and (s.startswith("{") or s.startswith("```")):
+            return None
+        bare = _bare_call(content) if final else None
+        if bare is not None:
+            return "", bare, True, False
+    return content, calls, settled_at >= len(rest), trimmed
+
+
 def _legacy_body(
-    rest: str, fmt: str, opts: Options, final: bool
+    rest: str, fmt: str, opts: Options, final: bool, ctx: _Ctx = _Ctx()
 ) -> tuple[str, list[_Call], bool] | None:
-    """Content and calls of the classic formats; None: hold everything back (streaming)."""
+    """Content and calls of the classic formats; None: hold everything back (streaming).
+
+    ``ctx`` says what came before ``rest`` when a stream reads on from a settled point:
+    the rules on the whole output (a bare JSON call, a pythonic list) then no longer apply.
+    """
     if not opts.calls:
         return _legacy_plain(rest, fmt, opts, final)
     if fmt == "hermes":
-        pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
-        content = "".join(pieces)
-        if calls:  # a call wrapped in a ```xml / ```json fence leaves no empty fence behind
-            content = _EMPTY_FENCE.sub("", content)
-        if not final:  # a fence that may open a call is held back until it is known
-            m = _OPEN_FENCE.search(content)
-            if m is not None:
-                content = content[: m.start()]
-        if not calls:
-            s = content.strip()
-            if not final and (s.startswith("{") or s.startswith("```")):
-                return None
-            bare = _bare_call(content) if final else None
-            if bare is not None:
-                return "", bare, True
-        return content, calls, settled_at >= len(rest)
+        read = _hermes_rest(rest, opts, final, ctx)
+        return None if read is None else read[:3]
     if fmt == "granite":
         c = _granite_unwrap(rest)
         pieces, calls, settled_at = _scan_regions(c, "<|tool_call|>", None, _list_body, final)
@@ -673,6 +715,8 @@ def _legacy_body(
         )
         return "".join(pieces), calls, settled_at >= len(c)
     if fmt == "pythonic":
+        if ctx.had_calls:  # only the first call block is read: the rest is text
+            return rest, [], True
         m = re.search(r"<\|tool_call_start\|>(.*?)(<\|tool_call_end\|>|$)", rest, re.S)
         if m:
             if not m.group(2) and not final:
@@ -689,17 +733,19 @@ def _legacy_body(
                 else [_Call(None, None, m.group(1), error="not a list of calls")]
             )
             return rest[: m.start()] + rest[m.end() :], calls, True
-        if not final and rest.lstrip().startswith("["):
+        if not final and ctx.head and rest.lstrip().startswith("["):
             return None
-        found = _pythonic_calls(rest) if final else None
+        found = _pythonic_calls(rest) if final and ctx.head else None
         return ("", found, True) if found is not None else (rest, [], True)
     if fmt == "llama3_json":
         s = rest.strip()
         if not final and (
-            s.startswith("{") or "<|python_tag|>" in s or s and "<|python_tag|>".startswith(s)
+            "<|python_tag|>" in s
+            or ctx.head
+            and (s.startswith("{") or s and "<|python_tag|>".startswith(s))
         ):
             return None
-        found = _llama3_calls(rest) if final else None
+        found = _llama3_calls(rest) if final and ctx.head else None
         if found is not None:
             return "", found, True
         if final and "<|python_tag|>" in rest:
@@ -708,9 +754,9 @@ def _legacy_body(
         return rest, [], True
     if fmt == "generic":
         s = rest.strip()
-        if not final and (s.startswith("{") or s.startswith("`")):
+        if not final and ctx.head and (s.startswith("{") or s.startswith("`")):
             return None
-        generic = _generic_calls(rest) if final else None
+        generic = _generic_calls(rest) if final and ctx.head else None
         if generic is not None:
             return generic[1], generic[0], True
         return rest, [], True
@@ -737,6 +783,7 @@ def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis
 def _scan(
     text: str, fmt: str, opts: Options, final: bool, analysis: TemplateAnalysis | None = None
 ) -> _Scan:
+    """The whole generation so far (or at its end) split into its parts."""
     if fmt == "auto":
         if analysis is None:
             raise ValueError("format 'auto' needs the template's analysis (analysis=...)")
@@ -750,7 +797,10 @@ def _scan(
         return _Scan(None, "", [], False)
     prefix = r.raw if opts.reasoning is None else ""
     if not r.done:
-        return _Scan(r.text, prefix, [], final)
+        # inside the think block: a stream reads on from here once what it holds is known
+        # to be reasoning (or, kept as text, content)
+        stage = "think" if opts.reasoning is not None or prefix else ""
+        return _Scan(r.text, prefix, [], final, stage=stage)
     reasoning = r.text
     end = (_think_markers(fmt) or ("", ""))[1]
     if r.stopped and opts.reasoning is not None and end:
@@ -759,26 +809,109 @@ def _scan(
         # generation it is not known to be content
         k = r.rest.rfind(end)
         if k >= 0:
-            pre, calls_pre, ok_pre = _scan_spec(r.rest[:k], fmt, opts, True)
-            content, calls, settled = _scan_spec(r.rest[k + len(end) :], fmt, opts, final)
+            pre, calls_pre, _, _ = _scan_spec(r.rest[:k], fmt, opts, True)
+            content, calls, settled, _ = _scan_spec(r.rest[k + len(end) :], fmt, opts, final)
             reasoning = (reasoning or "") + pre if pre.strip() else reasoning
             calls = calls_pre + calls
         else:
-            content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
+            content, calls, settled, _ = _scan_spec(r.rest, fmt, opts, final)
             if not final:
                 content, settled = "", False
-    elif _spec(fmt) is not None:
-        content, calls, settled = _scan_spec(r.rest, fmt, opts, final)
+        if fmt == "glm45" and "<think>" in content:
+            content, more, open_block = _later_thoughts(content, final)
+            reasoning = "\n".join(t for t in (reasoning, *more) if t) or reasoning
+            settled = settled and not open_block
+        return _Scan(reasoning, prefix + content, calls, settled and all(c.complete for c in calls))
+    sc = _scan_rest(r.rest, fmt, opts, final, _Ctx())
+    if sc.reasoning is not None:  # thoughts between calls (GLM)
+        sc.reasoning = "\n".join(t for t in (reasoning, sc.reasoning) if t) or reasoning
     else:
-        body = _legacy_body(r.rest, fmt, opts, final)
+        sc.reasoning = reasoning
+    sc.content = prefix + sc.content
+    if not text.strip():
+        sc.stage = ""  # a think block may still open after the whitespace
+    return sc
+
+
+def _scan_rest(rest: str, fmt: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+    """What follows the reasoning block (all of it, or from a settled point on: ``ctx``).
+
+    The scan's ``reasoning`` is that of the think blocks inside the content (GLM), or None.
+    """
+    trimmed = False
+    if _spec(fmt) is not None:
+        content, calls, settled, trimmed = _scan_spec(rest, fmt, opts, final)
+        region = not settled
+    else:
+        body = (
+            _hermes_rest(rest, opts, final, ctx)
+            if fmt == "hermes" and opts.calls
+            else _legacy_body(rest, fmt, opts, final, ctx)
+        )
         if body is None:
-            return _Scan(r.text, prefix, [], False)
-        content, calls, settled = body
+            return _Scan(None, "", [], False, stage="rest", hold=_held_until(rest, fmt))
+        content, calls, settled = body[:3]
+        trimmed = len(body) > 3 and bool(body[3])  # type: ignore[misc]
+        # the classic formats whose unsettled end is a call region (the rest is a name
+        # line or a half-written marker, read again on every delta)
+        region = not settled and fmt in ("hermes", "granite", "deepseek_r1", "pythonic")
+    rest_blank = not content.strip()
+    more: str | None = None
     if fmt == "glm45" and opts.reasoning is not None and "<think>" in content:
-        content, more, open_block = _later_thoughts(content, final)
-        reasoning = "\n".join(t for t in (reasoning, *more) if t) or reasoning
+        content, thoughts, open_block = _later_thoughts(content, final)
+        more = "\n".join(t for t in thoughts if t) or None
         settled = settled and not open_block
-    return _Scan(reasoning, prefix + content, calls, settled and all(c.complete for c in calls))
+        region = region and not open_block
+    return _Scan(
+        more,
+        content,
+        calls,
+        settled and all(c.complete for c in calls),
+        stage="rest",
+        open=region,
+        rest_blank=rest_blank,
+        trimmed=trimmed,
+    )
+
+
+def _scan_think(text: str, fmt: str, opts: Options) -> _Scan:
+    """A stream's text from a point inside the think block on (streaming only)."""
+    end = (_think_markers(fmt) or ("", ""))[1]
+    spec = _spec(fmt)
+    j = text.find(end) if end else -1
+    end_len = len(end)
+    for stop in spec.think_stops if spec is not None else ():
+        k = text.find(stop)
+        if k >= 0 and (j < 0 or k < j):
+            j, end_len = k, 0
+    if j < 0:
+        if opts.reasoning is None:
+            return _Scan(None, text, [], False, stage="think")
+        return _Scan(text, "", [], False, stage="think")
+    if end_len == 0:
+        return _Scan(None, "", [], False)  # ended by a call: read from the start again
+    sc = _scan_rest(text[j + end_len :], fmt, opts, False, _Ctx())
+    if opts.reasoning is None:
+        sc.content = text[: j + end_len] + sc.content
+    else:
+        body = text[:j]
+        sc.reasoning = body + "\n" + sc.reasoning if sc.reasoning is not None else body
+    return sc
+
+
+def _held_until(rest: str, fmt: str) -> tuple[str, ...] | None:
+    """The markers a classic format's held-back output waits for (None: any text may
+    release it, ``()``: only the end of generation)."""
+    s = rest.strip()
+    if fmt == "hermes":
+        return tuple(start for start, _, _ in _HERMES_REGIONS)
+    if fmt == "llama3_json":
+        return () if s.startswith("{") or "<|python_tag|>" in s else None
+    if fmt == "pythonic":
+        return ("<|tool_call_start|>",)
+    if fmt == "generic":
+        return ()
+    return None
 
 
 def _later_thoughts(content: str, final: bool) -> tuple[str, list[str], bool]:
@@ -1037,12 +1170,86 @@ def _markers(fmt: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for m in out if m))
 
 
+#: Formats a stream reads from its start on every delta (their scanners keep no state a
+#: later scan could start from).
+_NO_RESTART = frozenset({"gpt_oss", "muse_glimmer", "auto", "functionary_v3_2"})
+#: Characters that end the markers inside a call region (``</function>``, ``[ARGS]``,
+#: ``<｜tool▁call▁end｜>``): an open region is read again only when one is written.
+_REGION_ENDS = frozenset(">]")
+
+
+def _restart_markers(fmt: str) -> tuple[str, ...]:
+    """Every string a scan of ``fmt`` looks for outside a call region: a stream settles
+    its text only where none of them may be half-written."""
+    family = FAMILIES.get(fmt)
+    out = [*_markers(fmt), *THINK]
+    if family is not None:
+        out += family.markers
+        spec = family.spec
+        if spec is not None:
+            for start, end, _ in spec.regions:
+                out += [start, end or ""]
+            out += [*spec.strip, *spec.section, *spec.held, *spec.think_stops]
+            out += list(spec.think or ())
+    if fmt == "hermes":
+        out += [m for start, end, _ in _HERMES_REGIONS for m in (start, end or "")]
+    out += [*_DS.values(), _DS_CALLS, "<|python_tag|>", "<|tool_call_start|>"]
+    out += ["<|tool_call_end|>", "<|tool_call|>", "<response>", "</response>"]
+    return tuple(dict.fromkeys(m for m in out if m))
+
+
+@dataclass
+class _Text:
+    """One streamed text (content or reasoning) as the stream has sent it.
+
+    ``sent`` counts what was sent of the whole text (leading whitespace stripped);
+    ``pending`` is the settled text not sent yet (trailing whitespace, which is sent
+    only when more text follows); ``started`` says something was sent; ``epoch`` is
+    how much of the text read since the last settled point has been sent.
+    """
+
+    sent: int = 0
+    pending: str = ""
+    started: bool = False
+    epoch: int = 0
+    view: str = ""  # pending + the text read since the settled point, as last read
+
+    def read(self, text: str) -> str:
+        view = self.pending + text
+        self.view = view if self.started else view.lstrip()
+        return self.view
+
+    def send(self, keep: int, kind: Literal["content", "reasoning"]) -> list[StreamDelta]:
+        if keep <= self.epoch:
+            return []
+        piece = self.view[self.epoch : keep]
+        self.epoch = keep
+        self.sent += len(piece)
+        return [StreamDelta(kind, piece)]
+
+    def settled(self) -> bool:
+        return not self.view[self.epoch :].strip()
+
+    def settle(self) -> None:
+        self.pending = self.view[self.epoch :]
+        self.started = self.started or self.epoch > 0
+        self.epoch = 0
+        self.view = self.pending
+
+
 class StreamParser:
     """Incremental :func:`parse`: feed text deltas, get content/reasoning/tool-call deltas.
 
     The aggregate of the deltas equals ``parse(all_text)``: content and reasoning
     texts concatenate to the parsed ones, each call's argument fragments join to
     its JSON arguments, and the call ids are the same as in :attr:`result`.
+
+    Each delta costs the same however long the generation is: the stream reads only
+    the text since its last settled point (a point outside any call region with no
+    half-written marker before it, past or inside the think block, everything before it
+    sent), so text it has settled is never read again; an open call region is read
+    again only when a character that may end one of its markers is written. The
+    finished generation is parsed once more by :func:`parse` for :attr:`result`.
     """
 
     def __init__(
@@ -1063,10 +1270,20 @@ class StreamParser:
         self.think_open = think_open
         self.id_prefix = id_prefix
         self._opts = Options.make(reasoning, think_open, tools, prefill)
-        self._buf = ""
-        self._sent_content = 0
-        self._sent_reasoning = 0
+        self._parts: list[str] = []  # the whole generation, parsed once more at the end
+        self._tail = ""  # the text since the last settled point
+        #: how that text is read: "start" (from the beginning), "think" (inside the
+        #: think block), "rest" (past it) or "full" (the whole text on every delta)
+        self._state = "start" if fmt not in _NO_RESTART else "full"
+        self._ctx = _Ctx()
+        self._content = _Text()
+        self._thought = _Text()
+        self._thought_any = False  # the settled reasoning is a non-empty string
+        self._calls_base = 0  # calls read before the settled point
         self._calls_done = 0  # calls sent (each in one chunk)
+        #: while set, the text is read again only when one of these strings or
+        #: characters is written (an open call region, output held to the end)
+        self._wait: tuple[tuple[str, ...], frozenset[str]] | None = None
         self._ids: list[str] = []
         self._result: ParsedOutput | None = None
         self._markers = (
@@ -1074,6 +1291,8 @@ class StreamParser:
         )
         think = _think_markers(fmt) if fmt not in ("gpt_oss", "auto") else None
         self._think_end = tuple(m for m in (think or ()) if m)
+        self._restart = _restart_markers(fmt) if fmt not in _NO_RESTART else ()
+        self._longest = max((len(m) for m in self._restart), default=0)
 
     @property
     def result(self) -> ParsedOutput:
@@ -1089,38 +1308,99 @@ class StreamParser:
         return self._ids[n]
 
     def feed(self, delta: str) -> list[StreamDelta]:
-        self._buf += delta
+        self._parts.append(delta)
+        self._tail += delta
+        if self._wait is not None and not self._woken(delta):
+            return []
+        self._wait = None
         try:
-            sc = _scan(self._buf, self.fmt, self._opts, final=False, analysis=self._analysis)
-            return self._emit(sc, final=False)
+            if self._state == "full":
+                text = "".join(self._parts)
+                sc = _scan(text, self.fmt, self._opts, final=False, analysis=self._analysis)
+                return self._emit(sc, final=False)
+            return self._read_tail()
         except Exception:  # model output must never crash a request: finish() decides
             logger.exception("tool-call parser failed on partial model output")
             return []
 
-    def _emit(self, sc: _Scan, final: bool) -> list[StreamDelta]:
-        out: list[StreamDelta] = []
-        if sc.reasoning is not None:
-            text = sc.reasoning.lstrip()
-            if final:
-                keep = len(text.rstrip())
-            else:
-                keep = len(text) - _held_suffix(text, (*self._think_end, *self._markers))
-                keep = len(text[:keep].rstrip())
-            if keep > self._sent_reasoning:
-                out.append(StreamDelta("reasoning", text[self._sent_reasoning : keep]))
-                self._sent_reasoning = keep
-        content = sc.content.lstrip()
-        if final:
-            keep = len(content.rstrip())
+    def _woken(self, delta: str) -> bool:
+        """Whether ``delta`` may change what the held text reads as."""
+        strings, chars = self._wait  # type: ignore[misc]
+        if not chars.isdisjoint(delta):
+            return True
+        window = self._tail[-(len(delta) + self._longest - 1) :]
+        return any(m in window for m in strings)
+
+    def _read_tail(self) -> list[StreamDelta]:
+        tail = self._tail
+        if self._state == "start":
+            sc = _scan(tail, self.fmt, self._opts, final=False, analysis=self._analysis)
+        elif self._state == "think":
+            sc = _scan_think(tail, self.fmt, self._opts)
+            if not sc.stage:  # ended by a call: read as a whole from now on
+                self._state = "full"
+                text = "".join(self._parts)
+                sc = _scan(text, self.fmt, self._opts, final=False, analysis=self._analysis)
+                return self._emit(sc, final=False)
         else:
-            keep = len(content) - _held_suffix(content, self._markers)
-            keep = min(keep, len(content[:keep].rstrip()))
-            if self.fmt in _WHOLE_OUTPUT and not sc.settled:
-                keep = min(keep, self._sent_content)
-        if keep > self._sent_content:
-            out.append(StreamDelta("content", content[self._sent_content : keep]))
-            self._sent_content = keep
-        for n, c in enumerate(sc.calls):
+            sc = _scan_rest(tail, self.fmt, self._opts, False, self._ctx)
+        out: list[StreamDelta] = []
+        thought = sc.reasoning
+        if self._state == "rest" and thought is not None and self._thought_any:
+            thought = "\n" + thought  # thoughts between calls join the earlier ones
+        if thought is not None or self._thought.pending:
+            text = self._thought.read(thought or "")
+            keep = len(text) - _held_suffix(text, (*self._think_end, *self._markers))
+            out += self._thought.send(len(text[:keep].rstrip()), "reasoning")
+        text = self._content.read(sc.content)
+        keep = len(text) - _held_suffix(text, self._markers)
+        keep = min(keep, len(text[:keep].rstrip()))
+        if self.fmt in _WHOLE_OUTPUT and not sc.settled:
+            keep = min(keep, self._content.epoch)
+        out += self._content.send(keep, "content")
+        out += self._send_calls(sc.calls, self._calls_base, final=False)
+        self._settle(sc)
+        return out
+
+    def _settle(self, sc: _Scan) -> None:
+        """Forget the text read so far when nothing in it can change any more."""
+        n_calls = self._calls_base + len(sc.calls)
+        cut = (
+            sc.stage == "think"
+            or sc.stage == "rest"
+            and sc.settled
+            and not sc.trimmed
+            and self._calls_done == n_calls
+        )
+        cut = (
+            cut
+            and self._content.settled()
+            and self._thought.settled()
+            and not _held_suffix(self._tail, self._restart)
+        )
+        if not cut:
+            if sc.stage == "rest" and sc.open:
+                self._wait = (self._restart, _REGION_ENDS)
+            elif sc.stage == "rest" and sc.hold is not None:
+                self._wait = (sc.hold, frozenset())
+            return
+        if sc.reasoning:
+            self._thought_any = True
+        if sc.stage == "rest":
+            self._ctx = _Ctx(
+                head=self._ctx.head and sc.rest_blank,
+                had_calls=self._ctx.had_calls or bool(sc.calls),
+            )
+        self._state = "think" if sc.stage == "think" else "rest"
+        self._calls_base = n_calls
+        self._tail = ""
+        self._content.settle()
+        self._thought.settle()
+
+    def _send_calls(self, calls: list[_Call], base: int, final: bool) -> list[StreamDelta]:
+        out: list[StreamDelta] = []
+        for k, c in enumerate(calls):
+            n = base + k
             # a call is sent whole (id, name and arguments in one chunk) once it can no
             # longer change: LangChain reads merged chunks as calls, so a name sent ahead
             # or a cut-off call's JSON would show as a valid-looking call
@@ -1137,18 +1417,49 @@ class StreamParser:
             self._calls_done = n + 1
         return out
 
+    def _emit(self, sc: _Scan, final: bool) -> list[StreamDelta]:
+        """The deltas of a scan of the whole text (its content and reasoning whole)."""
+        out: list[StreamDelta] = []
+        if sc.reasoning is not None:
+            text = sc.reasoning.lstrip()
+            if final:
+                keep = len(text.rstrip())
+            else:
+                keep = len(text) - _held_suffix(text, (*self._think_end, *self._markers))
+                keep = len(text[:keep].rstrip())
+            sent = self._thought.sent
+            if keep > sent:
+                out.append(StreamDelta("reasoning", text[sent:keep]))
+                self._thought.sent = keep
+        content = sc.content.lstrip()
+        sent = self._content.sent
+        if final:
+            keep = len(content.rstrip())
+        else:
+            keep = len(content) - _held_suffix(content, self._markers)
+            keep = min(keep, len(content[:keep].rstrip()))
+            if self.fmt in _WHOLE_OUTPUT and not sc.settled:
+                keep = min(keep, sent)
+        if keep > sent:
+            out.append(StreamDelta("content", content[sent:keep]))
+            self._content.sent = keep
+        return out + self._send_calls(sc.calls, 0, final)
+
     def finish(self) -> list[StreamDelta]:
         """End of generation: settle everything still held back."""
+        # its own counters: a copy of a stream may be finished while the stream goes on
+        self._content, self._thought = copy.copy(self._content), copy.copy(self._thought)
+        text = "".join(self._parts)
         try:
-            sc = _scan(self._buf, self.fmt, self._opts, final=True, analysis=self._analysis)
+            sc = _scan(text, self.fmt, self._opts, final=True, analysis=self._analysis)
         except Exception:
             logger.exception("tool-call parser failed on model output; returning it as content")
-            sc = _Scan(None, self._buf, [], True)
+            sc = _Scan(None, text, [], True)
         try:
             out = self._emit(sc, final=True)
         except Exception:
             logger.exception("tool-call parser failed to emit its result")
-            sc, out = _Scan(None, self._buf, [], True), []
+            sc, out = _Scan(None, text, [], True), []
         ids = [self._id(n, c.id) for n, c in enumerate(sc.calls)]
         good, bad = _finish_calls(sc.calls, ids)
         self._result = ParsedOutput(
