@@ -41,20 +41,7 @@ from langchain_llamacpp_local.formats.base import (
     invalid_args,
     think_body_start,
 )
-from langchain_llamacpp_local.formats.families import (
-    Spec,
-    _py_literal,
-    apertus_body,
-    command_r_body,
-    deepseek_v3_1_body,
-    functionary_v3_1_body,
-    gemma4_body,
-    json_call_body,
-    json_lines_body,
-    json_list_body,
-    kimi_k2_body,
-    solar_body,
-)
+from langchain_llamacpp_local.formats.families import Spec, _py_literal, reads
 from langchain_llamacpp_local.formats.registry import FAMILIES
 
 if TYPE_CHECKING:
@@ -435,11 +422,6 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     return _Reasoning(body if body.strip() else None, raw, rest, done, stopped=done and not end_len)
 
 
-#: Call bodies whose values are quoted strings that may spell the closing marker:
-#: JSON strings (``"a </tool_call> b"``), Gemma 4's ``<|"|>…<|"|>``.
-_STRING_SYNTAX: dict[Any, str] = {}
-
-
 @functools.lru_cache(maxsize=128)
 def _end_pattern(end: str, syntax: str) -> re.Pattern[str]:
     if syntax == "json":
@@ -501,7 +483,11 @@ def _scan_multi(
             return content, calls, len(text)
         i, start, end, body = best
         content.append(text[pos:i])
-        j = _find_end(text, end, i + len(start), _STRING_SYNTAX.get(body), final) if end else -1
+        j = (
+            _find_end(text, end, i + len(start), getattr(body, "string_syntax", None), final)
+            if end
+            else -1
+        )
         if j < 0:
             region = text[i + len(start) :]
             if not final:
@@ -564,10 +550,12 @@ def _scan_spec(
 _HERMES_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
 
 
+@reads("json")
 def _hermes_json(region: str, final: bool, opts: Options) -> list[_Call]:
     return _hermes_body(region, final)
 
 
+@reads("json")
 def _hermes_fn(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<function=NAME>{json}</function>`` or ``<function name="NAME">{json}</function>``."""
     m = re.match(r'^(?:=([^>\s]+)|\s+name="([^"]*)")>(.*)$', region, re.S)
@@ -587,28 +575,6 @@ def _hermes_fn(region: str, final: bool, opts: Options) -> list[_Call]:
         ]
     return [_Call(name, args, m.group(3).strip())]
 
-
-_STRING_SYNTAX.update(
-    {
-        **dict.fromkeys(
-            (
-                _hermes_json,
-                _hermes_fn,
-                json_list_body,
-                json_lines_body,
-                apertus_body,
-                deepseek_v3_1_body,
-                kimi_k2_body,
-                command_r_body,
-                json_call_body,
-                solar_body,
-                functionary_v3_1_body,
-            ),
-            "json",
-        ),
-        gemma4_body: "gemma",
-    }
-)
 
 _HERMES_REGIONS: tuple[tuple[str, str | None, Any], ...] = (
     *((f"<{t}>", f"</{t}>", _hermes_json) for t in _HERMES_TAGS),
@@ -1198,6 +1164,30 @@ def _restart_markers(fmt: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for m in out if m))
 
 
+def _region_wake(fmt: str) -> tuple[tuple[str, ...], frozenset[str]]:
+    """What may change how an open call region of ``fmt`` reads: the regions' ends and
+    the markers that complete a call inside them (a body reader that names none is
+    read again at every character that may end a marker)."""
+    family = FAMILIES.get(fmt)
+    if fmt == "hermes":
+        regions: tuple[tuple[str, str | None, Any], ...] = _HERMES_REGIONS
+    elif family is not None and family.spec is not None:
+        regions = family.spec.regions
+    else:
+        regions = ()
+    wake = {
+        "deepseek_r1": (_DS["call_end"],),
+        "pythonic": ("<|tool_call_end|>",),
+    }.get(fmt, ())
+    chars: frozenset[str] = frozenset()
+    for _, end, body in regions:
+        closers = getattr(body, "closers", None)
+        if closers is None:
+            chars = _REGION_ENDS
+        wake += (end or "", *(closers or ()))
+    return tuple(dict.fromkeys(m for m in wake if m)), chars
+
+
 @dataclass
 class _Text:
     """One streamed text (content or reasoning) as the stream has sent it.
@@ -1292,7 +1282,8 @@ class StreamParser:
         think = _think_markers(fmt) if fmt not in ("gpt_oss", "auto") else None
         self._think_end = tuple(m for m in (think or ()) if m)
         self._restart = _restart_markers(fmt) if fmt not in _NO_RESTART else ()
-        self._longest = max((len(m) for m in self._restart), default=0)
+        self._region_wake = _region_wake(fmt)
+        self._longest = max((len(m) for m in (*self._restart, *self._region_wake[0])), default=0)
 
     @property
     def result(self) -> ParsedOutput:
@@ -1380,7 +1371,7 @@ class StreamParser:
         )
         if not cut:
             if sc.stage == "rest" and sc.open:
-                self._wait = (self._restart, _REGION_ENDS)
+                self._wait = self._region_wake
             elif sc.stage == "rest" and sc.hold is not None:
                 self._wait = (sc.hold, frozenset())
             return
