@@ -170,15 +170,22 @@ def _stream(
     return first, last, clock() - t, sp
 
 
-def run(fmt: str, n_tokens: int, window: int = 1000, repeat: int = 3) -> dict[str, Any]:
+def make_stream(fmt: str, n_tokens: int) -> tuple[list[str], dict[str, Any], str]:
+    """The pieces of a generation of about ``n_tokens`` tokens, the parser's options and
+    the call's long argument."""
     text, arg = _text(fmt, int(n_tokens * 3.5))
-    pieces = _pieces(text)
     kwargs: dict[str, Any] = {"reasoning": True}
     if fmt == "auto":
         _, kwargs["analysis"] = resolve_format(ChatTemplate(AUTO_TEMPLATE, origin="bench"))
         kwargs["reasoning"] = None
     if fmt == "apriel":
         kwargs["think_open"] = True
+    return _pieces(text), kwargs, arg
+
+
+def run(fmt: str, n_tokens: int, window: int = 1000, repeat: int = 3) -> dict[str, Any]:
+    pieces, kwargs, arg = make_stream(fmt, n_tokens)
+    text = "".join(pieces)
     # CPU time of this thread (other processes on a shared machine do not count), the
     # best of a few runs
     runs = [_stream(fmt, pieces, kwargs, window) for _ in range(repeat)]

@@ -1319,8 +1319,10 @@ class StreamParser:
         strings, chars = self._wait  # type: ignore[misc]
         if not chars.isdisjoint(delta):
             return True
+        # a marker written now ends in the delta
         window = self._tail[-(len(delta) + self._longest - 1) :]
-        return any(m in window for m in strings)
+        first = len(window) - len(delta) + 1
+        return any(window.find(m, max(0, first - len(m))) >= 0 for m in strings)
 
     def _read_tail(self) -> list[StreamDelta]:
         tail = self._tail
