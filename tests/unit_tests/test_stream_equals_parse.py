@@ -31,9 +31,9 @@ from langchain_llamacpp_local.formats import (
     StreamParser,
     detect_format,
     parse,
+    parsers,
 )
 from langchain_llamacpp_local.formats.base import _read_as_arguments
-from langchain_llamacpp_local.formats import parsers
 from langchain_llamacpp_local.formats.parsers import _markers
 from langchain_llamacpp_local.formats.registry import FAMILIES
 
