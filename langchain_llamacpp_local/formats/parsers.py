@@ -330,6 +330,11 @@ class _Scan:
     rest_blank: bool = True
     #: the end of the content is held back (it may be a marker still being written)
     trimmed: bool = False
+    #: what a scan of the text that follows starts with to read it as this one would
+    #: (the header of the message the text ends in)
+    resume: str = ""
+    #: what may change how an open call reads (None: the family's call regions say)
+    wake: tuple[tuple[str, ...], frozenset[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -729,21 +734,37 @@ def _legacy_body(
     return rest, [], True  # content
 
 
-def _scan_auto(text: str, opts: Options, final: bool, analysis: TemplateAnalysis) -> _Scan:
-    """A format learned from the template (llama.cpp's auto-parser route)."""
+def _scan_auto(
+    text: str, opts: Options, final: bool, analysis: TemplateAnalysis, rest: bool = False
+) -> _Scan:
+    """A format learned from the template (llama.cpp's auto-parser route); ``rest``: the
+    text follows the reasoning block and no call before it."""
     gen = analysis.reasoning_prefill(opts.prefill) or None
     out = parse_with_analysis(
         text,
         analysis,
         final=final,
-        reasoning=opts.reasoning,
-        think_open=opts.think_open,
+        reasoning=None if rest else opts.reasoning,
+        think_open=False if rest else opts.think_open,
         tools=[{"function": {"name": k, "parameters": v}} for k, v in opts.schemas.items()] or None,
-        generation_prompt=gen,
+        generation_prompt=None if rest else gen,
         calls=opts.calls,
     )
     content = out.content[: len(out.content) - out.held] if not final and out.held else out.content
-    return _Scan(out.reasoning, content, out.calls, out.settled)
+    sc = _Scan(out.reasoning, content, out.calls, out.settled)
+    turn_end = analysis.turn_end.strip()
+    if (
+        out.settled
+        and not out.calls
+        and not out.held
+        and text.strip()
+        and not (turn_end and text.rstrip().endswith(turn_end))
+    ):
+        sc.stage = "rest"  # past the reasoning, before any call: plain text so far
+    elif not out.settled and (rest or opts.reasoning is None) and text.strip():
+        sc.stage, sc.open = "rest", True  # a call being written: read again where it may end
+        sc.wake = (tuple(m for m in analysis.markers if m), frozenset(">]}"))
+    return sc
 
 
 def _scan(
@@ -799,12 +820,27 @@ def _scan(
     return sc
 
 
-def _scan_rest(rest: str, fmt: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _scan_rest(
+    rest: str,
+    fmt: str,
+    opts: Options,
+    final: bool,
+    ctx: _Ctx,
+    analysis: TemplateAnalysis | None = None,
+) -> _Scan:
     """What follows the reasoning block (all of it, or from a settled point on: ``ctx``).
 
     The scan's ``reasoning`` is that of the think blocks inside the content (GLM), or None.
     """
+    if fmt == "gpt_oss":
+        return _gpt_oss(rest, opts, final, blank=True)
+    if fmt == "muse_glimmer":
+        return _muse(rest, opts, final)
+    if fmt == "auto":
+        assert analysis is not None
+        return _scan_auto(rest, opts, final, analysis, rest=True)
     trimmed = False
+    wake: tuple[tuple[str, ...], frozenset[str]] | None = None
     if _spec(fmt) is not None:
         content, calls, settled, trimmed = _scan_spec(rest, fmt, opts, final)
         region = not settled
@@ -821,6 +857,10 @@ def _scan_rest(rest: str, fmt: str, opts: Options, final: bool, ctx: _Ctx) -> _S
         # the classic formats whose unsettled end is a call region (the rest is a name
         # line or a half-written marker, read again on every delta)
         region = not settled and fmt in ("hermes", "granite", "deepseek_r1", "pythonic")
+        if fmt == "functionary_v3_2" and not settled and opts.calls:
+            # a call whose name line is written ends where the next recipient begins
+            region = "\n" in rest[max(rest.rfind(">>>"), 0) :]
+            wake = ((">>>",), frozenset[str]()) if region else None
     rest_blank = not content.strip()
     more: str | None = None
     if fmt == "glm45" and opts.reasoning is not None and "<think>" in content:
@@ -828,6 +868,9 @@ def _scan_rest(rest: str, fmt: str, opts: Options, final: bool, ctx: _Ctx) -> _S
         more = "\n".join(t for t in thoughts if t) or None
         settled = settled and not open_block
         region = region and not open_block
+    # Functionary v3.2 streams text as the "all" recipient's message (or before any
+    # recipient): the text that follows is read as that message's
+    resume = ("" if opts.opened(">>>") else ">>>") + _ALL if fmt == "functionary_v3_2" else ""
     return _Scan(
         more,
         content,
@@ -837,6 +880,8 @@ def _scan_rest(rest: str, fmt: str, opts: Options, final: bool, ctx: _Ctx) -> _S
         open=region,
         rest_blank=rest_blank,
         trimmed=trimmed,
+        resume=resume,
+        wake=wake,
     )
 
 
@@ -921,6 +966,10 @@ def _muse(text: str, opts: Options, final: bool) -> _Scan:
     calls: list[_Call] = []
     settled = True
     pos, n = 0, len(text)
+    m: re.Match[str] | None = None
+    e: re.Match[str] | None = None
+    resume: str | None = None
+    wake: tuple[tuple[str, ...], frozenset[str]] | None = None
     while pos < n:
         m = _MUSE_HEADER.match(text, pos)
         if m is None:
@@ -939,19 +988,30 @@ def _muse(text: str, opts: Options, final: bool) -> _Scan:
         e = _MUSE_END.search(text, m.end())
         body = text[m.end() : e.start() if e else n]
         pos = e.end() if e else n
+        resume, wake = None, None
         if recipient == "self":
             (thought if opts.reasoning is not None else content).append(body)
+            resume = m.group(0)
         elif recipient == "user":
             content.append(body)
+            resume = m.group(0)
         else:
             done = e is not None or final
-            pieces, found, _ = _scan_multi(body, regions if opts.calls else (), opts, done)
+            pieces, found, at = _scan_multi(body, regions if opts.calls else (), opts, done)
             calls.extend(found)
             content.append("".join(pieces).strip())
             if not done:
                 settled = False
+                if at < len(body):  # an open call: read again where it may end
+                    strings, chars = _region_wake("muse_glimmer")
+                    wake = ((*strings, "<|eom|>", "<|eot|>"), chars)
     reasoning = "".join(thought) if thought else None
-    return _Scan(reasoning, "".join(content), calls, settled)
+    sc = _Scan(reasoning, "".join(content), calls, settled, wake=wake, open=wake is not None)
+    if pos == n and m is not None and e is None and resume is not None:
+        sc.stage, sc.resume = "rest", resume  # the text ends inside a message's text
+    elif wake is not None:
+        sc.stage = "rest"
+    return sc
 
 
 # --------------------------------------------------------------------------- gpt-oss (harmony)
@@ -961,7 +1021,7 @@ _HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
 _HARMONY_HEAD = re.compile(r"\s*(assistant\b|<\||to=|$)")
 
 
-def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
+def _gpt_oss(text: str, opts: Options, final: bool, blank: bool = False) -> _Scan:
     """Harmony messages: ``[<|start|>assistant][ to=R]<|channel|>C[ to=R][<|constrain|>x]<|message|>body<|end|>``.
 
     ``analysis`` is reasoning; ``final`` and recipient-less ``commentary`` are content; a
@@ -975,6 +1035,8 @@ def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
     thought: list[str] = []
     calls: list[_Call] = []
     settled = True
+    resume: str | None = None
+    wake: tuple[str, ...] | None = None
     pos = 0
     n = len(text)
     while pos < n:
@@ -1040,11 +1102,20 @@ def _gpt_oss(text: str, opts: Options, final: bool) -> _Scan:
             content.append(body)
         if not m and not final:
             settled = settled and recipient is None
+            if recipient is None and (channel != "analysis" or opts.reasoning is not None):
+                resume = "<|start|>" + header + "<|message|>"  # a message's text goes on
+            elif recipient is not None and recipient.startswith("functions.") and opts.calls:
+                wake = ("<|end|>", "<|call|>", "<|return|>")  # a call's arguments go on
         pos = end
     reasoning = "".join(thought) if thought and opts.reasoning is not None else None
-    return _Scan(
-        reasoning if reasoning and reasoning.strip() else None, "".join(content), calls, settled
-    )
+    if not blank and not (reasoning and reasoning.strip()):
+        reasoning = None  # (``blank``: a stream's text after a settled point keeps it)
+    sc = _Scan(reasoning, "".join(content), calls, settled)
+    if resume is not None:
+        sc.stage, sc.resume = "rest", resume
+    elif wake is not None:
+        sc.stage, sc.open, sc.wake = "rest", True, (wake, frozenset())
+    return sc
 
 
 # --------------------------------------------------------------------------- public API
@@ -1138,7 +1209,7 @@ def _markers(fmt: str) -> tuple[str, ...]:
 
 #: Formats a stream reads from its start on every delta (their scanners keep no state a
 #: later scan could start from).
-_NO_RESTART = frozenset({"gpt_oss", "muse_glimmer", "auto", "functionary_v3_2"})
+_NO_RESTART: frozenset[str] = frozenset()
 #: Characters that end the markers inside a call region (``</function>``, ``[ARGS]``,
 #: ``<｜tool▁call▁end｜>``): an open region is read again only when one is written.
 _REGION_ENDS = frozenset(">]")
@@ -1281,7 +1352,13 @@ class StreamParser:
         )
         think = _think_markers(fmt) if fmt not in ("gpt_oss", "auto") else None
         self._think_end = tuple(m for m in (think or ()) if m)
-        self._restart = _restart_markers(fmt) if fmt not in _NO_RESTART else ()
+        if analysis is not None:
+            a = analysis
+            learned = (a.trigger, a.turn_end, a.reasoning_start, a.reasoning_end, a.content_start)
+            self._restart = tuple(m for m in (*a.markers, *(x.strip() for x in learned)) if m)
+        else:
+            self._restart = _restart_markers(fmt) if fmt not in _NO_RESTART else ()
+        self._replay = ""  # what the text since the settled point is read after
         self._region_wake = _region_wake(fmt)
         self._longest = max((len(m) for m in (*self._restart, *self._region_wake[0])), default=0)
 
@@ -1336,10 +1413,11 @@ class StreamParser:
                 sc = _scan(text, self.fmt, self._opts, final=False, analysis=self._analysis)
                 return self._emit(sc, final=False)
         else:
-            sc = _scan_rest(tail, self.fmt, self._opts, False, self._ctx)
+            text = self._replay + tail
+            sc = _scan_rest(text, self.fmt, self._opts, False, self._ctx, self._analysis)
         out: list[StreamDelta] = []
         thought = sc.reasoning
-        if self._state == "rest" and thought is not None and self._thought_any:
+        if self.fmt == "glm45" and self._state == "rest" and thought and self._thought_any:
             thought = "\n" + thought  # thoughts between calls join the earlier ones
         if thought is not None or self._thought.pending:
             text = self._thought.read(thought or "")
@@ -1373,7 +1451,7 @@ class StreamParser:
         )
         if not cut:
             if sc.stage == "rest" and sc.open:
-                self._wait = self._region_wake
+                self._wait = sc.wake or self._region_wake
             elif sc.stage == "rest" and sc.hold is not None:
                 self._wait = (sc.hold, frozenset())
             return
@@ -1385,6 +1463,7 @@ class StreamParser:
                 had_calls=self._ctx.had_calls or bool(sc.calls),
             )
         self._state = "think" if sc.stage == "think" else "rest"
+        self._replay = sc.resume
         self._calls_base = n_calls
         self._tail = ""
         self._content.settle()
