@@ -761,10 +761,20 @@ def _scan_auto(
         and not (turn_end and text.rstrip().endswith(turn_end))
     ):
         sc.stage = "rest"  # past the reasoning, before any call: plain text so far
-    elif not out.settled and (rest or opts.reasoning is None) and text.strip():
+    elif not out.settled and (rest or opts.reasoning is None) and _json_call_open(text, analysis):
         sc.stage, sc.open = "rest", True  # a call being written: read again where it may end
         sc.wake = (tuple(m for m in analysis.markers if m), frozenset(">]}"))
     return sc
+
+
+def _json_call_open(text: str, a: TemplateAnalysis) -> bool:
+    """Whether ``text`` ends inside the JSON of a learned format's call (its reading can
+    only change where a bracket closes or a marker is written)."""
+    if a.tool_format != "json" or not a.trigger:
+        return False
+    starts = [m for m in (a.trigger.strip(), a.per_call_start.strip()) if m]
+    k, marker = max((text.rfind(m), m) for m in starts)
+    return k >= 0 and text[k + len(marker) :].lstrip()[:1] in ("{", "[")
 
 
 def _scan(
