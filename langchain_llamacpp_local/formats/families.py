@@ -67,6 +67,10 @@ class Spec:
     #: reasoning may start without its opening marker (the model is always thinking first)
     think_implicit: bool = False
     strip_re: str | None = None  # a pattern of header markup removed from content
+    #: ``<think>`` blocks between calls are reasoning too (GLM thinks again between calls)
+    rethinks: bool = False
+    #: Python code follows this marker to the end: a call to ``python`` (Functionary v3.1)
+    code_tag: str = ""
 
 
 def _args_obj(text: str, name: str | None, raw: str) -> _Call:

@@ -14,9 +14,7 @@ raw text and a reason, never an exception.
 
 from __future__ import annotations
 
-import ast
 import copy
-import functools
 import json
 import logging
 import re
@@ -29,19 +27,19 @@ from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool
 
 from langchain_llamacpp_local.formats.auto.parser import parse_with_analysis
 from langchain_llamacpp_local.formats.base import (
+    THINK,
     Options,
     _Call,
-    _call_from_obj,
+    _Ctx,
     _held_suffix,
-    _json_prefix,
-    _loads,
-    _scan_regions,
-    _unfence,
+    _Scan,
+    _scan_multi,
     checked,
     invalid_args,
     think_body_start,
 )
-from langchain_llamacpp_local.formats.families import Spec, _py_literal, reads
+from langchain_llamacpp_local.formats.classic import CONTENT, Reader
+from langchain_llamacpp_local.formats.families import Spec
 from langchain_llamacpp_local.formats.registry import FAMILIES
 
 if TYPE_CHECKING:
@@ -52,19 +50,6 @@ logger = logging.getLogger(__name__)
 #: Every format :func:`parse` reads: the families' records, and ``auto`` (learned from the
 #: template by :mod:`.auto`, needs ``analysis=``).
 FORMATS: tuple[str, ...] = (*FAMILIES, "auto")
-
-THINK = ("<think>", "</think>")
-_DS = {
-    "calls_begin": "<｜tool▁calls▁begin｜>",
-    "calls_end": "<｜tool▁calls▁end｜>",
-    "call_begin": "<｜tool▁call▁begin｜>",
-    "call_end": "<｜tool▁call▁end｜>",
-    "sep": "<｜tool▁sep｜>",
-}
-_DS_CALLS = "<｜tool▁calls｜>"
-#: Formats whose tool calls are the whole output (a JSON/list document): their
-#: content cannot be streamed until it is clear the output is not a call.
-_WHOLE_OUTPUT = {"llama3_json", "pythonic", "generic"}
 
 
 @dataclass
@@ -99,250 +84,7 @@ def new_call_id() -> str:
 # --------------------------------------------------------------------------- per format
 
 
-def _hermes_body(region: str, final: bool) -> list[_Call]:
-    s = region.strip()
-    m = re.match(r"^<function=([^>\s]+)>\s*(.*?)\s*(</function>)?\s*$", s, re.S)
-    if m:
-        if not final and not m.group(3):
-            return [_Call(m.group(1), None, s, complete=False)]
-        args, err = _loads(m.group(2) or "{}")
-        if err or not isinstance(args, dict):
-            return [
-                _Call(
-                    m.group(1),
-                    None,
-                    s,
-                    error=err or "arguments are not a JSON object",
-                    complete=final,
-                )
-            ]
-        return [_Call(m.group(1), args, s)]
-    if not final:
-        name = re.match(r'^\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', s)
-        return [_Call(json.loads(f'"{name.group(1)}"') if name else None, None, s, complete=False)]
-    obj, err = _loads(_unfence(s))
-    if err:
-        name = re.match(r'^\{\s*"name"\s*:\s*"([\w.\-]+)"', s)
-        return [_Call(name.group(1) if name else None, None, region.strip(), error=err)]
-    if isinstance(obj, list):
-        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj]
-    return [_call_from_obj(obj, region.strip())]
-
-
-def _list_body(
-    region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")
-) -> list[_Call]:
-    if not final:
-        return []
-    s = _unfence(region.strip())
-    obj, err = _loads(s)
-    if err:
-        return [_Call(None, None, s, error=err)]
-    items = obj if isinstance(obj, list) else [obj]
-    return [_call_from_obj(o, json.dumps(o, ensure_ascii=False), keys) for o in items]
-
-
-def _pythonic_calls(text: str) -> list[_Call] | None:
-    """``[f(a=1), g()]`` as calls, or None when the text is not such a list."""
-    s = text.strip()
-    if not (s.startswith("[") and s.endswith("]")):
-        return None
-    try:
-        tree = ast.parse(s, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    if not isinstance(tree.body, ast.List) or not tree.body.elts:
-        return None
-    calls: list[_Call] = []
-    for el in tree.body.elts:
-        if not isinstance(el, ast.Call):
-            return None
-        raw = ast.get_source_segment(s, el) or ""
-        name_node = el.func
-        parts = []
-        while isinstance(name_node, ast.Attribute):
-            parts.append(name_node.attr)
-            name_node = name_node.value
-        if not isinstance(name_node, ast.Name):
-            calls.append(_Call(None, None, raw, error="call target is not a name"))
-            continue
-        name = ".".join([name_node.id, *reversed(parts)])
-        try:
-            args = {kw.arg: _py_literal(kw.value) for kw in el.keywords if kw.arg}
-            if el.args:
-                raise ValueError("positional arguments")
-            if any(kw.arg is None for kw in el.keywords):
-                raise ValueError("**kwargs")
-        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
-            calls.append(_Call(name, None, raw, error=f"arguments are not literals: {exc}"))
-            continue
-        calls.append(_Call(name, args, raw))
-    return calls
-
-
-def _builtin_call(code: str) -> list[_Call]:
-    """Llama 3.1 built-in tools after ``<|python_tag|>``: ``name.call(k=v)``, else Python code."""
-    s = code.strip()
-    m = re.match(r"^([A-Za-z_][\w]*)\.call\((.*)\)\s*;?$", s, re.S)
-    if m:
-        found = _pythonic_calls(f"[{m.group(1)}({m.group(2)})]")
-        if found:
-            return found
-    return [_Call("python", {"code": s}, s)]
-
-
-def _llama3_calls(text: str) -> list[_Call] | None:
-    s = text.strip()
-    if s.startswith("<|python_tag|>"):
-        s = s[len("<|python_tag|>") :].strip()
-        if not s.startswith("{"):
-            return _builtin_call(s)
-    if not s.startswith("{"):
-        return None
-    calls: list[_Call] = []
-    pos = 0
-    while pos < len(s):
-        parsed = _json_prefix(s[pos:])
-        if parsed is None:
-            if calls:
-                calls.append(_Call(None, None, s[pos:], error="invalid JSON after tool calls"))
-                return calls
-            return None
-        obj, end = parsed
-        if not isinstance(obj, dict) or "name" not in obj:
-            return None
-        calls.append(_call_from_obj(obj, s[pos : pos + end], ("parameters", "arguments")))
-        pos += end
-        while pos < len(s) and s[pos] in " \t\r\n;":
-            pos += 1
-    return calls
-
-
-def _generic_calls(text: str) -> tuple[list[_Call], str] | None:
-    s = _unfence(text)
-    if not s.startswith("{"):
-        return None
-    obj, err = _loads(s)
-    if err or not isinstance(obj, dict):
-        return None
-    if "tool_calls" in obj and isinstance(obj["tool_calls"], list):
-        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj["tool_calls"]], ""
-    if "tool_call" in obj:
-        return [
-            _call_from_obj(obj["tool_call"], json.dumps(obj["tool_call"], ensure_ascii=False))
-        ], ""
-    if "response" in obj:
-        resp = obj["response"]
-        return [], resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False)
-    return None
-
-
-def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], int]:
-    """``>>>name\n{json}`` blocks; ``>>>all\n`` blocks are content."""
-    if ">>>" not in text:
-        return [text], [], len(text)
-    first = text.find(">>>")
-    content: list[str] = [text[:first]]
-    calls: list[_Call] = []
-    parts = text[first:].split(">>>")[1:]
-    offset = first
-    for n, part in enumerate(parts):
-        last = n == len(parts) - 1
-        head, newline, body = part.partition("\n")
-        name = head.strip()
-        if last and not final:
-            if not newline:
-                return content, calls, offset  # the name line is still being written
-            if name == "all":
-                content.append(body)
-                return content, calls, len(text)
-            calls.append(_Call(name, None, body, complete=False))
-            return content, calls, offset
-        if name == "all":
-            content.append(body)
-        elif name == "python" and not body.lstrip().startswith("{"):
-            calls.append(_Call("python", {"code": body}, body))  # raw code, as llama.cpp reads it
-        else:
-            obj, err = _loads(body.strip() or "{}")
-            if err or not isinstance(obj, dict):
-                calls.append(
-                    _Call(
-                        name or None,
-                        None,
-                        body.strip(),
-                        error=err or "arguments are not a JSON object",
-                    )
-                )
-            else:
-                calls.append(_Call(name, obj, body.strip()))
-        offset += 3 + len(part)
-    return content, calls, len(text)
-
-
-def _deepseek_body(region: str, final: bool) -> list[_Call]:
-    out: list[_Call] = []
-    for m in re.finditer(
-        re.escape(_DS["call_begin"]) + r"(.*?)(" + re.escape(_DS["call_end"]) + r"|$)", region, re.S
-    ):
-        inner, closed = m.group(1), bool(m.group(2))
-        head, _, rest = inner.partition(_DS["sep"])
-        name, newline, body = rest.partition("\n")
-        if not closed and not final:
-            # the name is known once its line is complete
-            out.append(_Call(name.strip() if newline else None, None, inner, complete=False))
-            continue
-        obj, err = _loads(_unfence(body))
-        if not closed:
-            err = err or "unterminated tool call"
-        if err or not isinstance(obj, dict):
-            out.append(
-                _Call(
-                    name.strip() or None,
-                    None,
-                    inner,
-                    error=err or "arguments are not a JSON object",
-                )
-            )
-        else:
-            out.append(_Call(name.strip(), obj, inner))
-    return out
-
-
 # --------------------------------------------------------------------------- core parse
-
-
-@dataclass
-class _Scan:
-    reasoning: str | None
-    content: str
-    calls: list[_Call]
-    settled: bool  # False: the tail is an unfinished call/marker (streaming only)
-    #: where the text ends, for a stream that goes on from there without reading it
-    #: again: ``"rest"`` past the reasoning block, ``"think"`` inside it, ``""`` at no
-    #: point a scan can restart from
-    stage: str = ""
-    #: the text ends inside a call region: content and reasoning cannot change until
-    #: a marker is written
-    open: bool = False
-    #: the output is held back until one of these strings is written (or the end)
-    hold: tuple[str, ...] | None = None
-    #: the content read past the reasoning block is all whitespace so far
-    rest_blank: bool = True
-    #: the end of the content is held back (it may be a marker still being written)
-    trimmed: bool = False
-    #: what a scan of the text that follows starts with to read it as this one would
-    #: (the header of the message the text ends in)
-    resume: str = ""
-    #: what may change how an open call reads (None: the family's call regions say)
-    wake: tuple[tuple[str, ...], frozenset[str]] | None = None
-
-
-@dataclass(frozen=True)
-class _Ctx:
-    """What a scan that starts part-way through a generation knows about the part before."""
-
-    head: bool = True  # no content has been read yet (rules on the whole output apply)
-    had_calls: bool = False  # calls were read before
 
 
 @dataclass
@@ -427,98 +169,6 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
     return _Reasoning(body if body.strip() else None, raw, rest, done, stopped=done and not end_len)
 
 
-@functools.lru_cache(maxsize=128)
-def _end_pattern(end: str, syntax: str) -> re.Pattern[str]:
-    if syntax == "json":
-        quoted = r'"(?:[^"\\]|\\.)*(?P<close>")?'
-    else:
-        quoted = r'<\|"\|>(?:(?!<\|"\|>).)*(?P<close><\|"\|>)?'
-    return re.compile(quoted + "|(?P<end>" + re.escape(end) + ")", re.S)
-
-
-def _find_end(text: str, end: str, start: int, syntax: str | None, final: bool) -> int:
-    """The first ``end`` at or after ``start`` that is not inside a quoted value.
-
-    At the end of generation a body whose quotes never close (malformed) ends at the
-    first ``end`` as written, so the text after it is not swallowed into the call.
-    """
-    j = text.find(end, start)
-    if j < 0 or syntax is None:
-        return j
-    pos = start
-    if syntax == "json":
-        m = re.compile(r"[{\[]").search(text, start)
-        if m is None or m.start() > j:
-            return j
-        pos = m.start()
-    for m in _end_pattern(end, syntax).finditer(text, pos):
-        if m.group("end") is not None:
-            return m.start()
-        if m.group("close") is None:
-            break  # a quoted value still open: the end has not come yet
-    return j if final else -1
-
-
-def _scan_multi(
-    text: str, regions: tuple[tuple[str, str | None, Any], ...], opts: Options, final: bool
-) -> tuple[list[str], list[_Call], int]:
-    """Split ``text`` at the tool-call regions ``(start, end, body)`` (earliest start first).
-
-    Returns the content pieces, the calls and how much of ``text`` is settled (the rest
-    is an unfinished region, held back while streaming). A region's end marker inside
-    one of its quoted values does not end it.
-    """
-    content: list[str] = []
-    calls: list[_Call] = []
-    pos = 0
-
-    def add(found: list[_Call], start: str) -> None:
-        for c in found:
-            c.opener = c.opener or start
-        calls.extend(found)
-
-    while True:
-        best: tuple[int, str, str | None, Any] | None = None
-        for start, end, body in regions:
-            i = text.find(start, pos)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, start, end, body)
-        if best is None:
-            content.append(text[pos:])
-            return content, calls, len(text)
-        i, start, end, body = best
-        content.append(text[pos:i])
-        j = (
-            _find_end(text, end, i + len(start), getattr(body, "string_syntax", None), final)
-            if end
-            else -1
-        )
-        if j < 0:
-            region = text[i + len(start) :]
-            if not final:
-                add(body(region, False, opts), start)
-                return content, calls, i
-            found = body(region, True, opts)
-            # a call that closed itself stays a call when only its section's end is
-            # missing (as it was streamed); the one still being written is cut off
-            whole = [c.complete for c in body(region, False, opts)] if end is not None else []
-            for n, c in enumerate(found):
-                if c.error is None and end is not None and not (n < len(whole) and whole[n]):
-                    c.error = f"unterminated tool call (no {end})"
-                    c.args = None
-            add(
-                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")],
-                start,
-            )
-            return content, calls, len(text)
-        region = text[i + len(start) : j]
-        found = body(region, True, opts)
-        if not found and region.strip():  # a region no call could be read from is reported
-            found = [_Call(None, None, region, error=f"cannot read a tool call in {start}…{end}")]
-        add(found, start)
-        pos = j + len(end)
-
-
 def _scan_spec(
     rest: str, fmt: str, opts: Options, final: bool
 ) -> tuple[str, list[_Call], bool, bool]:
@@ -526,9 +176,9 @@ def _scan_spec(
     spec = FAMILIES[fmt].spec
     assert spec is not None
     calls: list[_Call] = []
-    if opts.calls and fmt == "functionary_v3_1" and "<|python_tag|>" in rest:
-        i = rest.index("<|python_tag|>")
-        code = rest[i + len("<|python_tag|>") :]
+    if opts.calls and spec.code_tag and spec.code_tag in rest:
+        i = rest.index(spec.code_tag)
+        code = rest[i + len(spec.code_tag) :]
         rest = rest[:i]
         calls.append(_Call("python", {"code": code}, code, complete=final))
     # no tools bound: call markup is content, only turn and channel markup goes
@@ -550,188 +200,6 @@ def _scan_spec(
                 content, trimmed = content[:cut], True
         content = re.sub(spec.strip_re, "", content)
     return content, found + calls, settled_at >= len(rest), trimmed
-
-
-_HERMES_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
-
-
-@reads("json")
-def _hermes_json(region: str, final: bool, opts: Options) -> list[_Call]:
-    return _hermes_body(region, final)
-
-
-@reads("json")
-def _hermes_fn(region: str, final: bool, opts: Options) -> list[_Call]:
-    """``<function=NAME>{json}</function>`` or ``<function name="NAME">{json}</function>``."""
-    m = re.match(r'^(?:=([^>\s]+)|\s+name="([^"]*)")>(.*)$', region, re.S)
-    if not m:
-        return (
-            [_Call(None, None, region, complete=False)]
-            if not final
-            else [_Call(None, None, region, error="cannot read the <function> call")]
-        )
-    name = m.group(1) or m.group(2)
-    if not final:
-        return [_Call(name, None, region, complete=False)]
-    args, err = _loads(m.group(3).strip() or "{}")
-    if err or not isinstance(args, dict):
-        return [
-            _Call(name, None, m.group(3).strip(), error=err or "arguments are not a JSON object")
-        ]
-    return [_Call(name, args, m.group(3).strip())]
-
-
-_HERMES_REGIONS: tuple[tuple[str, str | None, Any], ...] = (
-    *((f"<{t}>", f"</{t}>", _hermes_json) for t in _HERMES_TAGS),
-    ("<function", "</function>", _hermes_fn),
-)
-
-
-def _bare_call(text: str) -> list[_Call] | None:
-    """A whole output that is one ``{"name", "arguments"}`` object (maybe fenced)."""
-    s = _unfence(text)
-    if not s.startswith("{"):
-        return None
-    obj, err = _loads(s)
-    if (
-        err
-        or not isinstance(obj, dict)
-        or "name" not in obj
-        or not ({"arguments", "parameters"} & obj.keys())
-    ):
-        return None
-    return [_call_from_obj(obj, s)]
-
-
-_EMPTY_FENCE = re.compile(r"```(?:xml|json|JSON)?[ \t]*\n\s*```[ \t]*\n?")
-#: a fence at the end of the text so far that may still open a call (its language half-written)
-_OPEN_FENCE = re.compile(r"```(?:[A-Za-z]{0,3}|xml|json|JSON)[ \t]*(?:\n\s*(?:`{0,2}|<[^\n>]*))?$")
-
-
-def _legacy_plain(
-    rest: str, fmt: str, opts: Options, final: bool
-) -> tuple[str, list[_Call], bool] | None:
-    """A classic format's output when no tools are bound: its wrappers go, calls stay text."""
-    if fmt == "granite":
-        return _granite_unwrap(rest), [], True
-    if fmt == "functionary_v3_2":
-        # the generation prompt ends with ">>>": plain text is the "all" recipient's message
-        text = rest if opts.opened(">>>") else rest.removeprefix(">>>")
-        if not final and len(text) < len(_ALL) and _ALL.startswith(text):
-            return None
-        return text.removeprefix(_ALL), [], True
-    return rest, [], True
-
-
-_ALL = "all\n"
-
-
-def _granite_unwrap(text: str) -> str:
-    """Granite's answer without its ``<response>`` wrapper (with or without tools)."""
-    return text.replace("<response>", "").replace("</response>", "")
-
-
-def _hermes_rest(
-    rest: str, opts: Options, final: bool, ctx: _Ctx
-) -> tuple[str, list[_Call], bool, bool] | None:
-    """Hermes content and calls, and whether the content's end is held back (a fence)."""
-    pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
-    content = "".join(pieces)
-    if (
-        calls or ctx.had_calls
-    ):  # a call wrapped in a ```xml / ```json fence leaves no empty fence behind
-        content = _EMPTY_FENCE.sub("", content)
-    trimmed = False
-    if not final:  # a fence that may open a call is held back until it is known
-        m = _OPEN_FENCE.search(content)
-        if m is not None:
-            content, trimmed = content[: m.start()], True
-    if not calls and not ctx.had_calls and ctx.head:
-        s = content.strip()
-        if not final and (s.startswith("{") or s.startswith("```")):
-            return None
-        bare = _bare_call(content) if final else None
-        if bare is not None:
-            return "", bare, True, False
-    return content, calls, settled_at >= len(rest), trimmed
-
-
-def _legacy_body(
-    rest: str, fmt: str, opts: Options, final: bool, ctx: _Ctx = _Ctx()
-) -> tuple[str, list[_Call], bool] | None:
-    """Content and calls of the classic formats; None: hold everything back (streaming).
-
-    ``ctx`` says what came before ``rest`` when a stream reads on from a settled point:
-    the rules on the whole output (a bare JSON call, a pythonic list) then no longer apply.
-    """
-    if not opts.calls:
-        return _legacy_plain(rest, fmt, opts, final)
-    if fmt == "hermes":
-        read = _hermes_rest(rest, opts, final, ctx)
-        return None if read is None else read[:3]
-    if fmt == "granite":
-        c = _granite_unwrap(rest)
-        pieces, calls, settled_at = _scan_regions(c, "<|tool_call|>", None, _list_body, final)
-        return "".join(pieces), calls, settled_at >= len(c)
-    if fmt == "functionary_v3_2":
-        text = ">>>" + rest if opts.opened(">>>") else rest
-        pieces, calls, settled_at = _functionary_body(text, final)
-        return "".join(pieces), calls, settled_at >= len(text)
-    if fmt == "deepseek_r1":
-        # "<｜tool▁calls｜>" opens the calls and the first call at once (an R1 variant)
-        c = rest.replace(_DS_CALLS, _DS["calls_begin"] + _DS["call_begin"])
-        c = c.replace(_DS["calls_end"], "")
-        pieces, calls, settled_at = _scan_regions(
-            c, _DS["calls_begin"], None, _deepseek_body, final
-        )
-        return "".join(pieces), calls, settled_at >= len(c)
-    if fmt == "pythonic":
-        if ctx.had_calls:  # only the first call block is read: the rest is text
-            return rest, [], True
-        m = re.search(r"<\|tool_call_start\|>(.*?)(<\|tool_call_end\|>|$)", rest, re.S)
-        if m:
-            if not m.group(2) and not final:
-                named = re.match(r"\s*\[\s*([\w.\-]+)\(", m.group(1))
-                return (
-                    rest[: m.start()],
-                    [_Call(named and named.group(1), None, m.group(1), complete=False)],
-                    False,
-                )
-            found = _pythonic_calls(m.group(1))
-            calls = (
-                found
-                if found is not None
-                else [_Call(None, None, m.group(1), error="not a list of calls")]
-            )
-            return rest[: m.start()] + rest[m.end() :], calls, True
-        if not final and ctx.head and rest.lstrip().startswith("["):
-            return None
-        found = _pythonic_calls(rest) if final and ctx.head else None
-        return ("", found, True) if found is not None else (rest, [], True)
-    if fmt == "llama3_json":
-        s = rest.strip()
-        if not final and (
-            "<|python_tag|>" in s
-            or ctx.head
-            and (s.startswith("{") or s and "<|python_tag|>".startswith(s))
-        ):
-            return None
-        found = _llama3_calls(rest) if final and ctx.head else None
-        if found is not None:
-            return "", found, True
-        if final and "<|python_tag|>" in rest:
-            i = rest.index("<|python_tag|>")
-            return rest[:i], _llama3_calls(rest[i:]) or [], True
-        return rest, [], True
-    if fmt == "generic":
-        s = rest.strip()
-        if not final and ctx.head and (s.startswith("{") or s.startswith("`")):
-            return None
-        generic = _generic_calls(rest) if final and ctx.head else None
-        if generic is not None:
-            return generic[1], generic[0], True
-        return rest, [], True
-    return rest, [], True  # content
 
 
 def _scan_auto(
@@ -785,10 +253,9 @@ def _scan(
         if analysis is None:
             raise ValueError("format 'auto' needs the template's analysis (analysis=...)")
         return _scan_auto(text, opts, final, analysis)
-    if fmt == "gpt_oss":
-        return _gpt_oss(text, opts, final)
-    if fmt == "muse_glimmer":
-        return _muse(text, opts, final)
+    family = FAMILIES[fmt]
+    if family.scanner is not None:
+        return family.scanner(text, family.spec, opts, final, False)
     r = _split_reasoning(text, fmt, opts, final)
     if r.held:
         return _Scan(None, "", [], False)
@@ -814,7 +281,8 @@ def _scan(
             content, calls, settled, _ = _scan_spec(r.rest, fmt, opts, final)
             if not final:
                 content, settled = "", False
-        if fmt == "glm45" and "<think>" in content:
+        spec = _spec(fmt)
+        if spec is not None and spec.rethinks and "<think>" in content:
             content, more, open_block = _later_thoughts(content, final)
             reasoning = "\n".join(t for t in (reasoning, *more) if t) or reasoning
             settled = settled and not open_block
@@ -842,45 +310,28 @@ def _scan_rest(
 
     The scan's ``reasoning`` is that of the think blocks inside the content (GLM), or None.
     """
-    if fmt == "gpt_oss":
-        return _gpt_oss(rest, opts, final, blank=True)
-    if fmt == "muse_glimmer":
-        return _muse(rest, opts, final)
     if fmt == "auto":
         assert analysis is not None
         return _scan_auto(rest, opts, final, analysis, rest=True)
-    trimmed = False
-    wake: tuple[tuple[str, ...], frozenset[str]] | None = None
-    if _spec(fmt) is not None:
-        content, calls, settled, trimmed = _scan_spec(rest, fmt, opts, final)
-        region = not settled
-    else:
-        body = (
-            _hermes_rest(rest, opts, final, ctx)
-            if fmt == "hermes" and opts.calls
-            else _legacy_body(rest, fmt, opts, final, ctx)
-        )
-        if body is None:
-            return _Scan(None, "", [], False, stage="rest", hold=_held_until(rest, fmt))
-        content, calls, settled = body[:3]
-        trimmed = len(body) > 3 and bool(body[3])  # type: ignore[misc]
-        # the classic formats whose unsettled end is a call region (the rest is a name
-        # line or a half-written marker, read again on every delta)
-        region = not settled and fmt in ("hermes", "granite", "deepseek_r1", "pythonic")
-        if fmt == "functionary_v3_2" and not settled and opts.calls:
-            # a call whose name line is written ends where the next recipient begins
-            region = "\n" in rest[max(rest.rfind(">>>"), 0) :]
-            wake = ((">>>",), frozenset[str]()) if region else None
+    family = FAMILIES[fmt]
+    if family.scanner is not None:
+        return family.scanner(rest, family.spec, opts, final, True)
+    spec = _spec(fmt)
+    if spec is None:
+        reader = _reader(fmt)
+        sc = (reader.read if opts.calls else reader.plain)(rest, opts, final, ctx)
+        sc.rest_blank = not sc.content.strip()
+        sc.settled = sc.settled and all(c.complete for c in sc.calls)
+        return sc
+    content, calls, settled, trimmed = _scan_spec(rest, fmt, opts, final)
     rest_blank = not content.strip()
     more: str | None = None
-    if fmt == "glm45" and opts.reasoning is not None and "<think>" in content:
+    region = not settled
+    if spec.rethinks and opts.reasoning is not None and "<think>" in content:
         content, thoughts, open_block = _later_thoughts(content, final)
         more = "\n".join(t for t in thoughts if t) or None
         settled = settled and not open_block
         region = region and not open_block
-    # Functionary v3.2 streams text as the "all" recipient's message (or before any
-    # recipient): the text that follows is read as that message's
-    resume = ("" if opts.opened(">>>") else ">>>") + _ALL if fmt == "functionary_v3_2" else ""
     return _Scan(
         more,
         content,
@@ -890,9 +341,12 @@ def _scan_rest(
         open=region,
         rest_blank=rest_blank,
         trimmed=trimmed,
-        resume=resume,
-        wake=wake,
     )
+
+
+def _reader(fmt: str) -> Reader:
+    family = FAMILIES.get(fmt)
+    return family.reader if family is not None and family.reader is not None else CONTENT
 
 
 def _scan_think(text: str, fmt: str, opts: Options) -> _Scan:
@@ -920,21 +374,6 @@ def _scan_think(text: str, fmt: str, opts: Options) -> _Scan:
     return sc
 
 
-def _held_until(rest: str, fmt: str) -> tuple[str, ...] | None:
-    """The markers a classic format's held-back output waits for (None: any text may
-    release it, ``()``: only the end of generation)."""
-    s = rest.strip()
-    if fmt == "hermes":
-        return tuple(start for start, _, _ in _HERMES_REGIONS)
-    if fmt == "llama3_json":
-        return () if s.startswith("{") or "<|python_tag|>" in s else None
-    if fmt == "pythonic":
-        return ("<|tool_call_start|>",)
-    if fmt == "generic":
-        return ()
-    return None
-
-
 def _later_thoughts(content: str, final: bool) -> tuple[str, list[str], bool]:
     """``<think>`` blocks in the middle of the content (GLM thinks again between calls):
     (content without them, their texts, whether one is still open)."""
@@ -954,178 +393,6 @@ def _later_thoughts(content: str, final: bool) -> tuple[str, list[str], bool]:
             return "".join(out), thoughts, not final
         thoughts.append(content[i + len("<think>") : j])
         pos = j + len("</think>")
-
-
-# --------------------------------------------------------------------------- Muse Glimmer
-
-_MUSE_HEADER = re.compile(r"\s*(?:<\|start\|>assistant)?\s*to=([^\s<]+)\s*<\|message\|>")
-_MUSE_END = re.compile(r"<\|eot\|>|<\|eom\|>")
-
-
-def _muse(text: str, opts: Options, final: bool) -> _Scan:
-    """Muse Glimmer messages: ``[<|start|>assistant] to=R<|message|>body<|eom|>`` / ``<|eot|>``.
-
-    ``to=self`` is reasoning, ``to=user`` content (call markup quoted in it stays
-    text), any other recipient a message whose ``<atem:function_calls>`` are calls (as
-    llama.cpp's Muse parser reads them). The generation prompt ends with
-    ``<|start|>assistant``, so the output starts at `` to=``.
-    """
-    regions = FAMILIES["muse_glimmer"].spec.regions  # type: ignore[union-attr]
-    content: list[str] = []
-    thought: list[str] = []
-    calls: list[_Call] = []
-    settled = True
-    pos, n = 0, len(text)
-    m: re.Match[str] | None = None
-    e: re.Match[str] | None = None
-    resume: str | None = None
-    wake: tuple[tuple[str, ...], frozenset[str]] | None = None
-    while pos < n:
-        m = _MUSE_HEADER.match(text, pos)
-        if m is None:
-            tail = text[pos:]
-            head = tail.lstrip()
-            partial = "<|message|>" not in tail and (
-                "<|start|>assistant to=".startswith(head[:22])
-                or head.startswith(("<|start|>", "to="))
-            )
-            if partial and not final:
-                settled = False  # a header still being written
-            elif not partial or not re.fullmatch(r"\s*(<\|start\|>\w*)?\s*(to=\S*)?\s*", tail):
-                content.append(_MUSE_END.sub("", tail))  # text without a header
-            break
-        recipient = m.group(1)
-        e = _MUSE_END.search(text, m.end())
-        body = text[m.end() : e.start() if e else n]
-        pos = e.end() if e else n
-        resume, wake = None, None
-        if recipient == "self":
-            (thought if opts.reasoning is not None else content).append(body)
-            resume = m.group(0)
-        elif recipient == "user":
-            content.append(body)
-            resume = m.group(0)
-        else:
-            done = e is not None or final
-            pieces, found, at = _scan_multi(body, regions if opts.calls else (), opts, done)
-            calls.extend(found)
-            content.append("".join(pieces).strip())
-            if not done:
-                settled = False
-                if at < len(body):  # an open call: read again where it may end
-                    strings, chars = _region_wake("muse_glimmer")
-                    wake = ((*strings, "<|eom|>", "<|eot|>"), chars)
-    reasoning = "".join(thought) if thought else None
-    sc = _Scan(reasoning, "".join(content), calls, settled, wake=wake, open=wake is not None)
-    if pos == n and m is not None and e is None and resume is not None:
-        sc.stage, sc.resume = "rest", resume  # the text ends inside a message's text
-    elif wake is not None:
-        sc.stage = "rest"
-    return sc
-
-
-# --------------------------------------------------------------------------- gpt-oss (harmony)
-
-_HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
-#: how a message header starts (the generation prompt ends with <|start|>assistant)
-_HARMONY_HEAD = re.compile(r"\s*(assistant\b|<\||to=|$)")
-
-
-def _gpt_oss(text: str, opts: Options, final: bool, blank: bool = False) -> _Scan:
-    """Harmony messages: ``[<|start|>assistant][ to=R]<|channel|>C[ to=R][<|constrain|>x]<|message|>body<|end|>``.
-
-    ``analysis`` is reasoning; ``final`` and recipient-less ``commentary`` are content; a
-    ``to=functions.NAME`` recipient makes the body a call's JSON arguments; other
-    recipients (built-in tools such as ``python``, ``container.exec``) are not function
-    calls and are dropped, like llama.cpp does; with no tools bound, so are messages to
-    ``functions.*``. The end of generation (``<|call|>`` is an
-    end-of-generation token) ends the last message.
-    """
-    content: list[str] = []
-    thought: list[str] = []
-    calls: list[_Call] = []
-    settled = True
-    resume: str | None = None
-    wake: tuple[str, ...] | None = None
-    pos = 0
-    n = len(text)
-    while pos < n:
-        in_header = pos > 0
-        if text.startswith("<|start|>", pos):
-            pos += len("<|start|>")
-            in_header = True
-        k = text.find("<|message|>", pos)
-        if k < 0:
-            tail = text[pos:]
-            harmony = in_header or "<|" in tail or "to=" in tail
-            if not harmony:
-                content.append(tail)  # plain text with no harmony header
-            elif not final:
-                settled = False  # a header still being written
-            elif not _HARMONY_HEAD.match(tail) or not tail.strip():
-                content.append(tail)
-            break
-        header = text[pos:k]
-        if not in_header and not _HARMONY_HEAD.match(header):
-            # text that no header starts is the model's plain text, a <|message|> in it
-            # included: a stream has already sent it before the marker came
-            content.append(text[pos:])
-            break
-        body_start = k + len("<|message|>")
-        m = _HARMONY_END.search(text, body_start)
-        body = text[body_start : m.start() if m else n]
-        end = m.end() if m else n
-        chan = re.findall(r"<\|channel\|>\s*(\w+)", header)
-        channel = chan[-1] if chan else ""
-        to = [t for t in re.findall(r"to=([^\s<]+)", header) if t != "assistant"]
-        recipient = to[-1] if to else None
-        if recipient is not None and not opts.calls:
-            # no tools bound: a message to any recipient is consumed, as llama.cpp's
-            # harmony parser consumes "unsolicited" calls (its recorded cases expect it)
-            if final:
-                logger.info("gpt-oss addressed a message to %s with no tools bound", recipient)
-        elif recipient is not None:
-            if recipient.startswith("functions."):
-                name = recipient[len("functions.") :]
-                if not m and not final:
-                    calls.append(_Call(name, None, body, complete=False))
-                    settled = False
-                else:
-                    obj, err = _loads(body.strip() or "{}")
-                    if err or not isinstance(obj, dict):
-                        calls.append(
-                            _Call(
-                                name,
-                                None,
-                                body.strip(),
-                                error=err or "arguments are not a JSON object",
-                            )
-                        )
-                    else:
-                        calls.append(_Call(name, obj, body.strip()))
-        elif channel == "analysis":
-            if opts.reasoning is None:
-                content.append(text[pos:end].removeprefix("assistant"))
-            else:
-                thought.append(body)
-        else:
-            content.append(body)
-        if not m and not final:
-            settled = settled and recipient is None
-            if recipient is None and (channel != "analysis" or opts.reasoning is not None):
-                resume = "<|start|>" + header + "<|message|>"  # a message's text goes on
-            elif recipient is not None and recipient.startswith("functions.") and opts.calls:
-                wake = ("<|end|>", "<|call|>", "<|return|>")  # a call's arguments go on
-        pos = end
-    reasoning = "".join(thought) if thought and opts.reasoning is not None else None
-    if not blank and not (reasoning and reasoning.strip()):
-        reasoning = None  # (``blank``: a stream's text after a settled point keeps it)
-    sc = _Scan(reasoning, "".join(content), calls, settled)
-    if resume is not None:
-        sc.stage, sc.resume = "rest", resume
-    elif wake is not None:
-        sc.stage, sc.open, sc.wake = "rest", True, (wake, frozenset())
-    return sc
 
 
 # --------------------------------------------------------------------------- public API
@@ -1212,14 +479,10 @@ def _markers(fmt: str) -> tuple[str, ...]:
             out += [m for m in spec.think if m]
     else:
         out += list(THINK)
-    if fmt == "hermes":
-        out += [r[0] for r in _HERMES_REGIONS] + ["```"]  # a fence may wrap a call
+        out += _reader(fmt).held
     return tuple(dict.fromkeys(m for m in out if m))
 
 
-#: Formats a stream reads from its start on every delta (their scanners keep no state a
-#: later scan could start from).
-_NO_RESTART: frozenset[str] = frozenset()
 #: Characters that end the markers inside a call region (``</function>``, ``[ARGS]``,
 #: ``<｜tool▁call▁end｜>``): an open region is read again only when one is written.
 _REGION_ENDS = frozenset(">]")
@@ -1238,10 +501,8 @@ def _restart_markers(fmt: str) -> tuple[str, ...]:
                 out += [start, end or ""]
             out += [*spec.strip, *spec.section, *spec.held, *spec.think_stops]
             out += list(spec.think or ())
-    if fmt == "hermes":
-        out += [m for start, end, _ in _HERMES_REGIONS for m in (start, end or "")]
-    out += [*_DS.values(), _DS_CALLS, "<|python_tag|>", "<|tool_call_start|>"]
-    out += ["<|tool_call_end|>", "<|tool_call|>", "<response>", "</response>"]
+        else:
+            out += _reader(fmt).markers
     return tuple(dict.fromkeys(m for m in out if m))
 
 
@@ -1250,16 +511,10 @@ def _region_wake(fmt: str) -> tuple[tuple[str, ...], frozenset[str]]:
     the markers that complete a call inside them (a body reader that names none is
     read again at every character that may end a marker)."""
     family = FAMILIES.get(fmt)
-    if fmt == "hermes":
-        regions: tuple[tuple[str, str | None, Any], ...] = _HERMES_REGIONS
-    elif family is not None and family.spec is not None:
+    regions: tuple[tuple[str, str | None, Any], ...] = ()
+    if family is not None and family.spec is not None:
         regions = family.spec.regions
-    else:
-        regions = ()
-    wake = {
-        "deepseek_r1": (_DS["call_end"],),
-        "pythonic": ("<|tool_call_end|>",),
-    }.get(fmt, ())
+    wake = _reader(fmt).wake if family is None or family.spec is None else ()
     chars: frozenset[str] = frozenset()
     for _, end, body in regions:
         closers = getattr(body, "closers", None)
@@ -1345,7 +600,7 @@ class StreamParser:
         self._tail = ""  # the text since the last settled point
         #: how that text is read: "start" (from the beginning), "think" (inside the
         #: think block), "rest" (past it) or "full" (the whole text on every delta)
-        self._state = "start" if fmt not in _NO_RESTART else "full"
+        self._state = "start"
         self._ctx = _Ctx()
         self._content = _Text()
         self._thought = _Text()
@@ -1367,8 +622,12 @@ class StreamParser:
             learned = (a.trigger, a.turn_end, a.reasoning_start, a.reasoning_end, a.content_start)
             self._restart = tuple(m for m in (*a.markers, *(x.strip() for x in learned)) if m)
         else:
-            self._restart = _restart_markers(fmt) if fmt not in _NO_RESTART else ()
+            self._restart = _restart_markers(fmt)
         self._replay = ""  # what the text since the settled point is read after
+        spec = _spec(fmt) if analysis is None else None
+        self._rethinks = spec is not None and spec.rethinks
+        #: a call may be the whole output: content waits until it is known not to be one
+        self._whole = analysis is None and _spec(fmt) is None and _reader(fmt).whole_output
         self._region_wake = _region_wake(fmt)
         self._longest = max((len(m) for m in (*self._restart, *self._region_wake[0])), default=0)
 
@@ -1427,7 +686,7 @@ class StreamParser:
             sc = _scan_rest(text, self.fmt, self._opts, False, self._ctx, self._analysis)
         out: list[StreamDelta] = []
         thought = sc.reasoning
-        if self.fmt == "glm45" and self._state == "rest" and thought and self._thought_any:
+        if self._rethinks and self._state == "rest" and thought and self._thought_any:
             thought = "\n" + thought  # thoughts between calls join the earlier ones
         if thought is not None or self._thought.pending:
             text = self._thought.read(thought or "")
@@ -1436,7 +695,7 @@ class StreamParser:
         text = self._content.read(sc.content)
         keep = len(text) - _held_suffix(text, self._markers)
         keep = min(keep, len(text[:keep].rstrip()))
-        if self.fmt in _WHOLE_OUTPUT and not sc.settled:
+        if self._whole and not sc.settled:
             keep = min(keep, self._content.epoch)
         out += self._content.send(keep, "content")
         out += self._send_calls(sc.calls, self._calls_base, final=False)
@@ -1520,7 +779,7 @@ class StreamParser:
         else:
             keep = len(content) - _held_suffix(content, self._markers)
             keep = min(keep, len(content[:keep].rstrip()))
-            if self.fmt in _WHOLE_OUTPUT and not sc.settled:
+            if self._whole and not sc.settled:
                 keep = min(keep, sent)
         if keep > sent:
             out.append(StreamDelta("content", content[sent:keep]))
