@@ -1,15 +1,14 @@
 """The parse loop: reasoning split, per-format tool-call scanning, streaming.
 
-``parse`` and :class:`StreamParser` scan the whole text so far on every delta (as
-llama.cpp's server re-parses the whole generation) and emit only what can no longer
-change: a half-written marker, an unfinished call or a header still being written is
-held back. Each format's record (:mod:`.registry`) says what to read: the classic
-formats (``hermes``, ``llama3_json``, ``pythonic``, ``granite``, ``functionary_v3_2``,
-``deepseek_r1``, ``generic``, ``content``, no spec) are read here; the families with a
-:class:`~.families.Spec` (markers + body readers from :mod:`.families`) by the region
-scanner; ``gpt_oss`` (harmony messages) by :func:`_gpt_oss`; ``auto`` by the template
-analysis. Anything malformed becomes an ``invalid_tool_calls`` entry with the
-raw text and a reason, never an exception.
+:func:`parse` reads a whole generation; :class:`StreamParser` reads one as it is
+generated, with the same work per token however long it grows (it reads only the text
+since its last settled point and an open call only where it may end), and emits only
+what can no longer change: a half-written marker, an unfinished call or a header still
+being written is held back. Each format's record (:mod:`.registry`) says how to read
+it: a :class:`~.families.Spec` (markers + body readers from :mod:`.families`) read by
+the region scanner, a classic :class:`~.classic.Reader`, or a message scanner
+(:mod:`.messages`); ``auto`` by the template analysis. Anything malformed becomes an
+``invalid_tool_calls`` entry with the raw text and a reason, never an exception.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A :class:`Family` says how llama.cpp picks the syntax for a chat template (its
 specialized handlers, or the markers its auto-parser route recognises), which markers
 are held back while streaming, how a call is read (a :class:`~.families.Spec` of
-markers and body readers, or the parse loop's own code for the classic formats), how
+markers and body readers, a classic :class:`~.classic.Reader`, or a message scanner
+from :mod:`.messages`), how
 a forced call is written (:class:`JsonCalls` or :class:`Markup`, built by
 :mod:`.grammars`), which markers switch a lazy grammar on, and whether plain chat
 output carries channel markup. :mod:`.detect`, :mod:`.parsers`, :mod:`.grammars` and
@@ -120,8 +121,8 @@ class Family:
     clues: tuple[Clue, ...] = ()
     #: markers of the classic formats held back while streaming (a spec adds its own)
     markers: tuple[str, ...] = ()
-    #: reasoning and call-region markers with their body readers; None: the parse loop
-    #: reads this format itself (the classic formats, gpt-oss harmony)
+    #: reasoning and call-region markers with their body readers (None: a classic
+    #: ``reader`` reads what follows the ``<think>`` block, or a ``scanner`` the output)
     spec: Spec | None = None
     #: how a classic family (no spec) reads what follows its ``<think>`` block
     reader: Reader | None = None
