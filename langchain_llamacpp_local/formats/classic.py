@@ -84,6 +84,23 @@ def _list_body(
     return [_call_from_obj(o, json.dumps(o, ensure_ascii=False), keys) for o in items]
 
 
+#: a source's lines with their ends, as :mod:`ast` counts them (no form feed break)
+_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n|$)")
+
+
+def _segment(lines: list[str], node: ast.expr) -> str:
+    """``ast.get_source_segment`` on lines split once (it splits the source per call, in
+    Python, which costs more than the parse on a long argument)."""
+    if node.end_lineno is None or node.end_col_offset is None:
+        return ""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset : node.end_col_offset].decode()
+    head = lines[first].encode()[node.col_offset :].decode()
+    tail = lines[last].encode()[: node.end_col_offset].decode()
+    return head + "".join(lines[first + 1 : last]) + tail
+
+
 def _pythonic_calls(text: str) -> list[_Call] | None:
     """``[f(a=1), g()]`` as calls, or None when the text is not such a list."""
     s = text.strip()
@@ -96,10 +113,11 @@ def _pythonic_calls(text: str) -> list[_Call] | None:
     if not isinstance(tree.body, ast.List) or not tree.body.elts:
         return None
     calls: list[_Call] = []
+    lines = _LINES.findall(s)
     for el in tree.body.elts:
         if not isinstance(el, ast.Call):
             return None
-        raw = ast.get_source_segment(s, el) or ""
+        raw = _segment(lines, el)
         name_node = el.func
         parts = []
         while isinstance(name_node, ast.Attribute):

@@ -609,6 +609,8 @@ class StreamParser:
         #: while set, the text is read again only when one of these strings or
         #: characters is written (an open call region, output held to the end)
         self._wait: tuple[tuple[str, ...], frozenset[str]] | None = None
+        self._waiting: list[str] = []  # the deltas written while waiting
+        self._recent = ""  # the last characters before them (a marker may span the delta)
         self._ids: list[str] = []
         self._result: ParsedOutput | None = None
         self._markers = (
@@ -645,9 +647,17 @@ class StreamParser:
 
     def feed(self, delta: str) -> list[StreamDelta]:
         self._parts.append(delta)
-        self._tail += delta
-        if self._wait is not None and not self._woken(delta):
-            return []
+        if self._wait is not None:
+            # the held text is joined only when it is read again (an open call may be long)
+            self._waiting.append(delta)
+            window = self._recent + delta
+            self._recent = window[max(0, len(window) - self._longest + 1) :]
+            if not self._woken(window, delta):
+                return []
+            self._tail += "".join(self._waiting)
+            self._waiting = []
+        else:
+            self._tail += delta
         self._wait = None
         try:
             if self._state == "full":
@@ -659,13 +669,12 @@ class StreamParser:
             logger.exception("tool-call parser failed on partial model output")
             return []
 
-    def _woken(self, delta: str) -> bool:
-        """Whether ``delta`` may change what the held text reads as."""
+    def _woken(self, window: str, delta: str) -> bool:
+        """Whether ``delta`` (the end of ``window``) may change what the held text reads as."""
         strings, chars = self._wait  # type: ignore[misc]
         if not chars.isdisjoint(delta):
             return True
         # a marker written now ends in the delta
-        window = self._tail[-(len(delta) + self._longest - 1) :]
         first = len(window) - len(delta) + 1
         return any(window.find(m, max(0, first - len(m))) >= 0 for m in strings)
 
@@ -722,6 +731,8 @@ class StreamParser:
                 self._wait = sc.wake or self._region_wake
             elif sc.stage == "rest" and sc.hold is not None:
                 self._wait = (sc.hold, frozenset())
+            if self._wait is not None:
+                self._recent = self._tail[max(0, len(self._tail) - self._longest + 1) :]
             return
         if sc.reasoning:
             self._thought_any = True
