@@ -484,7 +484,7 @@ def _mm_value(text: str, types: set[str] | None) -> object:
     """A MiniMax M3 value: text, or nested ``<k>v</k>`` tags (``<item>`` ones make a list)."""
     if types is not None and "string" in types:
         return text  # a string-typed value stays text even when it looks structured
-    children = list(_MM_PARAM.finditer(text))
+    children = list(_MM_PARAM.finditer(text)) if "<" in text else []  # (a tag needs "<")
     if not children:
         return typed_value(text.strip(), types)
     if all(c.group("k") == "item" for c in children):
