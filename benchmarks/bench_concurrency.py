@@ -41,7 +41,8 @@ import numpy as np  # noqa: E402
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
-from langchain_llamacpp_local.llama.engine import Engine, LoadConfig  # noqa: E402
+from langchain_llamacpp_local.llama.engine import Engine  # noqa: E402
+from langchain_llamacpp_local.llama.loading import LoadConfig  # noqa: E402
 
 GREEDY = {"temperature": 0.0, "logprobs": True, "top_logprobs": 2}
 PROMPTS = [

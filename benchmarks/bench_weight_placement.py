@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import llama_cpp.llama_cpp as C  # noqa: E402
 from machine import flags_line, machine_info  # noqa: E402
 
-from langchain_llamacpp_local.llama import engine  # noqa: E402
+from langchain_llamacpp_local.llama import loading  # noqa: E402
 
-#: The CPU extra buffer types each candidate decides for (see engine.plan_weights).
+#: The CPU extra buffer types each candidate decides for (see loading.plan_weights).
 CANDIDATES = {
     "default": None,
     "no-amx": ("AMX", "CPU_REPACK"),
@@ -58,8 +58,8 @@ def _decode(ctx: object, batch: C.llama_batch, tokens: list[int], start: int) ->
 
 
 def measure(path: str, extra: tuple[str, ...] | None, n_prompt: int, n_decode: int) -> dict:
-    config = engine.LoadConfig(model_path=path)
-    ref = engine.load_model(config, extra_bufts=extra)
+    config = loading.LoadConfig(model_path=path)
+    ref = loading.load_model(config, extra_bufts=extra)
     try:
         cparams = C.llama_context_default_params()
         cparams.n_ctx = n_prompt + n_decode + 8
@@ -83,8 +83,8 @@ def measure(path: str, extra: tuple[str, ...] | None, n_prompt: int, n_decode: i
         return {
             "prompt_tok_s": n_prompt / t_prompt,
             "decode_tok_s": n_decode / t_decode,
-            "weight_buffers_mib": engine.weight_buffers(ref.model),
-            "placement": engine.plan_weights(config, extra).reason,
+            "weight_buffers_mib": loading.weight_buffers(ref.model),
+            "placement": loading.plan_weights(config, extra).reason,
         }
     finally:
         ref.release()

@@ -32,7 +32,7 @@ def cpu_flags() -> list[str]:
 def machine_info(model_path: str | None = None) -> dict[str, Any]:
     """The machine's description; with ``model_path``, also that model's weight placement
     (the decision and the buffer sizes llama.cpp reported when loading it)."""
-    from langchain_llamacpp_local.llama import engine, ggml_cpu
+    from langchain_llamacpp_local.llama import ggml_cpu, loading
 
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -44,13 +44,13 @@ def machine_info(model_path: str | None = None) -> dict[str, Any]:
         "cpu_extra_buffer_types": list(ggml_cpu.extra_buffer_types()),
     }
     if model_path is not None:
-        config = engine.LoadConfig(model_path=model_path)
-        ref = engine.load_model(config)
+        config = loading.LoadConfig(model_path=model_path)
+        ref = loading.load_model(config)
         try:
-            info["weight_buffers_mib"] = engine.weight_buffers(ref.model)
+            info["weight_buffers_mib"] = loading.weight_buffers(ref.model)
         finally:
             ref.release()
-        info["weight_placement"] = engine.plan_weights(config).reason
+        info["weight_placement"] = loading.plan_weights(config).reason
     return info
 
 
@@ -91,7 +91,7 @@ def avoid_amx_in_llama() -> str | None:
     import llama_cpp
     import llama_cpp.llama_cpp as C
 
-    from langchain_llamacpp_local.llama import engine, ggml_cpu
+    from langchain_llamacpp_local.llama import ggml_cpu, loading
 
     if "AMX" not in ggml_cpu.extra_buffer_types():
         return None
@@ -101,10 +101,10 @@ def avoid_amx_in_llama() -> str | None:
     keep: list[Any] = []
 
     def params_for(path: str) -> Any:
-        plan = engine.plan_weights(engine.LoadConfig(model_path=path))
+        plan = loading.plan_weights(loading.LoadConfig(model_path=path))
         params = default()
         params.use_extra_bufts = plan.use_extra_bufts
-        overrides = engine._buft_overrides(plan)
+        overrides = loading.buft_overrides(plan)
         if overrides is not None:
             keep.append(overrides)
             params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
@@ -143,7 +143,8 @@ def bare_decode_rate(
     import llama_cpp
     import numpy as np
 
-    from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
+    from langchain_llamacpp_local.llama.engine import Engine
+    from langchain_llamacpp_local.llama.loading import LoadConfig
 
     eng = Engine(
         LoadConfig(

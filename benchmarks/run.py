@@ -274,7 +274,8 @@ import json, sys, time
 sys.path.insert(0, {root!r})
 import llama_cpp
 import numpy as np
-from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
+from langchain_llamacpp_local.llama.engine import Engine
+from langchain_llamacpp_local.llama.loading import LoadConfig
 eng = Engine(LoadConfig(model_path={path!r}, n_ctx={n_ctx}, n_batch=512, flash_attn=False))
 toks = eng.tokenize("The harbour is busy with fishing boats and the gulls cry. " * 400, add_special=True)
 out = []

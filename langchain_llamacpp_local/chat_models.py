@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -19,51 +17,35 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
 from langchain_core.language_models.model_profile import ModelProfile
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.tool import tool_call_chunk
-from langchain_core.output_parsers import (
-    JsonOutputKeyToolsParser,
-    JsonOutputParser,
-    PydanticOutputParser,
-    PydanticToolsParser,
-)
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import (
-    Runnable,
-    RunnableGenerator,
-    RunnableMap,
-    RunnablePassthrough,
-)
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
-from langchain_core.utils.pydantic import is_basemodel_subclass
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import (
     BaseModel,
     ConfigDict,
     PrivateAttr,
-    StrictBool,
     model_validator,
 )
 from typing_extensions import Self
 
+from langchain_llamacpp_local.chat.frontend import frontend_for
+from langchain_llamacpp_local.chat.jobs import ChatJob
+from langchain_llamacpp_local.chat.messages import aggregate, chunk_of, text_of
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
-from langchain_llamacpp_local.copies import ConfigOnlyCopies
+from langchain_llamacpp_local.chat.reply import Reply
+from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.errors import (
-    RequestCancelledError,
-    RequestTimeoutError,
-    StructuredOutputTruncatedError,
     model_errors,
 )
-from langchain_llamacpp_local.formats import StreamDelta
-from langchain_llamacpp_local.llama.engine import check_gguf_file
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
+from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, check_load_settings
-from langchain_llamacpp_local.model_selection import ModelSelection, duration_seconds
-from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
-from langchain_llamacpp_local.runtime.model_resolution import (
+from langchain_llamacpp_local.model_selection import duration_seconds
+from langchain_llamacpp_local.resolution.model_resolution import (
     MMPROJ_AUTO,
     MMPROJ_NONE,
     ModelEntry,
@@ -71,19 +53,19 @@ from langchain_llamacpp_local.runtime.model_resolution import (
     models_dir_from,
     resolve_model,
 )
-from langchain_llamacpp_local.runtime.model_resolution import list_models as _list_models
-from langchain_llamacpp_local.runtime.worker import (
-    CacheOptions,
-    ChatJob,
-    Done,
-    ModelInfo,
-    ModelWorker,
-)
-from langchain_llamacpp_local.templates.chat_template import convert_messages
+from langchain_llamacpp_local.resolution.model_resolution import list_models as _list_models
+from langchain_llamacpp_local.runtime import registry
+from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
+from langchain_llamacpp_local.runtime.requests import EngineRequest
+from langchain_llamacpp_local.runtime.worker import CacheOptions, ModelInfo, ModelWorker
+from langchain_llamacpp_local.settings_base import ModelSettings
+from langchain_llamacpp_local.templates.messages import convert_messages
 from langchain_llamacpp_local.validation import (
-    check_argument_names,
     check_call_options,
+    check_constructor_arguments,
+    check_max_loaded_models,
     check_max_tokens,
+    check_placement,
     check_speculative,
     check_timeout,
     normalize_stop,
@@ -92,7 +74,6 @@ from langchain_llamacpp_local.validation import (
 
 logger = logging.getLogger(__name__)
 
-_PARSED_KEY = "_llamacpp_parsed"
 _SAMPLING_FIELDS = (
     "temperature",
     "top_p",
@@ -150,7 +131,7 @@ _LOAD_FIELDS = (
 )
 
 
-class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
+class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """Chat model that runs a GGUF model in-process with llama.cpp.
 
     Requests go to one worker thread per loaded model, which keeps a persistent
@@ -181,25 +162,18 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     for; for a ``model_path``, the file's stem in traces (``ls_model_name``, stable
     whether or not the model is loaded) and the GGUF's ``general.name`` in
     ``response_metadata``."""
-    n_ctx: int | None = None
+    n_ctx: int | None = LoadConfig.n_ctx
     """Context window in tokens (default: the model's trained context, capped at 8192).
     By default the ``n_slots`` slots share one KV pool of ``n_ctx`` positions, as in
     llama.cpp's server; with per-slot streams (``kv_unified=False``, the default of
     ``deterministic=True``) each slot gets a window of its own and the KV cache holds
     ``n_ctx * n_slots`` positions."""
-    n_batch: int = 512
+    n_batch: int = LoadConfig.n_batch
     """Maximum tokens per ``llama_decode`` call while reading a prompt."""
-    n_ubatch: int | None = None
+    n_ubatch: int | None = LoadConfig.n_ubatch
     """Physical micro-batch size (default: ``n_batch``)."""
-    n_threads: int | None = None
-    """Threads for generation (default: one per usable physical core, from the affinity
-    mask and cgroup quota, shared with the process's other models through a CPU budget;
-    docs/configuration.md#threads)."""
-    n_threads_batch: int | None = None
+    n_threads_batch: int | None = LoadConfig.n_threads_batch
     """Threads for prompt processing (default: ``n_threads``)."""
-    n_gpu_layers: int = 0
-    """Layers to offload to the GPU (-1: all). Needs a GPU build of llama-cpp-python.
-    With ``rpc_servers`` the default is all layers."""
     rpc_servers: list[str] | None = None
     """``host:port`` of llama.cpp RPC servers (``python -m langchain_llamacpp_local.rpc_server``)
     whose devices hold this model's offloaded layers and their KV cache, for a model
@@ -208,43 +182,34 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     tensor_split: list[float] | None = None
     """Proportion of the offloaded layers per device: the RPC servers' devices in
     order, then the local GPUs (default: by free memory)."""
-    flash_attn: bool | None = None
+    flash_attn: bool | None = LoadConfig.flash_attn
     """Flash attention: True/False, or None for llama.cpp's own default ("auto"); with
     ``deterministic=True`` None means off unless a quantized ``type_v`` needs it (off
     keeps warm and fresh prompts bit-identical: llama.cpp's CPU kernel rounds a row
     differently with the micro-batch shape)."""
-    type_k: str | None = None
+    type_k: str | None = LoadConfig.type_k
     """KV cache type for keys (``f16``, ``q8_0``, ``q4_0``...; default f16)."""
-    type_v: str | None = None
+    type_v: str | None = LoadConfig.type_v
     """KV cache type for values (quantized V needs flash attention)."""
     kv_unified: bool | None = None
     """Share one KV buffer of ``n_ctx`` positions between all slots (True) instead of a
     window per slot (False): ``n_slots`` times less KV memory, but a request's logits
     then depend on what runs beside it. None: shared, or per slot with
     ``deterministic=True``."""
-    swa_full: bool = False
+    swa_full: bool = LoadConfig.swa_full
     """Keep the full KV cache for sliding-window layers. Off saves memory; state
     checkpoints keep prefix reuse exact without it."""
-    use_mmap: bool = True
-    """Memory-map the model file."""
-    use_mlock: bool = False
-    """Lock the model in RAM."""
-    cpu_amx: StrictBool | None = None
-    """Let llama.cpp put weights in ggml's AMX buffer type on Intel CPUs with AMX.
-    None (default) or False: no weight goes there, because its matrix kernel crashes the
-    process on some CPUs (ggml-org/llama.cpp#20824); every other repacking is kept.
-    Part of the load settings; see docs/configuration.md."""
-    rope_freq_base: float = 0.0
+    rope_freq_base: float = LoadConfig.rope_freq_base
     """RoPE base frequency; 0 uses the model's own value."""
-    rope_freq_scale: float = 0.0
+    rope_freq_scale: float = LoadConfig.rope_freq_scale
     """RoPE frequency scale; 0 uses the model's own value."""
     mmproj_path: str | None = None
     """Vision projector GGUF (llama.cpp mtmd) for image input. None: only the one in a
     ``models_dir`` model's own folder; ``"auto"``: also beside a path and in a Hugging
     Face repo; ``"none"``: never (see docs/models.md)."""
-    image_min_tokens: int | None = None
+    image_min_tokens: int | None = LoadConfig.image_min_tokens
     """Fewest tokens an image may take (models with dynamic resolution)."""
-    image_max_tokens: int | None = None
+    image_max_tokens: int | None = LoadConfig.image_max_tokens
     """Most tokens an image may take (models with dynamic resolution)."""
     allow_local_image_files: bool = False
     """Accept image blocks that name a local file path (off: a prompt could read files)."""
@@ -255,7 +220,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
 
     A request goes to the slot sharing the longest prefix with it, and concurrent
     requests run together in one batch (see ``kv_unified`` for how they share KV memory)."""
-    prompt_cache_bytes: int = 1024 * 1024 * 1024
+    prompt_cache_bytes: int = CacheOptions.prompt_cache_bytes
     """Host-RAM budget for conversations evicted from the slots (0 disables it)."""
     prompt_cache_dir: str | None = None
     """Directory of a prompt cache on disk that outlives the process: a new process's
@@ -264,15 +229,15 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     else off. Files are keyed by the model file, the load settings and the llama.cpp
     build, and signed with a per-user secret; the directory must be the user's and not
     writable by others (created 0700, files 0600; docs/cache.md)."""
-    prompt_cache_dir_bytes: int = 4 * 1024**3
+    prompt_cache_dir_bytes: int = CacheOptions.prompt_cache_dir_bytes
     """Byte budget of ``prompt_cache_dir`` (least recently used files go first)."""
-    checkpoint_max_count: int = 16
+    checkpoint_max_count: int = CacheOptions.checkpoint_max_count
     """Most state checkpoints kept per conversation (recurrent/hybrid/SWA models)."""
-    checkpoint_max_bytes: int = 256 * 1024 * 1024
+    checkpoint_max_bytes: int = CacheOptions.checkpoint_max_bytes
     """Byte budget for the checkpoints of one conversation."""
-    checkpoint_min_step: int = 512
+    checkpoint_min_step: int = CacheOptions.checkpoint_min_step
     """Minimum spacing in tokens between periodic checkpoints."""
-    deterministic: bool = False
+    deterministic: bool = LoadConfig.deterministic
     """Bit-exact mode (docs/cache.md): a greedy answer does not depend on what runs beside
     it nor on what the cache holds (warm equals fresh). At load it turns flash attention
     off by default, gives each slot its own KV stream and probes the kernels; per request
@@ -287,7 +252,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     ``"draft"`` asks ``draft_model_path``'s model. Verified by this model with the
     request's own sampler, so the output is the same as without it; overridable per call.
     None: ``"draft"`` when ``draft_model_path`` is set, else off."""
-    speculative_max_draft: int = 16
+    speculative_max_draft: int = ChatJob.speculative_max_draft
     """Most draft tokens per verify step (adapted per request below it). With
     ``deterministic`` a step also stays within what the model's kernels verify exactly
     (probed at load; a model that allows no multi-token step then does not speculate)."""
@@ -314,23 +279,23 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     used idle one (default: ``LLAMACPP_MAX_LOADED_MODELS`` or 3)."""
 
     # ------------------------------------------------------------------ sampling
-    seed: int = -1
+    seed: int = SamplingParams.seed
     """Sampling seed; -1 picks a random one."""
-    temperature: float = 0.8
+    temperature: float = SamplingParams.temperature
     """Sampling temperature; 0 is greedy."""
-    top_p: float = 0.95
+    top_p: float = SamplingParams.top_p
     """Nucleus sampling threshold."""
-    top_k: int = 40
+    top_k: int = SamplingParams.top_k
     """Sample from the k most likely tokens (0: all)."""
-    min_p: float = 0.05
+    min_p: float = SamplingParams.min_p
     """Drop tokens below this fraction of the top token's probability."""
-    repeat_penalty: float = 1.0
+    repeat_penalty: float = SamplingParams.repeat_penalty
     """Penalty for repeated tokens (1.0: off)."""
-    presence_penalty: float = 0.0
+    presence_penalty: float = SamplingParams.presence_penalty
     """OpenAI-style presence penalty."""
-    frequency_penalty: float = 0.0
+    frequency_penalty: float = SamplingParams.frequency_penalty
     """OpenAI-style frequency penalty."""
-    penalty_last_n: int = 64
+    penalty_last_n: int = SamplingParams.penalty_last_n
     """How many recent tokens the penalties look at (-1: the whole context)."""
     max_tokens: int | None = 256
     """Most tokens to generate; None generates until the model stops or the context is full."""
@@ -346,9 +311,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     reasoning: bool | None = None
     """True: move ``<think>`` blocks into ``additional_kwargs["reasoning_content"]``;
     False: ask the template not to think and strip stray blocks; None: leave text as is."""
-    logprobs: bool = False
+    logprobs: bool = ChatJob.logprobs
     """Return the log-probability of each generated token in ``response_metadata``."""
-    top_logprobs: int = 0
+    top_logprobs: int = ChatJob.top_logprobs
     """Also return this many most likely alternatives per token."""
     timeout: float | None = None
     """Seconds a call may take (queueing included) before it is cancelled."""
@@ -357,7 +322,6 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
 
     list_models: ClassVar[Any]  # see _ClassOrInstanceMethod below the class
     _worker: ModelWorker | None = PrivateAttr(default=None)
-    _closed: bool = PrivateAttr(default=False)
     _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
 
     # ------------------------------------------------------------------ setup
@@ -367,7 +331,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     def _reject_unknown_arguments(cls, data: Any) -> Any:
         """A misspelt argument (``n_gpu_layer=10``) must not be silently ignored."""
         if isinstance(data, dict):
-            return _check_constructor_arguments(cls, data)
+            return check_constructor_arguments(cls, data, "ChatLlamaCpp")
         return data
 
     @model_validator(mode="after")
@@ -393,33 +357,16 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
 
     @model_validator(mode="after")
     def _check_loaded_models(self) -> Self:
-        if self.max_loaded_models is not None and self.max_loaded_models < 1:
-            raise ValueError("max_loaded_models must be at least 1 (or None for the default)")
+        check_max_loaded_models(self.max_loaded_models)
         return self
 
     def _check_placement(self) -> None:
         """Fail at construction on RPC/split settings llama.cpp would ignore or abort on."""
-        from langchain_llamacpp_local.llama.rpc import parse_endpoint, rpc_unavailable_reason
-
-        if self.rpc_servers is not None:
-            if not self.rpc_servers:
-                raise ValueError("rpc_servers is empty; leave it None to run on this machine")
-            endpoints = [parse_endpoint(e) for e in self.rpc_servers]
-            if len(set(endpoints)) != len(endpoints):
-                raise ValueError(f"rpc_servers lists an endpoint twice: {self.rpc_servers}")
-            reason = rpc_unavailable_reason()
-            if reason:
-                raise ValueError(f"rpc_servers needs llama.cpp's RPC backend: {reason}")
-            if "n_gpu_layers" in self.model_fields_set and self.n_gpu_layers == 0:
-                raise ValueError(
-                    "n_gpu_layers=0 keeps every layer on this machine, so rpc_servers would "
-                    "be unused; leave n_gpu_layers unset (all layers) or give a count"
-                )
-        if self.tensor_split is not None:
-            if not self.tensor_split or any(not v >= 0 for v in self.tensor_split):
-                raise ValueError("tensor_split needs one non-negative proportion per device")
-            if sum(self.tensor_split) <= 0:
-                raise ValueError("tensor_split proportions must not all be zero")
+        check_placement(
+            self.rpc_servers,
+            self.tensor_split,
+            no_gpu_layers_asked="n_gpu_layers" in self.model_fields_set and self.n_gpu_layers == 0,
+        )
 
     def _resolve_model_profile(self) -> ModelProfile | None:
         n_ctx = self.n_ctx
@@ -488,8 +435,6 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     # ------------------------------------------------------------------ lifecycle
 
     def _load_config(self, resolved: ResolvedModel | None = None) -> Any:
-        from langchain_llamacpp_local.llama.engine import LoadConfig
-
         if resolved is None:
             resolved = self._resolve(None)
         return LoadConfig(
@@ -594,9 +539,13 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
             max_loaded_models=self.max_loaded_models,
             deadline=deadline,
         )
+        try:  # the model's format, resolved once per loaded model on the caller's side
+            frontend_for(lease.worker)
+        except BaseException:
+            lease.release()
+            raise
         if spec is None:
             self._worker = lease.worker
-            self._closed = False
         return lease, resolved
 
     async def _alease(
@@ -651,9 +600,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
     @property
     def model_info(self) -> ModelInfo:
         """Facts about the loaded model (loads it if needed)."""
-        info = self.load()._worker.info  # type: ignore[union-attr]
-        assert info is not None
-        return info
+        worker = self.load()._worker
+        assert worker is not None
+        return frontend_for(worker).info
 
     # -- what the model reads: the rendered prompt and token counts
 
@@ -695,13 +644,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         if not _has_images(job.messages):
             path = self._resolve(spec).model_path
             return prompt_preview.prepare_without_weights(path, job)
-        from langchain_llamacpp_local.chat.prompts import prepare
-
         lease, _ = self._lease(spec, job.deadline)
         try:
-            return lease.worker.call(
-                lambda state: prompt_preview.from_prepared(prepare(state.format, job, state.engine))
-            )
+            return frontend_for(lease.worker).render(job)
         finally:
             lease.release()
 
@@ -730,7 +675,6 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         for cancel in list(self._inflight):
             cancel.set()
         self._worker = None
-        self._closed = True
 
     def __enter__(self) -> Self:
         return self.load()
@@ -813,89 +757,23 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
                     )
         return messages
 
-    def _submit(self, job: ChatJob, lease: registry.Lease) -> None:
+    def _submit(self, job: ChatJob, lease: registry.Lease) -> Reply:
+        """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it."""
         self._inflight.add(job.cancel)
+        frontend = frontend_for(lease.worker)
+        request, prepared = frontend.prepare(job)
+        return self._queue(request, prepared, frontend.info.model_name, lease)
+
+    @staticmethod
+    def _queue(
+        request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease
+    ) -> Reply:
+        reply = Reply(request, prepared, model_name)
         # the model is free for others (keep-alive, max_loaded_models) once the reply is
         # complete, even if the caller never reads it to the end
-        job.channel.on_final(lease.release)
-        lease.worker.submit(job)
-
-    def _replies(self, job: ChatJob) -> Iterator[tuple[str, Any]]:
-        """Reply items of a submitted job; cancels it if the consumer goes away."""
-        finished = False
-        try:
-            while True:
-                remaining = None if job.deadline is None else job.deadline - time.monotonic()
-                try:
-                    item = job.channel.get(
-                        timeout=max(remaining, 0) if remaining is not None else None
-                    )
-                except TimeoutError:
-                    job.cancel.set()
-                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
-                kind, value = item
-                if kind == "error":
-                    finished = True
-                    raise value
-                yield kind, value
-                if kind == "done":
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                job.cancel.set()
-
-    async def _areplies(self, job: ChatJob) -> AsyncIterator[tuple[str, Any]]:
-        finished = False
-        try:
-            while True:
-                remaining = None if job.deadline is None else job.deadline - time.monotonic()
-                try:
-                    if remaining is None:
-                        item = await job.channel.aget()
-                    else:
-                        with anyio.fail_after(max(remaining, 0)):
-                            item = await job.channel.aget()
-                except TimeoutError:
-                    job.cancel.set()
-                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
-                kind, value = item
-                if kind == "error":
-                    finished = True
-                    raise value
-                yield kind, value
-                if kind == "done":
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                job.cancel.set()
-
-    def _chunk(self, kind: str, value: Any, name: str | None = None) -> ChatGenerationChunk:
-        if kind == "delta":
-            return ChatGenerationChunk(message=_delta_message(value))
-        done: Done = value
-        meta: dict[str, Any] = {
-            "model_name": name or done.model_name,
-            "model_provider": "llamacpp",
-            "finish_reason": done.finish_reason,
-            "timings": done.timings,
-        }
-        if done.logprobs is not None:
-            meta["logprobs"] = {"content": done.logprobs}
-        if done.speculative is not None:
-            meta["speculative"] = done.speculative
-        if done.lora is not None:
-            meta["lora"] = done.lora
-        msg = AIMessageChunk(
-            content="",
-            usage_metadata=done.usage,
-            response_metadata=meta,  # type: ignore[arg-type]
-        )
-        info: dict[str, Any] = {"finish_reason": done.finish_reason}
-        if done.parsed is not None:
-            info[_PARSED_KEY] = done.parsed
-        return ChatGenerationChunk(message=msg, generation_info=info)
+        request.channel.on_final(lease.release)
+        lease.worker.submit(request)
+        return reply
 
     def _stream(
         self,
@@ -909,12 +787,12 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
             spec = kwargs.get("model")
             lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
             try:
-                self._submit(job, lease)
+                reply = self._submit(job, lease)
                 name = self._reported_name(spec, resolved)
-                for kind, value in self._replies(job):
-                    chunk = self._chunk(kind, value, name)
+                for kind, value in reply.items():
+                    chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
-                        run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+                        run_manager.on_llm_new_token(text_of(value), chunk=chunk)
                     yield chunk
             finally:
                 lease.release()
@@ -926,20 +804,35 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        # Off the event loop: image decoding (pillow, permitted downloads) in _make_job
-        # and, on the first call, loading the model.
+        # Off the event loop: image decoding (pillow, permitted downloads) in _make_job,
+        # on the first call loading the model, and preparing the prompt (template,
+        # tokens, grammar): the loop never waits on any of them.
         with model_errors():
             job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
-            job.channel.bind_loop()
             spec = kwargs.get("model")
             lease, resolved = await self._alease(spec, job.deadline, _keep_alive_kwarg(kwargs))
             try:
-                self._submit(job, lease)
+                self._inflight.add(job.cancel)
+                frontend = frontend_for(lease.worker)
+                made: list[Any] = []
+
+                def prepare() -> Any:
+                    made.append(frontend.prepare(job))
+                    return made[-1]
+
+                try:
+                    request, prepared = await anyio.to_thread.run_sync(prepare)
+                except BaseException:  # cancelled while it ran: free what it built
+                    for req, _ in made:
+                        req.close_sampler()
+                    raise
+                request.channel.bind_loop()
+                reply = self._queue(request, prepared, frontend.info.model_name, lease)
                 name = self._reported_name(spec, resolved)
-                async for kind, value in self._areplies(job):
-                    chunk = self._chunk(kind, value, name)
+                async for kind, value in reply.aitems():
+                    chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
-                        await run_manager.on_llm_new_token(_text_of(value), chunk=chunk)
+                        await run_manager.on_llm_new_token(text_of(value), chunk=chunk)
                     yield chunk
             finally:
                 lease.release()
@@ -954,7 +847,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         chunks = list(
             self._stream(messages, stop, run_manager if self.streaming else None, **kwargs)
         )
-        return _aggregate(chunks)
+        return aggregate(chunks)
 
     async def _agenerate(
         self,
@@ -969,7 +862,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
                 messages, stop, run_manager if self.streaming else None, **kwargs
             )
         ]
-        return _aggregate(chunks)
+        return aggregate(chunks)
 
     # ------------------------------------------------------------------ tools
 
@@ -1020,73 +913,9 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         schema; ``function_calling`` forces a call of a tool shaped like the schema;
         ``json_mode`` constrains output to some JSON object (describe the keys in the prompt).
         """
-        if kwargs:
-            raise ValueError(f"Received unsupported arguments {kwargs}")
-        is_pydantic = isinstance(schema, type) and (
-            is_basemodel_subclass(schema) or _is_pydantic_v1(schema)
+        return structured_output(
+            self, schema, method=method, include_raw=include_raw, strict=strict, **kwargs
         )
-        if method == "function_calling":
-            tool = convert_to_openai_tool(schema, strict=strict)
-            name = tool["function"]["name"]
-            llm = self.bind_tools(
-                [schema],
-                tool_choice=name,
-                parallel_tool_calls=False,
-                ls_structured_output_format={
-                    "kwargs": {"method": method, "strict": strict},
-                    "schema": tool,
-                },
-            )
-            parser: Runnable = (
-                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
-                if is_pydantic
-                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
-            )
-        elif method in ("json_schema", "json_mode"):
-            if method == "json_schema":
-                json_schema = _json_schema_of(schema)
-                response_format: dict[str, Any] = {
-                    "type": "json_schema",
-                    "json_schema": {
-                        "name": json_schema.get("title", "output"),
-                        "schema": json_schema,
-                        "strict": strict,
-                    },
-                }
-            else:
-                response_format = {"type": "json_object"}
-            try:
-                ls_schema: Any = convert_to_json_schema(schema)
-            except (TypeError, ValueError):
-                ls_schema = schema
-            llm = self.bind(
-                response_format=response_format,
-                ls_structured_output_format={
-                    "kwargs": {"method": method, "strict": strict},
-                    "schema": ls_schema,
-                },
-            )
-            parser = (
-                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
-                if is_pydantic
-                else JsonOutputParser()
-            )
-        else:
-            raise ValueError(
-                f"method must be 'json_schema', 'function_calling' or 'json_mode', not {method!r}"
-            )
-        # Partial-JSON parsing would read output cut off by max_tokens as a valid answer.
-        parser = _complete_output(method) | parser
-        if not include_raw:
-            return llm | parser
-        parser_assign = RunnablePassthrough.assign(
-            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
-        )
-        parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
-        parser_with_fallback = parser_assign.with_fallbacks(
-            [parser_none], exception_key="parsing_error"
-        )
-        return RunnableMap(raw=llm) | parser_with_fallback
 
 
 class _ClassOrInstanceMethod:
@@ -1104,64 +933,6 @@ ChatLlamaCpp.list_models = _ClassOrInstanceMethod(ChatLlamaCpp._list_models)
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _complete_output(method: str) -> Runnable[Any, Any]:
-    """Passes the model's output through and then checks it was not cut off by the token
-    limit: ``finish_reason == "length"`` with output that does not parse whole raises
-    :class:`StructuredOutputTruncatedError`. A generator, so the parser after it still
-    streams partial output."""
-
-    def transform(chunks: Iterator[Any]) -> Iterator[Any]:
-        total = None
-        for chunk in chunks:
-            total = chunk if total is None else total + chunk
-            yield chunk
-        _check_complete(total, method)
-
-    async def atransform(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        total = None
-        async for chunk in chunks:
-            total = chunk if total is None else total + chunk
-            yield chunk
-        _check_complete(total, method)
-
-    return RunnableGenerator(transform, atransform, name="check_complete")
-
-
-def _check_complete(message: Any, method: str) -> None:
-    if not isinstance(message, AIMessage):
-        return
-    if message.response_metadata.get("finish_reason") != "length":
-        return
-    if method == "function_calling":
-        if isinstance(message, AIMessageChunk):  # merged chunks: arguments as streamed
-            whole = bool(message.tool_call_chunks) and all(
-                _is_json(c.get("args") or "{}") for c in message.tool_call_chunks
-            )
-        else:
-            whole = bool(message.tool_calls) and not message.invalid_tool_calls
-        what = "the forced tool call"
-    else:
-        whole = _is_json(message.text)
-        what = "the structured output"
-    if whole:  # complete exactly at the limit
-        return
-    usage = message.usage_metadata or {}
-    raise StructuredOutputTruncatedError(
-        f"{what} was cut off by max_tokens after {usage.get('output_tokens', '?')} tokens "
-        "(finish_reason='length') before it was complete; raise max_tokens (with "
-        "max_tokens=None, the context window n_ctx is the limit)",
-        llm_output=message.text,
-    )
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _has_images(messages: list[dict[str, Any]]) -> bool:
@@ -1182,96 +953,6 @@ def _keep_alive_kwarg(kwargs: dict[str, Any]) -> float | None:
     return float(value)
 
 
-def _delta_message(d: StreamDelta) -> AIMessageChunk:
-    """One streamed piece; with ``logprobs``, those of its own tokens, shaped as
-    ChatOpenAI's chunks carry them (merging the chunks concatenates the lists)."""
-    meta: dict[str, Any] = {} if d.logprobs is None else {"logprobs": {"content": d.logprobs}}
-    if d.kind == "content":
-        return AIMessageChunk(content=d.text, response_metadata=meta)
-    if d.kind == "reasoning":
-        return AIMessageChunk(
-            content="", additional_kwargs={"reasoning_content": d.text}, response_metadata=meta
-        )
-    return AIMessageChunk(
-        content="",
-        tool_call_chunks=[tool_call_chunk(name=d.name, args=d.args, id=d.id, index=d.index)],
-        response_metadata=meta,
-    )
-
-
-def _text_of(d: Any) -> str:
-    return d.text if isinstance(d, StreamDelta) and d.kind == "content" else ""
-
-
-def _aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
-    """Merge streamed chunks into the ``invoke`` result.
-
-    Tool calls come from the parser's final result: chunk merging would read a
-    truncated call's arguments as valid partial JSON, where the parser reports
-    it in ``invalid_tool_calls``.
-    """
-    if not chunks:
-        raise RequestCancelledError("no reply from the model")
-    total = chunks[0]
-    for c in chunks[1:]:
-        total += c
-    msg = total.message
-    assert isinstance(msg, AIMessageChunk)
-    info = dict(total.generation_info or {})
-    parsed = info.pop(_PARSED_KEY, None)
-    invalid = list(parsed.invalid_tool_calls if parsed is not None else msg.invalid_tool_calls)
-    if invalid and info.get("finish_reason") == "length":
-        # the call still being written when the token limit came: say so
-        last = invalid[-1]
-        error = f"cut off by max_tokens before the call was complete ({last.get('error')})"
-        invalid[-1] = {**last, "error": error}
-    message = AIMessage(
-        content=msg.content,
-        additional_kwargs=msg.additional_kwargs,
-        response_metadata=msg.response_metadata,
-        usage_metadata=msg.usage_metadata,
-        tool_calls=parsed.tool_calls if parsed is not None else msg.tool_calls,
-        invalid_tool_calls=invalid,
-        id=msg.id,
-    )
-    return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])
-
-
-def _check_constructor_arguments(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
-    """Refuse unknown constructor arguments (naming the closest field) and booleans
-    given for numbers (``max_tokens=True`` would silently mean 1); a single ``stop``
-    string is one stop string."""
-    check_argument_names(cls, data, "ChatLlamaCpp")
-    for name, value in data.items():
-        field = cls.model_fields.get(name)
-        if field is None or not isinstance(value, bool):
-            continue
-        if field.annotation is not None and _is_number_annotation(field.annotation):
-            raise TypeError(f"{name} must be a number, got {value!r}")
-    if isinstance(data.get("stop"), str):
-        data = {**data, "stop": [data["stop"]]}
-    return data
-
-
-def _is_number_annotation(annotation: Any) -> bool:
-    args = getattr(annotation, "__args__", None) or (annotation,)
-    return bool not in args and any(a in (int, float) for a in args)
-
-
-def _is_pydantic_v1(schema: type) -> bool:
-    try:
-        from pydantic.v1 import BaseModel as V1BaseModel
-    except ImportError:  # pragma: no cover
-        return False
-    return issubclass(schema, V1BaseModel)
-
-
-def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
-    if isinstance(schema, type) and _is_pydantic_v1(schema):
-        return schema.schema()  # type: ignore[attr-defined]
-    if isinstance(schema, type) and is_basemodel_subclass(schema):
-        return schema.model_json_schema()
-    return convert_to_json_schema(schema)
 
 
 def _log_progress(path: str) -> Callable[[float], None]:

@@ -10,25 +10,24 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import numpy as np
 from langchain_core.embeddings import Embeddings
-from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr
 from typing_extensions import Self
 
-from langchain_llamacpp_local.copies import ConfigOnlyCopies
 from langchain_llamacpp_local.errors import RequestCancelledError, model_errors
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
-from langchain_llamacpp_local.model_selection import ModelSelection
+from langchain_llamacpp_local.resolution.model_resolution import MMPROJ_NONE
 from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.model_resolution import MMPROJ_NONE
-from langchain_llamacpp_local.validation import check_argument_names
+from langchain_llamacpp_local.settings_base import ModelSettings
+from langchain_llamacpp_local.validation import check_encodable, check_texts
 
 logger = logging.getLogger(__name__)
 
@@ -77,29 +76,6 @@ def postprocess(vectors: np.ndarray, *, dimensions: int | None, normalize: bool)
     return vectors
 
 
-def encodable(text: str, what: str) -> str:
-    """``text`` if it is valid Unicode; else a ValueError naming the text and character
-    (a lone surrogate, e.g. from a badly decoded file, has no UTF-8 form)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"{what} is not valid Unicode: character {exc.start} is "
-            f"{text[exc.start]!r} ({exc.reason}); a lone surrogate cannot be embedded"
-        ) from None
-    return text
-
-
-def check_texts(texts: object, what: str = "texts") -> list[str]:
-    """``texts`` as a list of strings, or a ``TypeError`` naming the first bad item."""
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise TypeError(f"{what} must be a list of strings, got {type(texts).__name__}")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"{what}[{i}] must be a string, got {type(t).__name__}")
-    return list(texts)
-
-
 class EngineHolder:
     """An embedding or rerank context as the model registry holds it (``alive`` and
     ``stop()``, as a chat worker): instances with equal settings share it, and it is
@@ -119,8 +95,25 @@ class EngineHolder:
         self.engine.close()
 
 
-class EngineUser(ConfigOnlyCopies, ModelSelection):
-    """What embeddings and rerank share: their model selection and the leased context."""
+class EngineUser(ModelSettings):
+    """What embeddings and rerank share: their context settings and the leased context."""
+
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), extra="forbid")
+
+    # model / model_path, models_dir, keep_alive, validate_model_on_init: ModelSelection;
+    # n_threads, n_gpu_layers, use_mmap, use_mlock, cpu_amx: ModelSettings
+    n_ctx: int | None = Field(default=EmbeddingConfig.n_ctx, gt=0)
+    """Longest input in tokens, a text or a (query, document) pair (default: the model's
+    trained length, capped at 512)."""
+    n_batch: int | None = Field(default=EmbeddingConfig.n_batch, gt=0)
+    """Tokens per ``llama_decode`` (default and minimum: ``n_ctx``)."""
+    n_seq_max: int = Field(default=EmbeddingConfig.n_seq_max, ge=1, le=MAX_SEQ)
+    """Most texts (or pairs) per ``llama_decode``."""
+    flash_attn: bool | None = EmbeddingConfig.flash_attn
+    """Flash attention: True/False, or None to let llama.cpp decide."""
+    deterministic: bool = EmbeddingConfig.deterministic
+    """One text per ``llama_decode``: a text's result does not depend on the batch it
+    would otherwise share (slower for many short texts)."""
 
     #: the cancel flags of this instance's running calls (:meth:`close` sets them)
     _running: set[threading.Event] = PrivateAttr(default_factory=set)
@@ -128,8 +121,25 @@ class EngineUser(ConfigOnlyCopies, ModelSelection):
     #: an instance that never ran resolves nothing, so it never downloads a model)
     _acquired: set[EmbeddingConfig] = PrivateAttr(default_factory=set)
 
-    def _engine_config(self, model_path: str) -> EmbeddingConfig:
+    def _pooling(self) -> str | None:
+        """The context's pooling (None: the GGUF's)."""
         raise NotImplementedError
+
+    def _engine_config(self, model_path: str) -> EmbeddingConfig:
+        return EmbeddingConfig(
+            model_path=model_path,
+            pooling=self._pooling(),
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_seq_max=self.n_seq_max,
+            n_threads=self.n_threads,
+            n_gpu_layers=self.n_gpu_layers,
+            use_mmap=self.use_mmap,
+            use_mlock=self.use_mlock,
+            cpu_amx=self.cpu_amx,
+            flash_attn=self.flash_attn,
+            deterministic=self.deterministic,
+        )
 
     def _unusable(self, eng: EmbeddingEngine) -> str | None:
         """Why this class can never use the context (a reranker for embeddings...), or
@@ -213,12 +223,6 @@ class EngineUser(ConfigOnlyCopies, ModelSelection):
         for config in acquired:
             registry.unload(config, None)
 
-    def __enter__(self) -> Self:
-        return self.load()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class LlamaCppEmbeddings(EngineUser, Embeddings):
     """Embeddings from a local GGUF model run in-process by llama.cpp.
@@ -245,15 +249,6 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
             query = emb.embed_query("pets")
     """
 
-    model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_unknown_arguments(cls, data: Any) -> Any:
-        """A misspelt argument gets the closest field's name, as ``ChatLlamaCpp``'s does."""
-        check_argument_names(cls, data, "LlamaCppEmbeddings")
-        return data
-
     pooling: Literal["mean", "cls", "last"] | None = None
     """Pooling override; None uses the GGUF's ``pooling_type`` (``mean`` if it has none)."""
     normalize: bool = True
@@ -266,50 +261,10 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
     """Text put before every document (e.g. ``"search_document: "`` for nomic)."""
     truncate: bool = False
     """Cut texts longer than ``n_ctx`` tokens instead of raising ``ContextOverflowError``."""
-    n_ctx: int | None = Field(default=None, gt=0)
-    """Longest text in tokens (default: the model's trained length, capped at 512)."""
-    n_batch: int | None = Field(default=None, gt=0)
-    """Tokens per ``llama_decode`` (default and minimum: ``n_ctx``)."""
-    n_seq_max: int = Field(default=MAX_SEQ, ge=1, le=MAX_SEQ)
-    """Most texts per ``llama_decode``."""
-    n_threads: int | None = Field(default=None, gt=0)
-    """CPU threads (default: one per usable physical core, from the affinity mask and
-    cgroup quota, shared with the process's other models through a CPU budget;
-    docs/configuration.md#threads)."""
-    n_gpu_layers: int = 0
-    """Layers to offload to the GPU (-1: all). Part of the load settings shared with chat."""
-    use_mmap: bool = True
-    """Memory-map the model file."""
-    use_mlock: bool = False
-    """Lock the model in RAM."""
-    cpu_amx: StrictBool | None = None
-    """Let llama.cpp put weights in ggml's AMX buffer type on Intel CPUs with AMX.
-    None (default) or False: no weight goes there, because its matrix kernel crashes the
-    process on some CPUs (ggml-org/llama.cpp#20824); every other repacking is kept.
-    Part of the load settings shared with chat; see docs/configuration.md."""
-    flash_attn: bool | None = None
-    """Flash attention: True/False, or None to let llama.cpp decide."""
-    deterministic: bool = False
-    """One text per ``llama_decode``: a text's result does not depend on the batch it
-    would otherwise share (slower for many short texts)."""
-
     # ------------------------------------------------------------------ lifecycle
 
-    def _engine_config(self, model_path: str) -> EmbeddingConfig:
-        return EmbeddingConfig(
-            model_path=model_path,
-            pooling=self.pooling,
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_seq_max=self.n_seq_max,
-            n_threads=self.n_threads,
-            n_gpu_layers=self.n_gpu_layers,
-            use_mmap=self.use_mmap,
-            use_mlock=self.use_mlock,
-            cpu_amx=self.cpu_amx,
-            flash_attn=self.flash_attn,
-            deterministic=self.deterministic,
-        )
+    def _pooling(self) -> str | None:
+        return self.pooling
 
     def _unusable(self, eng: EmbeddingEngine) -> str | None:
         if eng.pooling == "rank":
@@ -336,7 +291,7 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
         with self._call() as (eng, cancelled):
             tokens = [
                 eng.fit(
-                    eng.tokenize(prefix + encodable(text, f"text {i}")),
+                    eng.tokenize(prefix + check_encodable(text, f"text {i}")),
                     i,
                     truncate=self.truncate,
                 )

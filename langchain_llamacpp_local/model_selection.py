@@ -15,15 +15,15 @@ from typing import Any
 from pydantic import BaseModel, field_validator, model_validator
 from typing_extensions import Self
 
-from langchain_llamacpp_local.llama.engine import check_gguf_file
-from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.model_resolution import (
+from langchain_llamacpp_local.llama.loading import check_gguf_file
+from langchain_llamacpp_local.resolution.model_resolution import (
     MMPROJ_NONE,
     ModelNotFoundError,
     ResolvedModel,
     resolve_model,
     resolve_path,
 )
+from langchain_llamacpp_local.runtime import registry
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
-from pydantic import ConfigDict, Field, StrictBool, model_validator
+from pydantic import Field
 
-from langchain_llamacpp_local.embeddings import EngineUser, check_texts, encodable
+from langchain_llamacpp_local.embeddings import EngineUser
 from langchain_llamacpp_local.errors import ContextOverflowError, model_errors
-from langchain_llamacpp_local.llama.embedding import EmbeddingConfig, EmbeddingEngine
-from langchain_llamacpp_local.llama.settings import MAX_SEQ
-from langchain_llamacpp_local.validation import check_argument_names
+from langchain_llamacpp_local.llama.embedding import EmbeddingEngine
+from langchain_llamacpp_local.validation import check_encodable, check_texts
 
 _PLACEHOLDER = re.compile(r"(\{query\}|\{document\})")
 
@@ -44,67 +42,19 @@ class LlamaCppRerank(EngineUser, BaseDocumentCompressor):
             best = reranker.compress_documents(docs, "How do I reset my password?")
     """
 
-    model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_unknown_arguments(cls, data: Any) -> Any:
-        """A misspelt argument gets the closest field's name, as ``ChatLlamaCpp``'s does."""
-        check_argument_names(cls, data, "LlamaCppRerank")
-        return data
-
-    # model / model_path (a reranker GGUF: its ``pooling_type`` must be ``rank``),
-    # models_dir, keep_alive, validate_model_on_init: ModelSelection
+    # model / model_path: a reranker GGUF (its ``pooling_type`` must be ``rank``); the
+    # other model and context settings: EngineUser
     top_n: int | None = Field(default=3, ge=0)
     """How many documents ``compress_documents`` keeps (None: all, reordered)."""
     score_threshold: float | None = None
     """Drop documents scoring below this (after ranking)."""
     truncate: bool = False
     """Cut a document that does not fit ``n_ctx`` with its query instead of raising."""
-    n_ctx: int | None = Field(default=None, gt=0)
-    """Longest (query, document) pair in tokens (default: trained length, capped at 512)."""
-    n_batch: int | None = Field(default=None, gt=0)
-    """Tokens per ``llama_decode`` (default and minimum: ``n_ctx``)."""
-    n_seq_max: int = Field(default=MAX_SEQ, ge=1, le=MAX_SEQ)
-    """Most pairs per ``llama_decode``."""
-    n_threads: int | None = Field(default=None, gt=0)
-    """CPU threads (default: one per usable physical core, from the affinity mask and
-    cgroup quota, shared with the process's other models through a CPU budget;
-    docs/configuration.md#threads)."""
-    n_gpu_layers: int = 0
-    """Layers to offload to the GPU (-1: all)."""
-    use_mmap: bool = True
-    """Memory-map the model file."""
-    use_mlock: bool = False
-    """Lock the model in RAM."""
-    cpu_amx: StrictBool | None = None
-    """Let llama.cpp put weights in ggml's AMX buffer type on Intel CPUs with AMX.
-    None (default) or False: no weight goes there, because its matrix kernel crashes the
-    process on some CPUs (ggml-org/llama.cpp#20824); every other repacking is kept.
-    Part of the load settings shared with chat; see docs/configuration.md."""
-    flash_attn: bool | None = None
-    """Flash attention: True/False, or None to let llama.cpp decide."""
-    deterministic: bool = False
-    """One text per ``llama_decode``: a text's result does not depend on the batch it
-    would otherwise share (slower for many short texts)."""
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _engine_config(self, model_path: str) -> EmbeddingConfig:
-        return EmbeddingConfig(
-            model_path=model_path,
-            pooling="rank",
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_seq_max=self.n_seq_max,
-            n_threads=self.n_threads,
-            n_gpu_layers=self.n_gpu_layers,
-            use_mmap=self.use_mmap,
-            use_mlock=self.use_mlock,
-            cpu_amx=self.cpu_amx,
-            flash_attn=self.flash_attn,
-            deterministic=self.deterministic,
-        )
+    def _pooling(self) -> str | None:
+        return "rank"
 
     def _unusable(self, eng: EmbeddingEngine) -> str | None:
         if eng.gguf_pooling != "rank":
@@ -175,9 +125,9 @@ class LlamaCppRerank(EngineUser, BaseDocumentCompressor):
         # one lease and lock across tokenizing and scoring: this instance's close() cancels
         # the call before its next batch; another instance's close() leaves it alone
         with self._call() as (eng, cancelled):
-            encodable(query, "the query")
+            check_encodable(query, "the query")
             pairs = [
-                self._pair_tokens(eng, query, encodable(d, f"document {i}"), i)
+                self._pair_tokens(eng, query, check_encodable(d, f"document {i}"), i)
                 for i, d in enumerate(docs)
             ]
             rows = eng.embed(pairs, cancelled=cancelled)

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from langchain_llamacpp_local.llama.sampling import MAX_SCHEMA_NESTING, nesting_depth
+from langchain_llamacpp_local.llama.json_grammar import MAX_SCHEMA_NESTING, nesting_depth
 from langchain_llamacpp_local.llama.settings import check_int
 
 __all__ = [
     "check_call_options",
+    "check_constructor_arguments",
+    "check_encodable",
+    "check_max_loaded_models",
+    "check_placement",
+    "check_texts",
     "check_tool_nesting",
     "check_speculative",
     "check_timeout",
@@ -204,3 +209,84 @@ def check_speculative(kind: Any, max_draft: Any, *, draft_model: str | None) -> 
     if kind == "draft" and not draft_model:
         raise ValueError('speculative="draft" needs draft_model_path=... (a small GGUF)')
     check_int("speculative_max_draft", max_draft, lo=1, hi=MAX_DRAFT)
+
+
+def check_constructor_arguments(cls: Any, data: dict[str, Any], what: str) -> dict[str, Any]:
+    """Refuse unknown constructor arguments (naming the closest field) and booleans
+    given for numbers (``max_tokens=True`` would silently mean 1); a single ``stop``
+    string is one stop string."""
+    check_argument_names(cls, data, what)
+    for name, value in data.items():
+        field = cls.model_fields.get(name)
+        if field is None or not isinstance(value, bool):
+            continue
+        if field.annotation is not None and _is_number_annotation(field.annotation):
+            raise TypeError(f"{name} must be a number, got {value!r}")
+    if isinstance(data.get("stop"), str):
+        data = {**data, "stop": [data["stop"]]}
+    return data
+
+
+def _is_number_annotation(annotation: Any) -> bool:
+    args = getattr(annotation, "__args__", None) or (annotation,)
+    return bool not in args and any(a in (int, float) for a in args)
+
+
+def check_placement(
+    rpc_servers: Sequence[str] | None,
+    tensor_split: Sequence[float] | None,
+    *,
+    no_gpu_layers_asked: bool,
+) -> None:
+    """RPC/split settings llama.cpp would ignore or abort on (``no_gpu_layers_asked``:
+    the caller passed ``n_gpu_layers=0``, which would leave the RPC devices unused)."""
+    from langchain_llamacpp_local.llama.rpc import parse_endpoint, rpc_unavailable_reason
+
+    if rpc_servers is not None:
+        if not rpc_servers:
+            raise ValueError("rpc_servers is empty; leave it None to run on this machine")
+        endpoints = [parse_endpoint(e) for e in rpc_servers]
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"rpc_servers lists an endpoint twice: {rpc_servers}")
+        reason = rpc_unavailable_reason()
+        if reason:
+            raise ValueError(f"rpc_servers needs llama.cpp's RPC backend: {reason}")
+        if no_gpu_layers_asked:
+            raise ValueError(
+                "n_gpu_layers=0 keeps every layer on this machine, so rpc_servers would "
+                "be unused; leave n_gpu_layers unset (all layers) or give a count"
+            )
+    if tensor_split is not None:
+        if not tensor_split or any(not v >= 0 for v in tensor_split):
+            raise ValueError("tensor_split needs one non-negative proportion per device")
+        if sum(tensor_split) <= 0:
+            raise ValueError("tensor_split proportions must not all be zero")
+
+
+def check_max_loaded_models(value: int | None) -> None:
+    """``max_loaded_models``: None (the default) or at least 1."""
+    if value is not None and value < 1:
+        raise ValueError("max_loaded_models must be at least 1 (or None for the default)")
+
+
+def check_encodable(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode; else a ValueError naming the text and character
+    (a lone surrogate, e.g. from a badly decoded file, has no UTF-8 form)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} is not valid Unicode: character {exc.start} is "
+            f"{text[exc.start]!r} ({exc.reason}); a lone surrogate cannot be embedded"
+        ) from None
+    return text
+
+
+def check_texts(texts: object, what: str = "texts") -> list[str]:
+    """``texts`` as a list of strings, or a ``TypeError`` naming the first bad item."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise TypeError(f"{what} must be a list of strings, got {type(texts).__name__}")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{what}[{i}] must be a string, got {type(t).__name__}")
+    return list(texts)

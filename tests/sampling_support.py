@@ -11,7 +11,8 @@ from typing import Any
 import llama_cpp.llama_cpp as C
 import pydantic
 
-from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams, Utf8Decoder
+from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
+from langchain_llamacpp_local.llama.text_stream import Utf8Decoder
 
 try:
     import jsonschema

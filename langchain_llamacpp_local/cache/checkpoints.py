@@ -27,12 +27,17 @@ class Checkpoint:
         return len(self.data)
 
 
+#: Default bounds of one sequence's checkpoints (``checkpoint_max_count``/``_bytes``).
+DEFAULT_MAX_COUNT = 16
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+
+
 @dataclass
 class CheckpointStore:
     """Checkpoints of one sequence, ordered by ``n_tokens`` and bounded in count and bytes."""
 
-    max_count: int = 16
-    max_bytes: int = 256 * 1024 * 1024
+    max_count: int = DEFAULT_MAX_COUNT
+    max_bytes: int = DEFAULT_MAX_BYTES
     items: list[Checkpoint] = field(default_factory=list)
 
     @property

@@ -1,9 +1,9 @@
 """A prompt cache on disk: conversations' states that outlive the process.
 
-The host-RAM cache (:mod:`.prompt_cache`) dies with the process, so every new process
+The host-RAM cache (:mod:`.host_ram`) dies with the process, so every new process
 (a command-line agent run, a notebook restart, a worker scaled from zero) would read its
 system prompt and tools again from the first token. This tier keeps the same records
-(:class:`~.prompt_cache.CachedPrompt`: the entries, the sequence state, its checkpoints)
+(:class:`~.host_ram.CachedPrompt`: the entries, the sequence state, its checkpoints)
 in files under ``prompt_cache_dir``:
 
 * **Content-addressed.** A file's name hashes the :func:`cache_key` (the model file's

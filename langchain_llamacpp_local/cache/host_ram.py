@@ -32,11 +32,15 @@ class CachedPrompt:
         return len(self.data) + sum(c.size for c in self.checkpoints)
 
 
+#: Default byte budget of the host-RAM prompt cache (``prompt_cache_bytes``).
+DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
+
+
 @dataclass
 class PromptCache:
     """LRU list of :class:`CachedPrompt` bounded by ``max_bytes`` (0 disables it)."""
 
-    max_bytes: int = 1024 * 1024 * 1024
+    max_bytes: int = DEFAULT_MAX_BYTES
     items: list[CachedPrompt] = field(default_factory=list)  # oldest first
 
     @property

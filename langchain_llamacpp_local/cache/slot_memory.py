@@ -2,8 +2,11 @@
 
 A :class:`SlotMemory` owns the slots (one llama.cpp sequence each), the host-RAM
 prompt cache and the checkpoints. It is the only code that changes a sequence's
-memory, and every such change updates the slot's tracked entries in the same
-method, so the bookkeeping cannot drift from the KV cache. With
+memory (the prompt and generation decodes append to it; :meth:`SlotMemory.record`
+tracks them), and every such change, a draft's rollback included, updates the slot's
+tracked entries in the same method, so the bookkeeping cannot drift from the KV
+cache. It reaches the memory through :class:`~.store.SequenceStore`, which the
+engine satisfies and a pure-Python store does in the unit tests. With
 ``LLAMACPP_LOCAL_CHECK_KV=1`` (read when the worker starts) :meth:`check` asserts
 that after every step.
 
@@ -18,9 +21,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from langchain_llamacpp_local.cache import checkpoints, host_ram
 from langchain_llamacpp_local.cache import disk as disk_cache
 from langchain_llamacpp_local.cache.checkpoints import (
     Checkpoint,
@@ -43,9 +47,11 @@ from langchain_llamacpp_local.cache.slot_plan import (
     usable_cached,
 )
 from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
-from langchain_llamacpp_local.errors import KVDesyncError
+from langchain_llamacpp_local.cache.store import SequenceStore
+from langchain_llamacpp_local.errors import DecodeError, KVDesyncError, RequestCancelledError
 from langchain_llamacpp_local.llama.backend import build_info
-from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, MemoryKind
+from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY
+from langchain_llamacpp_local.llama.probes import MemoryKind
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +67,10 @@ WINDOW_SLACK = 64
 class CacheOptions:
     """Per-model cache settings that do not change how the weights load."""
 
-    checkpoint_max_count: int = 16
-    checkpoint_max_bytes: int = 256 * 1024 * 1024
+    checkpoint_max_count: int = checkpoints.DEFAULT_MAX_COUNT
+    checkpoint_max_bytes: int = checkpoints.DEFAULT_MAX_BYTES
     checkpoint_min_step: int = 512
-    prompt_cache_bytes: int = 1024 * 1024 * 1024
+    prompt_cache_bytes: int = host_ram.DEFAULT_MAX_BYTES
     #: Directory of the prompt cache on disk (None: off), and its byte budget.
     prompt_cache_dir: str | None = None
     prompt_cache_dir_bytes: int = disk_cache.DEFAULT_MAX_BYTES
@@ -77,7 +83,7 @@ _STATE_NEUTRAL = frozenset(
 )
 
 
-def disk_key_parts(engine: Engine) -> dict[str, object]:
+def disk_key_parts(engine: SequenceStore) -> dict[str, object]:
     """What a saved state depends on: the model file's contents and every load setting
     that changes the KV cache or its numbers (``deterministic`` included: it decides how
     ``exact`` prefixes were computed)."""
@@ -95,10 +101,21 @@ def check_enabled() -> bool:
     return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+@dataclass
+class Verify:
+    """A verify step in flight (:meth:`SlotMemory.begin_verify`): the rows decoded in
+    one call, where they start, and the state to roll back to (None: trimmable)."""
+
+    slot: Slot
+    rows: list[Hashable]
+    n_past: int
+    saved: bytes | None
+
+
 class SlotMemory:
     """Slots, host-RAM cache and checkpoints of one context (see module docstring)."""
 
-    def __init__(self, engine: Engine, cache: CacheOptions) -> None:
+    def __init__(self, engine: SequenceStore, cache: CacheOptions) -> None:
         self.engine = engine
         self.cache = cache
         self.slots = [
@@ -465,6 +482,75 @@ class SlotMemory:
         # cell at a reused position would be attended to later.
         if not eng.seq_rm(slot.seq_id, slot.n_past, -1):
             self.reset(slot)
+
+    # ------------------------------------------------------------------ draft verify
+
+    def rollback_mode(self, slot: Slot, n_rows: int) -> bool:
+        """True if rejected positions of a verify step need a state restore (not seq_rm).
+
+        Recurrent/hybrid memory cannot be trimmed. A sliding-window cache can, as
+        llama.cpp's server trims it: a step that fits one ubatch only reuses cells
+        masked for its first position (``find_slot`` tests the mask against the
+        sequence's end before the step), which no position after it attends to. In
+        deterministic mode the kept rows are decoded again from a restored state
+        instead, so that every cell sits where a fresh run puts it (the order of
+        the attention sums), unless the whole sequence fits in half a window.
+        """
+        eng = self.engine
+        kind = eng.memory_kind
+        if kind is MemoryKind.PARTIAL:
+            return False
+        if kind is MemoryKind.SWA:
+            if not self.deterministic and n_rows <= eng.n_ubatch:
+                return False
+            return slot.n_past + n_rows >= eng.n_swa // 2
+        return True
+
+    def begin_verify(self, slot: Slot, rows: Sequence[Hashable]) -> Verify:
+        """Before ``rows`` (the pending token and a draft) are decoded into ``slot`` in
+        one call: saves what a rollback of rejected rows will need."""
+        saved = (
+            self.engine.state_get(slot.seq_id, PARTIAL_ONLY)
+            if self.rollback_mode(slot, len(rows))
+            else None
+        )
+        return Verify(slot, list(rows), slot.n_past, saved)
+
+    def abort_verify(self, step: Verify) -> None:
+        """The verify decode failed: put the state saved before it back (the caller
+        then syncs the slot with what the memory holds)."""
+        if step.saved is not None:
+            self.engine.state_set(step.saved, step.slot.seq_id, PARTIAL_ONLY)
+
+    def keep(
+        self, step: Verify, used: int, redecode: Callable[[Sequence[Hashable], int], None]
+    ) -> None:
+        """Leave the first ``used`` rows of a verify step in the sequence, drop the rest.
+
+        Trimmable memory drops them; otherwise the state saved by :meth:`begin_verify`
+        comes back and ``redecode(rows, start)`` decodes the kept rows again (a decode
+        call of the caller's, with its adapters). Raises :class:`DecodeError`, the slot
+        emptied, when the memory cannot be rolled back."""
+        slot, batch, n_past, saved = step.slot, step.rows, step.n_past, step.saved
+        seq = slot.seq_id
+        eng = self.engine
+        if used == len(batch):
+            self.record(slot, batch, exact=False)
+            return
+        if saved is None:
+            if eng.seq_rm(seq, n_past + used, -1):
+                self.record(slot, batch[:used], exact=False)
+                return
+        elif eng.state_set(saved, seq, PARTIAL_ONLY) and eng.seq_rm(seq, n_past, -1):
+            try:  # back to before the step: decode the kept rows again
+                redecode(batch[:used], n_past)
+            except (RequestCancelledError, DecodeError):
+                self.sync(slot)
+                raise
+            self.record(slot, batch[:used], exact=False)
+            return
+        self.reset(slot)  # the memory is unknown now: nothing of it may be reused
+        raise DecodeError("rolling back the rejected draft tokens failed")
 
     # ------------------------------------------------------------------ checkpoints
 

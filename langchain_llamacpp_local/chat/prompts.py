@@ -10,7 +10,7 @@ sampling (forced tool calls, JSON schema, JSON mode).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,22 +27,20 @@ from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_f
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
 from langchain_llamacpp_local.formats.registry import FAMILIES
-from langchain_llamacpp_local.llama.sampling import (
+from langchain_llamacpp_local.llama.json_grammar import (
     JSON_OBJECT_GRAMMAR,
-    SamplingParams,
     json_schema_to_grammar,
 )
-from langchain_llamacpp_local.templates.chat_template import (
-    ChatTemplate,
-    adapt_messages,
-    inject_tool_prompt,
-    select_template,
-)
+from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.templates.adaptation import adapt_messages
+from langchain_llamacpp_local.templates.builtin_templates import select_template
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate
+from langchain_llamacpp_local.templates.hermes_prompt import inject_tool_prompt
 from langchain_llamacpp_local.templates.sandbox import request_budget
 
 if TYPE_CHECKING:
+    from langchain_llamacpp_local.chat.jobs import ChatJob
     from langchain_llamacpp_local.llama.engine import Engine
-    from langchain_llamacpp_local.runtime.jobs import ChatJob
 
 logger = logging.getLogger(__name__)
 
@@ -244,17 +242,27 @@ def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
     )
 
 
-def prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
+#: ``Engine.tokenize_multimodal``'s signature: (text or parts, images) -> (positions, media)
+TokenizeMedia = Callable[[Any, list[Any]], tuple[list[Any], dict[int, Any]]]
+
+
+def prepare(
+    fmt: ChatFormat, job: ChatJob, eng: Engine, tokenize_media: TokenizeMedia | None = None
+) -> PreparedPrompt:
     """Render, tokenize and choose grammar and parser for ``job``.
 
     Every template operation of the request (compiling an override, probing, each
     render) shares one time budget, which also stops at the caller's cancel or timeout.
+    ``tokenize_media`` tokenizes a prompt with images (default: the engine's own; the
+    front end passes the worker's, where the projector's context lives).
     """
     with request_budget(fmt.template.limits, cancelled=job.cancelled):
-        return _prepare(fmt, job, eng)
+        return _prepare(fmt, job, eng, tokenize_media or eng.tokenize_multimodal)
 
 
-def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
+def _prepare(
+    fmt: ChatFormat, job: ChatJob, eng: Engine, tokenize_media: TokenizeMedia
+) -> PreparedPrompt:
     tools = job.tools or []
     choice = normalize_tool_choice(job.tool_choice, tools) if tools else None
     use_tools = bool(tools) and choice != "none"
@@ -319,9 +327,9 @@ def _prepare(fmt: ChatFormat, job: ChatJob, eng: Engine) -> PreparedPrompt:
         pictures = [(im.width, im.height, im.rgb, im.digest) for im in images]
         if mapping:  # control-token text in content stays plain text, as without images
             parts = protected_parts(info, _strip_bos(eng, fmt, rendered), mapping, MEDIA_MARKER)
-            tokens, media = eng.tokenize_multimodal(parts, pictures)
+            tokens, media = tokenize_media(parts, pictures)
         else:
-            tokens, media = eng.tokenize_multimodal(_strip_bos(eng, fmt, text), pictures)
+            tokens, media = tokenize_media(_strip_bos(eng, fmt, text), pictures)
         boundaries: tuple[int, ...] = ()
     elif mapping:
         tokens = tokenize_protected(eng, info, _strip_bos(eng, fmt, rendered), mapping)
@@ -390,7 +398,7 @@ def chunk_markers(template: ChatTemplate, eng: Engine) -> tuple[tuple[int, ...],
     its end of a message (e.g. ``<end_of_turn>\n``: every message then starts on a
     cut, so an edited last message resumes from a checkpoint at its start). Only
     sequences that start with a control token count: message text cannot spell one
-    (see :mod:`~.prompt_tokens`), so the cuts stay on message boundaries.
+    (see :mod:`~.special_tokens`), so the cuts stay on message boundaries.
     """
     probe = [{"role": "user", "content": "\x01probe\x02"}]
     try:
@@ -472,7 +480,7 @@ def _last_user_boundary(
     Only computed for memory that needs checkpoints; found by rendering the
     conversation before that message and matching it against the full prompt.
     """
-    from langchain_llamacpp_local.llama.engine import MemoryKind  # local: engine imports llama.cpp
+    from langchain_llamacpp_local.llama.probes import MemoryKind  # local: probes import llama.cpp
 
     if eng.memory_kind is MemoryKind.PARTIAL:
         return ()

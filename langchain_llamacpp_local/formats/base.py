@@ -12,6 +12,9 @@ from typing import Any
 
 from langchain_core.utils.json import parse_partial_json
 
+#: the ``<think>`` block most families (and every classic one) reason in
+THINK = ("<think>", "</think>")
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -361,3 +364,132 @@ def invalid_args(call: _Call) -> str:
 
 
 Body = Callable[[str, bool], list[_Call]]
+
+
+# --------------------------------------------------------------------------- scanning
+
+
+@dataclass
+class _Scan:
+    reasoning: str | None
+    content: str
+    calls: list[_Call]
+    settled: bool  # False: the tail is an unfinished call/marker (streaming only)
+    #: where the text ends, for a stream that goes on from there without reading it
+    #: again: ``"rest"`` past the reasoning block, ``"think"`` inside it, ``""`` at no
+    #: point a scan can restart from
+    stage: str = ""
+    #: the text ends inside a call region: content and reasoning cannot change until
+    #: a marker is written
+    open: bool = False
+    #: the output is held back until one of these strings is written (or the end)
+    hold: tuple[str, ...] | None = None
+    #: the content read past the reasoning block is all whitespace so far
+    rest_blank: bool = True
+    #: the end of the content is held back (it may be a marker still being written)
+    trimmed: bool = False
+    #: what a scan of the text that follows starts with to read it as this one would
+    #: (the header of the message the text ends in)
+    resume: str = ""
+    #: what may change how an open call reads (None: the family's call regions say)
+    wake: tuple[tuple[str, ...], frozenset[str]] | None = None
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What a scan that starts part-way through a generation knows about the part before."""
+
+    head: bool = True  # no content has been read yet (rules on the whole output apply)
+    had_calls: bool = False  # calls were read before
+
+
+@functools.lru_cache(maxsize=128)
+def _end_pattern(end: str, syntax: str) -> re.Pattern[str]:
+    if syntax == "json":
+        quoted = r'"(?:[^"\\]|\\.)*(?P<close>")?'
+    else:
+        quoted = r'<\|"\|>(?:(?!<\|"\|>).)*(?P<close><\|"\|>)?'
+    return re.compile(quoted + "|(?P<end>" + re.escape(end) + ")", re.S)
+
+
+def _find_end(text: str, end: str, start: int, syntax: str | None, final: bool) -> int:
+    """The first ``end`` at or after ``start`` that is not inside a quoted value.
+
+    At the end of generation a body whose quotes never close (malformed) ends at the
+    first ``end`` as written, so the text after it is not swallowed into the call.
+    """
+    j = text.find(end, start)
+    if j < 0 or syntax is None:
+        return j
+    pos = start
+    if syntax == "json":
+        m = re.compile(r"[{\[]").search(text, start)
+        if m is None or m.start() > j:
+            return j
+        pos = m.start()
+    for m in _end_pattern(end, syntax).finditer(text, pos):
+        if m.group("end") is not None:
+            return m.start()
+        if m.group("close") is None:
+            break  # a quoted value still open: the end has not come yet
+    return j if final else -1
+
+
+def _scan_multi(
+    text: str, regions: tuple[tuple[str, str | None, Any], ...], opts: Options, final: bool
+) -> tuple[list[str], list[_Call], int]:
+    """Split ``text`` at the tool-call regions ``(start, end, body)`` (earliest start first).
+
+    Returns the content pieces, the calls and how much of ``text`` is settled (the rest
+    is an unfinished region, held back while streaming). A region's end marker inside
+    one of its quoted values does not end it.
+    """
+    content: list[str] = []
+    calls: list[_Call] = []
+    pos = 0
+
+    def add(found: list[_Call], start: str) -> None:
+        for c in found:
+            c.opener = c.opener or start
+        calls.extend(found)
+
+    while True:
+        best: tuple[int, str, str | None, Any] | None = None
+        for start, end, body in regions:
+            i = text.find(start, pos)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, start, end, body)
+        if best is None:
+            content.append(text[pos:])
+            return content, calls, len(text)
+        i, start, end, body = best
+        content.append(text[pos:i])
+        j = (
+            _find_end(text, end, i + len(start), getattr(body, "string_syntax", None), final)
+            if end
+            else -1
+        )
+        if j < 0:
+            region = text[i + len(start) :]
+            if not final:
+                add(body(region, False, opts), start)
+                return content, calls, i
+            found = body(region, True, opts)
+            # a call that closed itself stays a call when only its section's end is
+            # missing (as it was streamed); the one still being written is cut off
+            whole = [c.complete for c in body(region, False, opts)] if end is not None else []
+            for n, c in enumerate(found):
+                if c.error is None and end is not None and not (n < len(whole) and whole[n]):
+                    c.error = f"unterminated tool call (no {end})"
+                    c.args = None
+            add(
+                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")],
+                start,
+            )
+            return content, calls, len(text)
+        region = text[i + len(start) : j]
+        found = body(region, True, opts)
+        if not found and region.strip():  # a region no call could be read from is reported
+            found = [_Call(None, None, region, error=f"cannot read a tool call in {start}…{end}")]
+        add(found, start)
+        pos = j + len(end)

@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from langchain_llamacpp_local.formats.base import (
     Options,
@@ -28,6 +29,25 @@ from langchain_llamacpp_local.formats.base import (
 
 #: body(region, final, opts) -> calls
 Body = Callable[[str, bool, Options], list[_Call]]
+_B = TypeVar("_B", bound=Body)
+
+
+def reads(syntax: str | None = None, closers: tuple[str, ...] = ()) -> Callable[[_B], _B]:
+    """What a body reader's record says about its syntax.
+
+    ``syntax``: its values are quoted strings that may spell the region's closing marker
+    (``"json"``, Gemma 4's ``"gemma"``), so the region ends only at a marker outside them.
+    ``closers``: the markers whose writing completes one of its calls while the region is
+    still open (a stream reads an open region again only when one of them, or the
+    region's end, is written).
+    """
+
+    def mark(body: _B) -> _B:
+        body.string_syntax = syntax  # type: ignore[attr-defined]
+        body.closers = closers  # type: ignore[attr-defined]
+        return body
+
+    return mark
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,10 @@ class Spec:
     #: reasoning may start without its opening marker (the model is always thinking first)
     think_implicit: bool = False
     strip_re: str | None = None  # a pattern of header markup removed from content
+    #: ``<think>`` blocks between calls are reasoning too (GLM thinks again between calls)
+    rethinks: bool = False
+    #: Python code follows this marker to the end: a call to ``python`` (Functionary v3.1)
+    code_tag: str = ""
 
 
 def _args_obj(text: str, name: str | None, raw: str) -> _Call:
@@ -87,6 +111,7 @@ def _tagged_args(
 _GLM_ARG = re.compile(r"<arg_key>(?P<k>.*?)</arg_key>\s*<arg_value>(?P<v>.*?)</arg_value>", re.S)
 
 
+@reads()
 def glm_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``NAME<arg_key>k</arg_key><arg_value>v</arg_value>...`` (GLM 4.5+, Ling, Laguna)."""
     m = re.match(r"\s*([^<\n]+?)\s*(?=<arg_key>|\n|$)", region)
@@ -133,6 +158,7 @@ def _xml_function_calls(
 _QWEN_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>\n?(?P<v>.*?)\n?</parameter>", re.S)
 
 
+@reads(closers=("</function>",))
 def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<function=NAME>\\n<parameter=k>\\nv\\n</parameter>\\n</function>`` (Qwen3-Coder, Qwen3.5, Seed-OSS)."""
     return _xml_function_calls(
@@ -143,6 +169,7 @@ def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[_Call]:
 _SEED_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>(?P<v>.*?)</parameter>", re.S)
 
 
+@reads(closers=("</function>",))
 def seed_oss_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """Seed-OSS: like Qwen3-Coder, but parameter values are verbatim (no newline framing)."""
     return _xml_function_calls(
@@ -153,6 +180,7 @@ def seed_oss_body(region: str, final: bool, opts: Options) -> list[_Call]:
 _MINIMAX_PARAM = re.compile(r'<parameter name="(?P<k>[^"]*)">(?P<v>.*?)</parameter>', re.S)
 
 
+@reads(closers=("</invoke>",))
 def minimax_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<invoke name="X"><parameter name="k">v</parameter></invoke>`` (MiniMax M2)."""
     return _xml_function_calls(
@@ -167,6 +195,7 @@ _DSML_PARAM = re.compile(
 )
 
 
+@reads(closers=(f"</{_DSML}invoke>",))
 def dsml_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """DeepSeek V3.2/V4 DSML: ``<｜DSML｜invoke name="X"><｜DSML｜parameter name="k" string="true">v...``."""
     return _xml_function_calls(
@@ -184,6 +213,7 @@ _MINICPM_PARAM = re.compile(
 )
 
 
+@reads(closers=("</function>",))
 def minicpm5_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<function name="X"><param name="k">v</param></function>`` (MiniCPM5)."""
     return _xml_function_calls(
@@ -199,6 +229,7 @@ def minicpm5_body(region: str, final: bool, opts: Options) -> list[_Call]:
 # --------------------------------------------------------------------------- JSON bodies
 
 
+@reads("json")
 def json_list_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """A JSON list (or object) of ``{"name", "arguments"}`` calls."""
     if not final:
@@ -212,6 +243,7 @@ def json_list_body(region: str, final: bool, opts: Options) -> list[_Call]:
     return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
 
 
+@reads("json")
 def json_lines_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """One ``{"name", "arguments"}`` object per line (MiniMax M1)."""
     if not final:
@@ -232,6 +264,7 @@ def json_lines_body(region: str, final: bool, opts: Options) -> list[_Call]:
     return out
 
 
+@reads("json")
 def apertus_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``[{"name": {args}}, ...]`` (Apertus)."""
     if not final:
@@ -272,9 +305,15 @@ def _split_calls(
     region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[_Call]]
 ) -> list[_Call]:
     out: list[_Call] = []
-    # a call ends at its end marker, or (a model that skips it) where the next call begins
+    # a call ends at its end marker, or (a model that skips it) where the next call begins;
+    # while streaming, a call whose text so far ends with a newline is still open (\Z)
     for m in re.finditer(
-        re.escape(begin) + r"(.*?)(" + re.escape(end) + r"|(?=" + re.escape(begin) + r")|$)",
+        re.escape(begin)
+        + r"(.*?)("
+        + re.escape(end)
+        + r"|(?="
+        + re.escape(begin)
+        + (r")|$)" if final else r")|\Z)"),
         region,
         re.S,
     ):
@@ -288,6 +327,7 @@ def _split_calls(
     return out
 
 
+@reads("json", ("<｜tool▁call▁end｜>", "<｜tool▁call▁begin｜>"))
 def deepseek_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`` (DeepSeek V3.1)."""
     return _split_calls(
@@ -299,6 +339,7 @@ def deepseek_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
     )
 
 
+@reads("json", ("<|tool_call_end|>", "<|tool_call_begin|>"))
 def kimi_k2_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{json}<|tool_call_end|>``."""
 
@@ -315,6 +356,7 @@ def kimi_k2_body(region: str, final: bool, opts: Options) -> list[_Call]:
     return _split_calls(region, "<|tool_call_begin|>", "<|tool_call_end|>", final, one)
 
 
+@reads("json")
 def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``NAME>{json}`` after ``<function=`` (Functionary v3.1)."""
     name, found, body = region.partition(">")
@@ -329,6 +371,7 @@ def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call
     return [_args_obj(body, name.strip(), body.strip())]
 
 
+@reads("json")
 def command_r_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``[{"tool_call_id", "tool_name", "parameters"}]`` (Command R7B / R+ / Cohere2)."""
     if not final:
@@ -388,6 +431,7 @@ def _gemma_value(text: str) -> object:
     return json.loads("".join(out))
 
 
+@reads("gemma")
 def gemma4_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``call:NAME{key:<|"|>value<|"|>,...}`` (Gemma 4)."""
     s = region.strip()
@@ -440,7 +484,7 @@ def _mm_value(text: str, types: set[str] | None) -> object:
     """A MiniMax M3 value: text, or nested ``<k>v</k>`` tags (``<item>`` ones make a list)."""
     if types is not None and "string" in types:
         return text  # a string-typed value stays text even when it looks structured
-    children = list(_MM_PARAM.finditer(text))
+    children = list(_MM_PARAM.finditer(text)) if "<" in text else []  # (a tag needs "<")
     if not children:
         return typed_value(text.strip(), types)
     if all(c.group("k") == "item" for c in children):
@@ -448,6 +492,7 @@ def _mm_value(text: str, types: set[str] | None) -> object:
     return {c.group("k"): _mm_value(c.group("v"), None) for c in children}
 
 
+@reads(closers=("</invoke>",))
 def minimax_m3_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``]<]minimax[>[<invoke name="X">]<]minimax[>[<k>v]<]minimax[>[</k>...`` (MiniMax M3)."""
     out: list[_Call] = []
@@ -483,6 +528,7 @@ _K3_ARG = re.compile(
 )
 
 
+@reads(closers=("<|close|>call<|sep|>",))
 def kimi_k3_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<|open|>call tool="X" index="1"<|sep|><|open|>argument key="k" type="number"<|sep|>v<|close|>argument<|sep|>``."""
     out: list[_Call] = []
@@ -517,6 +563,7 @@ def kimi_k3_body(region: str, final: bool, opts: Options) -> list[_Call]:
     return out
 
 
+@reads("json")
 def json_call_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """One ``{"name", "arguments"}`` object (GigaChat)."""
     if not final:
@@ -535,6 +582,7 @@ def json_call_body(region: str, final: bool, opts: Options) -> list[_Call]:
 _ATEM_PARAM = re.compile(r'<atem:parameter name="(?P<k>[^"]*)">(?P<v>.*?)</atem:parameter>', re.S)
 
 
+@reads(closers=("</atem:invoke>",))
 def muse_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<atem:invoke name="X"><atem:parameter name="k">v</atem:parameter></atem:invoke>`` (Muse Glimmer)."""
     return _xml_function_calls(
@@ -548,6 +596,7 @@ _HY_ARG = re.compile(
 )
 
 
+@reads(closers=(f"</tool_call{_HY}>", f"<tool_call{_HY}>"))
 def hy3_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``<tool_call:opensource>NAME<tool_sep:opensource><arg_key:...>k</arg_key:...><arg_value:...>v...``."""
 
@@ -560,6 +609,7 @@ def hy3_body(region: str, final: bool, opts: Options) -> list[_Call]:
     return _split_calls(region, f"<tool_call{_HY}>", f"</tool_call{_HY}>", final, one)
 
 
+@reads("json")
 def solar_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """``ID<|tool_call:name|>NAME<|tool_call:args|>{json}`` (Solar Open)."""
     cid, _, rest = region.partition("<|tool_call:name|>")
@@ -593,6 +643,7 @@ def _mistral_segment(region: str, final: bool) -> list[_Call]:
     return [_Call(m.group(1), args, s, id=m.group(2) or None)]
 
 
+@reads()
 def mistral_body(region: str, final: bool, opts: Options) -> list[_Call]:
     """Everything after the first ``[TOOL_CALLS]``: a JSON list, or ``name[CALL_ID]id[ARGS]{...}`` segments."""
     calls: list[_Call] = []
@@ -613,7 +664,12 @@ def mistral_body(region: str, final: bool, opts: Options) -> list[_Call]:
 
 
 def rewrap(prefix: str, suffix: str, body: Body) -> Body:
-    """A body that gets its region back with the start (and, once closed, end) marker."""
-    return lambda region, final, opts: body(
-        prefix + region + (suffix if final else ""), final, opts
-    )
+    """A body that gets its region back with the start (and, once closed, end) marker.
+
+    It completes calls at the same markers; its region ends at the first closing marker.
+    """
+
+    def wrapped(region: str, final: bool, opts: Options) -> list[_Call]:
+        return body(prefix + region + (suffix if final else ""), final, opts)
+
+    return reads(None, body.closers)(wrapped)  # type: ignore[attr-defined]

@@ -27,12 +27,18 @@ from typing import Any
 
 from langchain_llamacpp_local.formats.base import _schema_types
 from langchain_llamacpp_local.formats.registry import FAMILIES, JsonCalls, Markup, gbnf_literal
-from langchain_llamacpp_local.llama.sampling import (
-    _convert,
-    _Converter,
-    _relocate,
+from langchain_llamacpp_local.llama.json_grammar import (
+    SchemaConverter as _Converter,
+)
+from langchain_llamacpp_local.llama.json_grammar import (
     check_grammar,
     converting,
+)
+from langchain_llamacpp_local.llama.json_grammar import (
+    convert_schema as _convert,
+)
+from langchain_llamacpp_local.llama.json_grammar import (
+    relocate_schema as _relocate,
 )
 
 __all__ = ["NotTagShaped", "markup_tool_call_grammar", "tool_call_grammar"]

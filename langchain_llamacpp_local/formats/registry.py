@@ -3,7 +3,8 @@
 A :class:`Family` says how llama.cpp picks the syntax for a chat template (its
 specialized handlers, or the markers its auto-parser route recognises), which markers
 are held back while streaming, how a call is read (a :class:`~.families.Spec` of
-markers and body readers, or the parse loop's own code for the classic formats), how
+markers and body readers, a classic :class:`~.classic.Reader`, or a message scanner
+from :mod:`.messages`), how
 a forced call is written (:class:`JsonCalls` or :class:`Markup`, built by
 :mod:`.grammars`), which markers switch a lazy grammar on, and whether plain chat
 output carries channel markup. :mod:`.detect`, :mod:`.parsers`, :mod:`.grammars` and
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from langchain_llamacpp_local.formats import classic, messages
+from langchain_llamacpp_local.formats.classic import Reader
 from langchain_llamacpp_local.formats.families import (
     _DSML,
     _HY,
@@ -45,6 +48,7 @@ from langchain_llamacpp_local.formats.families import (
     seed_oss_body,
     solar_body,
 )
+from langchain_llamacpp_local.formats.messages import Scanner
 
 # --------------------------------------------------------------------------- grammar shapes
 
@@ -117,9 +121,13 @@ class Family:
     clues: tuple[Clue, ...] = ()
     #: markers of the classic formats held back while streaming (a spec adds its own)
     markers: tuple[str, ...] = ()
-    #: reasoning and call-region markers with their body readers; None: the parse loop
-    #: reads this format itself (the classic formats, gpt-oss harmony)
+    #: reasoning and call-region markers with their body readers (None: a classic
+    #: ``reader`` reads what follows the ``<think>`` block, or a ``scanner`` the output)
     spec: Spec | None = None
+    #: how a classic family (no spec) reads what follows its ``<think>`` block
+    reader: Reader | None = None
+    #: the whole output is addressed messages, read by this scanner (gpt-oss, Muse)
+    scanner: Scanner | None = None
     #: how a forced call is written; None: the generic JSON object instead
     grammar: JsonCalls | Markup | None = None
     #: markers that switch the grammar on under ``tool_choice="auto"`` (llama.cpp's lazy
@@ -174,6 +182,7 @@ _RECORDS: tuple[Family, ...] = (
         "hermes",
         clues=((170, ("<tool_call>",)),),
         markers=("<tool_call>", "<function="),
+        reader=classic.HERMES,
         grammar=JsonCalls("<tool_call>\n", "\n</tool_call>", "each", sep="\n"),
         triggers=("<tool_call>",),
     ),
@@ -211,6 +220,7 @@ _RECORDS: tuple[Family, ...] = (
             (240, ("<|start_header_id|>", "tools")),
         ),
         markers=("<|python_tag|>",),
+        reader=classic.LLAMA3_JSON,
         grammar=JsonCalls(shape="each", sep="; ", args_key="parameters"),
     ),
     Family(
@@ -230,15 +240,23 @@ _RECORDS: tuple[Family, ...] = (
             (230, ("func_name1(params_name1",)),
         ),
         markers=("<|tool_call_start|>",),
+        reader=classic.PYTHONIC,
     ),
     Family(
         "granite",
         clues=((50, ("<|tool_call|>",)),),
         markers=("<|tool_call|>", "<response>", "</response>"),
+        reader=classic.GRANITE,
         **_wrapped("<|tool_call|>", ""),
         turn_markup=True,
     ),
-    Family("functionary_v3_2", handlers=("functionary_v3_2",), markers=(">>>",), turn_markup=True),
+    Family(
+        "functionary_v3_2",
+        handlers=("functionary_v3_2",),
+        markers=(">>>",),
+        reader=classic.FUNCTIONARY_V3_2,
+        turn_markup=True,
+    ),
     Family(
         "deepseek_r1",
         clues=((20, ("tool▁calls▁begin",)),),
@@ -248,6 +266,7 @@ _RECORDS: tuple[Family, ...] = (
             "<｜tool▁calls▁end｜>",
             "<｜tool▁calls｜>",
         ),
+        reader=classic.DEEPSEEK_R1,
     ),
     Family(
         "command_r7b",
@@ -269,6 +288,7 @@ _RECORDS: tuple[Family, ...] = (
     Family(
         "gpt_oss",
         handlers=("gpt_oss",),
+        scanner=messages.harmony,
         markers=(
             "<|channel|>",
             "<|start|>",
@@ -280,8 +300,8 @@ _RECORDS: tuple[Family, ...] = (
         ),
         channel_markup=True,
     ),
-    Family("generic", grammar=JsonCalls(shape="document")),
-    Family("content"),
+    Family("generic", reader=classic.GENERIC, grammar=JsonCalls(shape="document")),
+    Family("content", reader=classic.CONTENT),
     Family(
         "ministral_3",
         handlers=("ministral_3",),
@@ -319,6 +339,7 @@ _RECORDS: tuple[Family, ...] = (
             strip=("<|role_end|>",),
             # a call written before the think block is closed ends the reasoning (Ling 3.0)
             think_stops=("<tool_call>",),
+            rethinks=True,
         ),
         **_markup(
             "<tool_call>",
@@ -461,8 +482,8 @@ _RECORDS: tuple[Family, ...] = (
         spec=Spec(
             think=None,
             regions=(("<function=", "</function>", functionary_v3_1_body),),
-            # Python code follows it to the end (read by the parse loop)
             held=("<|python_tag|>",),
+            code_tag="<|python_tag|>",
         ),
     ),
     Family(
@@ -559,6 +580,7 @@ _RECORDS: tuple[Family, ...] = (
     Family(
         "muse_glimmer",
         handlers=("muse_glimmer",),
+        scanner=messages.muse,
         spec=Spec(
             think=(" to=self<|message|>", "<|eom|>"),
             regions=(("<atem:function_calls>", "</atem:function_calls>", muse_body),),

@@ -28,13 +28,9 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 
 from langchain_llamacpp_local.errors import DecodeError, IncompatibleDraftModelError
-from langchain_llamacpp_local.llama.engine import (
-    PARTIAL_ONLY,
-    Engine,
-    LoadConfig,
-    MemoryKind,
-    load_model,
-)
+from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine
+from langchain_llamacpp_local.llama.loading import LoadConfig, load_model
+from langchain_llamacpp_local.llama.probes import MemoryKind
 
 logger = logging.getLogger(__name__)
 

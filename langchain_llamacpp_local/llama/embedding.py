@@ -1,7 +1,7 @@
 """A llama.cpp context that turns token lists into one vector (or rerank score) each.
 
 It shares the ``llama_model`` of any chat model on the same file and load
-settings (:func:`engine.load_model`) but owns its own context, created with
+settings (:func:`loading.load_model`) but owns its own context, created with
 ``embeddings=True``, a unified KV cache and up to ``n_seq_max`` sequences:
 many texts go through one ``llama_decode`` as separate sequences, and the
 memory is cleared after each batch, so nothing is kept between calls.
@@ -41,8 +41,7 @@ from langchain_llamacpp_local.errors import (
     DecodeError,
     RequestCancelledError,
 )
-from langchain_llamacpp_local.llama import engine as _engine
-from langchain_llamacpp_local.llama import vocab
+from langchain_llamacpp_local.llama import loading, vocab
 from langchain_llamacpp_local.llama.context import (
     fill_batch,
     flash_attn_type,
@@ -86,15 +85,15 @@ class EmbeddingConfig:
     n_gpu_layers: int = 0
     use_mmap: bool = True
     use_mlock: bool = False
-    cpu_amx: bool | None = None  # weights in the AMX buffer type (weight_placement.py)
+    cpu_amx: bool | None = None  # weights in the AMX buffer type (weights.py)
     flash_attn: bool | None = None
     fast_pooling: bool = True  # causal models: pool in numpy, skip the output head
     # one text per llama_decode: a text's vector does not depend on the texts beside it
     deterministic: bool = False
 
-    def load_config(self) -> _engine.LoadConfig:
+    def load_config(self) -> loading.LoadConfig:
         """The model-loading part, so a chat model with the same settings shares the weights."""
-        return _engine.LoadConfig(
+        return loading.LoadConfig(
             model_path=self.model_path,
             n_gpu_layers=self.n_gpu_layers,
             use_mmap=self.use_mmap,
@@ -185,7 +184,7 @@ class EmbeddingEngine:
         self.lock = threading.RLock()
         self.ctx = None
         self._batch: C.llama_batch | None = None
-        self._model_ref = _engine.load_model(config.load_config())
+        self._model_ref = loading.load_model(config.load_config())
         try:
             self._init_context()
         except BaseException:

@@ -12,6 +12,7 @@ reference counting is testable without llama.cpp.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -19,6 +20,12 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+def model_address(model: object) -> int:
+    """A loaded model's address: the key of the tables kept per model (weight buffers,
+    LoRA adapters), which must not hold the model itself."""
+    return int(ctypes.cast(model, ctypes.c_void_p).value or 0)
 
 
 def model_file(path: str | os.PathLike[str]) -> str:

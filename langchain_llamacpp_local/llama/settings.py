@@ -3,7 +3,7 @@
 llama.cpp answers many bad load values with a ``GGML_ASSERT`` (the process dies) or
 silently with something else (``n_ctx=2**32+1`` wraps to 1). These are pure functions
 raising ``ValueError``/``TypeError`` whose message names the setting, testable without a
-model; :func:`langchain_llamacpp_local.llama.engine.check_load_config` runs them for
+model; :func:`langchain_llamacpp_local.llama.loading.check_load_config` runs them for
 every load, whoever builds the config.
 """
 
@@ -37,6 +37,8 @@ KV_TYPES: dict[str, int] = {
 #: Default cap on ``n_ctx`` when the caller leaves it to the model's training length:
 #: a 128k-token KV cache would take gigabytes that a chat rarely needs.
 DEFAULT_MAX_CTX = 8192
+#: Tokens per ``llama_decode`` unless ``n_batch`` is given (llama.cpp's own default).
+DEFAULT_N_BATCH = 512
 
 
 def check_int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None) -> int:
@@ -78,7 +80,7 @@ def check_load_settings(s: Mapping[str, Any]) -> None:
                 f"n_ctx must be at least n_slots={n_slots} (llama.cpp needs room for one "
                 f"token per slot), got {n_ctx}"
             )
-    n_batch = check_int("n_batch", s.get("n_batch", 512), lo=1, hi=_INT32_MAX)
+    n_batch = check_int("n_batch", s.get("n_batch", DEFAULT_N_BATCH), lo=1, hi=_INT32_MAX)
     if n_batch < n_slots:
         raise ValueError(
             f"n_batch={n_batch} is smaller than n_slots={n_slots}: a batch must hold one "

@@ -13,7 +13,8 @@ import llama_cpp.llama_cpp as C
 from langchain_llamacpp_local.errors import ModelLoadError
 from langchain_llamacpp_local.llama import vocab
 from langchain_llamacpp_local.llama.backend import init_backend
-from langchain_llamacpp_local.llama.engine import MemoryKind, check_gguf_file
+from langchain_llamacpp_local.llama.loading import check_gguf_file
+from langchain_llamacpp_local.llama.probes import MemoryKind
 
 
 class VocabModel(vocab.VocabMethods):

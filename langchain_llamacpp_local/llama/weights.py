@@ -15,7 +15,7 @@ that works is both together: extra types off, and an explicit ``CPU_REPACK`` ove
 for every weight the repack kernels accept (asked of ggml itself, see
 :mod:`.ggml_cpu`), so the placement is what llama.cpp would choose with AMX left out.
 
-This module decides; :func:`langchain_llamacpp_local.llama.engine.load_model` applies the
+This module decides; :func:`langchain_llamacpp_local.llama.loading.load_model` applies the
 plan. It imports nothing from llama.cpp, so the decision is tested on any CPU.
 """
 
@@ -52,8 +52,6 @@ class WeightPlacement:
     avoided: tuple[str, ...] = ()  # extra buffer types kept out of the placement
     reason: str = "llama.cpp's default placement"
 
-
-DEFAULT = WeightPlacement()
 
 # Weights that llama.cpp multiplies as the first operand of a MUL_MAT: the projections of
 # the attention and feed-forward blocks (not their norms, sinks or biases), state-space

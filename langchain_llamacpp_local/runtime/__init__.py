@@ -1,4 +1,5 @@
-"""Requests at run time: request/reply types, the step scheduler (pure), the worker
-thread that owns a context, speculation, LoRA per request, the model registry and
-model-name resolution.
+"""The engine core: token-level requests and typed reply items, the step scheduler
+(pure), the worker thread that owns a context, speculation, per-token log-probabilities,
+LoRA per request, the model registry and model-name resolution. Nothing here knows chat
+messages, templates or output formats (``chat/`` does).
 """

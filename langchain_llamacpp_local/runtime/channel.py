@@ -17,9 +17,6 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: Kinds of the item that ends a reply: nothing is put after one.
-FINAL_KINDS = frozenset({"done", "error"})
-
 
 class Channel:
     """Single-producer, single-consumer queue of reply items."""
@@ -54,7 +51,8 @@ class Channel:
                 loop.call_soon_threadsafe(event.set)
             except RuntimeError:  # the caller's loop is closed: nobody is listening
                 pass
-        if isinstance(item, tuple) and item and item[0] in FINAL_KINDS:
+        # the item that ends a reply (runtime.requests' Finished, Failed): none follows
+        if getattr(item, "final", False):
             fn, self._on_final = self._on_final, None
             if fn is not None:
                 try:

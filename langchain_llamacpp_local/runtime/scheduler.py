@@ -2,23 +2,76 @@
 
 As vLLM v1's ``Scheduler.schedule()`` returns a ``SchedulerOutput`` that the model
 runner executes, :func:`plan_step` returns a :class:`StepPlan` that the worker applies:
-which generating requests share each ``llama_decode`` and which verify a speculative
-draft (a call of their own). It never touches llama.cpp, so the order and grouping are
-tested without a model. After these calls the worker decodes one prompt piece of the
-oldest request still reading its prompt; that request is chosen then, not here, since a
-failed generation step may send a request back to reading its prompt.
+which generating requests share each ``llama_decode``, which verify which draft (a
+call of their own), and which piece of which prompt is read (its images, then a range
+of its tokens cut as :mod:`~langchain_llamacpp_local.cache.chunking` says). It never
+touches llama.cpp, so the order, grouping and cuts are tested without a model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from langchain_llamacpp_local.cache.chunking import balanced_groups
+from langchain_llamacpp_local.cache.chunking import balanced_groups, fast_piece_end, piece_end
+from langchain_llamacpp_local.cache.slot_memory import WINDOW_SLACK
 from langchain_llamacpp_local.runtime.lora import plan_adapter_groups
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PieceRules:
+    """How this context cuts prompts (fixed for the worker's life)."""
+
+    deterministic: bool
+    """Bit-exact mode: pieces on the fixed grid (:func:`~.chunking.piece_end`)."""
+    n_batch: int
+    n_ubatch: int
+    align: int
+    """The grid spacing (:func:`~.chunking.grid_align`)."""
+    window_checkpoints: bool
+    """Checkpoints at piece starts and the prompt's end instead of cuts near them
+    (``SlotMemory.window_checkpoints``)."""
+
+
+@dataclass(frozen=True)
+class PromptRead:
+    """Where a request reading its prompt stands (plain data the plan decides from)."""
+
+    n_past: int
+    """Entries its slot holds (where the next piece starts)."""
+    n_prompt: int
+    media: Mapping[int, int] = field(default_factory=dict)
+    """Each image's first position -> the positions it takes."""
+    targets: tuple[int, ...] = ()
+    """Checkpoint cut points still ahead (ascending)."""
+    marks: tuple[int, ...] = ()
+    """The prompt's mark cut points (:func:`~.chunking.marker_cuts`)."""
+    lora_start: int = 0
+    """Where an activated LoRA starts: no piece spans it."""
+    last_checkpoint: int | None = None
+    """Entries of the slot's newest checkpoint (None: it has none)."""
+
+
+@dataclass(frozen=True)
+class PromptPiece(Generic[T]):
+    """One piece of one prompt: its images at ``media``, in order, then tokens
+    ``[start, end)`` in one decode call."""
+
+    request: T
+    media: tuple[int, ...]
+    start: int
+    end: int
+    window: bool = False
+    """Window checkpoints apply: one at the prompt's end once its first token is out."""
+    targets_taken: int = 0
+    """Checkpoint targets within reach of ``start`` that this piece settles there."""
+    checkpoint_at_start: bool = False
+    """Save a checkpoint before decoding (the newest one is not close enough)."""
+    adapters: bool = True
+    """The request's LoRA applies to the tokens (not before an aLoRA's activation)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +82,14 @@ class StepPlan(Generic[T]):
     """Generating requests whose next token shares a ``llama_decode``, one call per group."""
     verify: tuple[T, ...]
     """Requests verifying a draft, each in its own call (rows roll back on rejection)."""
+    drafts: tuple[tuple[int, ...], ...] = ()
+    """The draft each of ``verify`` checks after its pending token (same order)."""
+    prompt: PromptPiece[T] | None = None
+    """The prompt piece read last (after the generation calls)."""
+
+    def verifies(self) -> Iterator[tuple[T, tuple[int, ...]]]:
+        """``(request, draft)`` pairs, in order."""
+        return zip(self.verify, self.drafts, strict=True)
 
 
 def row_limit(n_generating: int, *, deterministic: bool, kv_unified: bool, exact_rows: int) -> int:
@@ -41,23 +102,97 @@ def row_limit(n_generating: int, *, deterministic: bool, kv_unified: bool, exact
     return exact_rows
 
 
+def plan_piece(request: T, read: PromptRead, rules: PieceRules) -> PromptPiece[T]:
+    """The next piece of ``request``'s prompt.
+
+    Images at the resume point are read first (each its own decode calls); an image
+    that would end the prompt is the last thing planned (the worker refuses it: the
+    text after an image is what shows an overflow under adapters). The text piece then
+    ends at the first checkpoint target, image or aLoRA activation after its start, at
+    the prompt's end or after ``n_batch`` tokens; in deterministic mode on the grid."""
+    n_prompt = read.n_prompt
+    images: list[int] = []
+    pos = read.n_past
+    while pos < n_prompt and pos in read.media:
+        images.append(pos)
+        if pos + read.media[pos] >= n_prompt:
+            return PromptPiece(request, tuple(images), pos, pos)
+        pos += read.media[pos]
+    start = pos
+    window = rules.window_checkpoints and not read.media
+    targets = list(read.targets)
+    taken = 0
+    at_start = False
+    if window:
+        # checkpoints wanted just after the start are taken at it, before the piece is
+        # decoded (no decode call of their own), unless one close enough exists
+        near = [t for t in targets if t <= start + WINDOW_SLACK]
+        if near:
+            taken = len(near)
+            del targets[:taken]
+            last = read.last_checkpoint
+            at_start = last is None or last < near[-1] - WINDOW_SLACK
+    stops = [*targets, *read.media, *([read.lora_start] if read.lora_start > start else [])]
+    if rules.deterministic:
+        end = piece_end(
+            start,
+            n_prompt,
+            min(rules.n_batch, rules.n_ubatch),
+            rules.align,
+            stops=stops,
+            marks=read.marks,
+        )
+    else:
+        end = fast_piece_end(start, n_prompt, rules.n_batch, stops=stops)
+    return PromptPiece(
+        request,
+        tuple(images),
+        start,
+        end,
+        window=window,
+        targets_taken=taken,
+        checkpoint_at_start=at_start,
+        adapters=start >= read.lora_start,
+    )
+
+
 def plan_step(
     generating: Sequence[T],
     *,
-    drafting: Callable[[T], bool],
+    drafting: Callable[[T], bool] | None = None,
     limit: int,
     lora_of: Callable[[T], Hashable],
     turn: int,
+    drafts: Callable[[T], Sequence[int]] | None = None,
+    reading: Sequence[tuple[T, PromptRead]] = (),
+    rules: PieceRules | None = None,
 ) -> StepPlan[T]:
-    """Plan one step for ``generating`` (in slot order), of which those ``drafting``
-    says carry a draft to verify. Requests with different LoRA sets never share a call (the adapters are set
-    per context); ``turn`` rotates which set goes first; each set's requests are split
-    into the fewest calls of at most ``limit`` rows."""
-    plain = [r for r in generating if not drafting(r)]
+    """Plan one step for ``generating`` (in slot order) and ``reading`` (in arrival order).
+
+    A generating request verifies the draft ``drafts`` gives it (or, without
+    ``drafts``, whenever ``drafting`` says so); the others decode their next token.
+    Requests with different LoRA sets never share a call (the adapters are set per
+    context); ``turn`` rotates which set goes first; each set's requests are split
+    into the fewest calls of at most ``limit`` rows. The oldest request still reading
+    its prompt reads one piece of it (:func:`plan_piece`, ``rules`` needed then).
+    """
+    draft_of = {id(r): tuple(drafts(r)) for r in generating} if drafts is not None else {}
+
+    def verifying(r: T) -> bool:
+        if drafts is not None:
+            return bool(draft_of[id(r)])
+        return drafting is not None and drafting(r)
+
+    plain = [r for r in generating if not verifying(r)]
     groups = tuple(
         tuple(group)
         for part in plan_adapter_groups(plain, lora_of, turn)
         for group in balanced_groups(part, limit)
     )
-    verify = tuple(r for r in generating if drafting(r))
-    return StepPlan(groups, verify)
+    verify = tuple(r for r in generating if verifying(r))
+    piece = None
+    if reading:
+        if rules is None:
+            raise ValueError("plan_step(reading=...) needs the piece rules")
+        piece = plan_piece(*reading[0], rules)
+    return StepPlan(groups, verify, tuple(draft_of.get(id(r), ()) for r in verify), piece)

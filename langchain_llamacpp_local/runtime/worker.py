@@ -1,13 +1,15 @@
 """One worker thread per loaded model: it owns the engine and serves requests in order.
 
-Callers put a :class:`ChatJob` on the worker's queue and read replies from the
-job's :class:`~langchain_llamacpp_local.runtime.channel.Channel`. The thread renders the
-prompt, reuses the longest cached prefix (restoring a state checkpoint where the
-memory cannot be trimmed), decodes only the new suffix, samples, parses, and
-streams :class:`~langchain_llamacpp_local.formats.StreamDelta` items back.
+Callers (the front end, ``chat/``) put a token-level
+:class:`~langchain_llamacpp_local.runtime.requests.EngineRequest` on the worker's queue and
+read its reply from the request's :class:`~langchain_llamacpp_local.runtime.channel.Channel`.
+The thread reuses the longest cached prefix (restoring a state checkpoint where the
+memory cannot be trimmed), decodes only the new suffix, samples, detokenizes, applies
+stop strings and streams typed items back (:class:`TextDelta`, then :class:`Finished`
+or :class:`Failed`). It renders, tokenizes and parses nothing: the caller's side does.
 
 Models are shared: :mod:`~langchain_llamacpp_local.runtime.registry` keeps one worker per
-:class:`~langchain_llamacpp_local.llama.engine.LoadConfig` (keep-alive, loaded-model budget).
+:class:`~langchain_llamacpp_local.llama.loading.LoadConfig` (keep-alive, loaded-model budget).
 """
 
 from __future__ import annotations
@@ -18,21 +20,14 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from langchain_llamacpp_local.cache.chunking import (
-    fast_piece_end,
-    marker_cuts,
-    piece_end,
-)
 from langchain_llamacpp_local.cache.disk import PendingSave
-from langchain_llamacpp_local.cache.slot_memory import WINDOW_SLACK, CacheOptions, SlotMemory
+from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory, Verify
 from langchain_llamacpp_local.cache.slots import Slot
-from langchain_llamacpp_local.chat import prompts
-from langchain_llamacpp_local.chat.logprobs import logprob_entry
-from langchain_llamacpp_local.chat.special_tokens import scan_in_background
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
@@ -42,30 +37,30 @@ from langchain_llamacpp_local.errors import (
     RequestCancelledError,
     WorkerDeadError,
 )
-from langchain_llamacpp_local.formats import StreamDelta
-from langchain_llamacpp_local.llama.engine import PARTIAL_ONLY, Engine, LoadConfig, MemoryKind
-from langchain_llamacpp_local.llama.sampling import Sampler, StopMatcher, Utf8Decoder
+from langchain_llamacpp_local.llama.engine import Engine
+from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.llama.sampling import Sampler
+from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
 from langchain_llamacpp_local.runtime.channel import Channel
-from langchain_llamacpp_local.runtime.jobs import ChatJob, cancel_error
-from langchain_llamacpp_local.runtime.lora import activate, key_tokens
-from langchain_llamacpp_local.runtime.scheduler import plan_step, row_limit
+from langchain_llamacpp_local.runtime.logprobs import logprob_entry
+from langchain_llamacpp_local.runtime.requests import (
+    EngineRequest,
+    Failed,
+    Finished,
+    TextDelta,
+    cancel_error,
+)
+from langchain_llamacpp_local.runtime.scheduler import (
+    PieceRules,
+    PromptPiece,
+    PromptRead,
+    StepPlan,
+    plan_step,
+    row_limit,
+)
 from langchain_llamacpp_local.runtime.speculative import DraftController, NgramProposer, Proposer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Done:
-    """Final reply item: why generation ended, usage and timings."""
-
-    finish_reason: str
-    usage: dict[str, Any]
-    timings: dict[str, float]
-    model_name: str
-    logprobs: list[dict[str, Any]] | None = None
-    parsed: Any = None  # the parser's final ParsedOutput, when tools or reasoning were parsed
-    speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
-    lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
 
 
 @dataclass
@@ -79,8 +74,10 @@ class ModelInfo:
     n_slots: int
     memory_kind: str
     metadata: dict[str, str]
-    template_origin: str
-    tool_format: str
+    #: the chat template's origin and tool-call format: the front end's (resolved once
+    #: per loaded model on the caller's side); empty in the worker's own copy
+    template_origin: str = ""
+    tool_format: str = ""
     #: MiB of weights per buffer type, as llama.cpp reported the load (CPU_REPACK, AMX...)
     weight_buffers: dict[str, float] = field(default_factory=dict)
     #: the CPU threads chosen at load (``n_threads``, ``n_threads_batch``, the usable
@@ -108,6 +105,7 @@ class ModelWorker:
         self._dead: BaseException | None = None
         self.info: ModelInfo | None = None
         state = _WorkerState(config, cache, progress)
+        self._state = state
         self._thread = threading.Thread(
             target=_thread_main,
             args=(state, self._queue, self._ready, weakref.ref(self)),
@@ -126,14 +124,34 @@ class ModelWorker:
     def alive(self) -> bool:
         return self._thread.is_alive() and self._dead is None
 
-    def submit(self, job: ChatJob) -> Channel:
+    @property
+    def engine(self) -> Engine:
+        """The loaded engine, for what callers may read of it from their own thread: the
+        vocabulary (tokenizing, token texts), metadata and sizes (llama.cpp's vocabulary
+        is read-only once loaded, as its server's HTTP threads rely on)."""
+        eng = self._state.engine
+        if eng is None:
+            raise WorkerDeadError(f"the worker for {self.config.model_path} has stopped")
+        return eng
+
+    def submit(self, job: EngineRequest) -> Channel:
         if not self.alive:
+            job.close_sampler()
             raise WorkerDeadError(
                 f"the worker for {self.config.model_path} has stopped"
                 + (f": {self._dead!r}" if self._dead else "")
             )
         self._queue.put(job)
         return job.channel
+
+    def tokenize_media(
+        self,
+        text: str | list[tuple[str, bool] | None],
+        images: list[tuple[int, int, bytes | bytearray, str]],
+    ) -> tuple[list[Any], dict[int, Any]]:
+        """A prompt with images as positions and image chunks, made on the worker thread
+        (mtmd's tokenizer preprocesses the images with the projector's context)."""
+        return self.call(lambda state: state.engine.tokenize_multimodal(text, images))
 
     def call(self, fn: Callable[[_WorkerState], Any]) -> Any:
         """Run ``fn(state)`` on the worker thread and return its result (tests, tools)."""
@@ -195,19 +213,18 @@ def _drain(q: queue.SimpleQueue[Any], exc: BaseException) -> None:
             item = q.get_nowait()
         except queue.Empty:
             return
-        if isinstance(item, ChatJob):
-            item.channel.put(("error", exc))
+        if isinstance(item, EngineRequest):
+            item.close_sampler()
+            item.channel.put(Failed(exc))
         elif isinstance(item, tuple):
             item[1].put(("error", exc))
 
 
 @dataclass
 class _Waiting:
-    """A queued request; its prompt is prepared once, the first time it is considered."""
+    """A queued request (its prompt prepared by the front end before it was queued)."""
 
-    job: ChatJob
-    prepared: prompts.PreparedPrompt | None = None
-    max_new: int = 0
+    job: EngineRequest
 
 
 @dataclass
@@ -227,40 +244,46 @@ class _Speculation:
 class _Active:
     """A request that owns a slot: reading its prompt or generating."""
 
-    job: ChatJob
-    prepared: prompts.PreparedPrompt
+    job: EngineRequest
     slot: Slot
     n_keep: int
     max_new: int
     targets: list[int]
     keep: frozenset[int]
     sampler: Sampler
-    parser: prompts.OutputParser
     decoder: Utf8Decoder = field(default_factory=Utf8Decoder)
     stopper: StopMatcher = field(default_factory=lambda: StopMatcher([]))
     logprobs: list[dict[str, Any]] | None = None
-    logprobs_sent: int = 0  # entries of logprobs already sent with a streamed piece
+    logprobs_sent: int = 0  # entries of logprobs already sent with a text item
     marks: list[int] = field(default_factory=list)  # chunking.marker_cuts of the prompt
     n_gen: int = 0
     pending: int | None = None  # sampled token to decode in the next step
     t_start: float = field(default_factory=time.perf_counter)
     t_prefill: float = 0.0
     retried: bool = False
-    streamed: bool = False
     spec: _Speculation | None = None
 
     @property
     def tokens(self) -> list[Any]:
-        return self.prepared.tokens
+        return self.job.tokens
+
+    @property
+    def media(self) -> dict[int, Any]:
+        """Image chunks by the position where each starts."""
+        return self.job.media
+
+    @property
+    def lora_start(self) -> int:
+        return self.job.lora_start
 
     @property
     def prefilling(self) -> bool:
-        return self.slot.n_past < len(self.prepared.tokens)
+        return self.slot.n_past < len(self.job.tokens)
 
     @property
     def reserved(self) -> int:
         """KV positions this request may occupy until it ends (unified-cache admission)."""
-        return len(self.prepared.tokens) + self.max_new
+        return len(self.job.tokens) + self.max_new
 
 
 class _WorkerState:
@@ -273,8 +296,8 @@ class _WorkerState:
     with other sequences and generation steps share a call only in groups the
     kernels keep exact, so a request computes the same logits whatever runs beside it.
 
-    Anything that goes wrong while preparing, sampling, parsing or streaming one
-    request becomes that request's error; only a failure of llama.cpp itself (an
+    Anything that goes wrong while starting, sampling or streaming one request
+    becomes that request's error; only a failure of llama.cpp itself (an
     exception out of the engine other than a decode error) stops the worker.
     """
 
@@ -291,9 +314,6 @@ class _WorkerState:
         self.memory: SlotMemory | None = None
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
-        self.format: prompts.ChatFormat | None = None
-        # token sequences prompts are cut after (chunking marks: message boundaries)
-        self.markers: tuple[tuple[int, ...], ...] = ()
         self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
         self.proposers: dict[str, Proposer] = {}
@@ -306,8 +326,6 @@ class _WorkerState:
     def load(self) -> None:
         eng = Engine(self.config, self.progress)
         self.engine = eng
-        self.format = prompts.ChatFormat.from_engine(eng)
-        self.markers = prompts.chunk_markers(self.format.template, eng)
         self.memory = SlotMemory(eng, self.cache)
         self.proposers["ngram"] = NgramProposer()
         if self.config.draft_model_path:
@@ -323,13 +341,9 @@ class _WorkerState:
             n_slots=eng.n_seq_max,
             memory_kind=eng.memory_kind.value,
             metadata=dict(eng.metadata),
-            template_origin=self.format.template.origin,
-            tool_format=self.format.call_format,
             weight_buffers=dict(eng.weight_buffers),
             threads=eng.thread_plan.as_dict(),
         )
-        # what requests need of the vocabulary (control-token texts): not part of loading
-        scan_in_background(eng)
 
     @property
     def slots(self) -> list[Slot]:
@@ -350,10 +364,12 @@ class _WorkerState:
     def fail_all(self, exc: BaseException) -> None:
         for act in self.active:
             act.sampler.close()
-            act.job.channel.put(("error", exc))
+            act.job.channel.put(Failed(exc))
         self.active.clear()
         while self.pending:
-            self.pending.popleft().job.channel.put(("error", exc))
+            job = self.pending.popleft().job
+            job.close_sampler()
+            job.channel.put(Failed(exc))
 
     # ------------------------------------------------------------------ main loop
 
@@ -392,7 +408,7 @@ class _WorkerState:
     def _busy(self) -> set[int]:
         return {a.slot.seq_id for a in self.active}
 
-    def _stopped(self, job: ChatJob) -> BaseException | None:
+    def _stopped(self, job: EngineRequest) -> BaseException | None:
         """The error ``job`` must end with now (cancelled, timed out, broken), or None."""
         try:
             return cancel_error(job) if job.cancelled() else None
@@ -407,19 +423,18 @@ class _WorkerState:
             err = self._stopped(w.job)
             if err is not None:  # the caller is gone: skip, don't run
                 self.pending.popleft()
-                w.job.channel.put(("error", err))
+                w.job.close_sampler()
+                w.job.channel.put(Failed(err))
                 continue
             busy = self._busy()
             if len(busy) >= len(self.slots):
                 return
             try:
-                if w.prepared is None:
-                    self._prepare(w)
                 act = self._start(w, busy)
             except Exception as exc:
                 self.pending.popleft()
-                # a cancel or timeout that stopped the templating is why the request ended
-                w.job.channel.put(("error", self._stopped(w.job) or exc))
+                w.job.close_sampler()
+                w.job.channel.put(Failed(self._stopped(w.job) or exc))
                 continue
             if act is None:  # unified cache: running requests hold the room it needs
                 return
@@ -428,55 +443,18 @@ class _WorkerState:
 
     # ------------------------------------------------------------------ starting a request
 
-    def _prepare(self, w: _Waiting) -> None:
-        """Render and tokenize once; a request too long for the window fails here."""
-        eng = self.engine
-        assert eng is not None and self.format is not None
-        prepared = prompts.prepare(self.format, w.job, eng)
-        logger.debug("prepared a prompt of %d tokens", len(prepared.tokens))
-        if w.job.lora:  # LoRA hook: the adapter set is part of the prefix's identity
-            eng.check_lora(w.job.lora)
-            # an activated LoRA: off before its invocation, off without one
-            w.job.lora, prepared.lora_start = activate(w.job.lora, eng.alora, prepared.tokens)
-            prepared.tokens = key_tokens(prepared.tokens, w.job.lora, prepared.lora_start)
-        n_prompt = len(prepared.tokens)
-        if n_prompt == 0:
-            raise InvalidRequestError("the rendered prompt is empty")
-        job = w.job
-        budget = eng.n_ctx - n_prompt
-        if budget > 0 and job.max_tokens_default and (job.max_tokens or 0) > budget:
-            logger.warning(
-                "the prompt of %d tokens leaves %d of the %d-token context: generating at "
-                "most %d tokens instead of the default max_tokens=%d (pass max_tokens= or "
-                "raise n_ctx)",
-                n_prompt,
-                budget,
-                eng.n_ctx,
-                budget,
-                job.max_tokens,
-            )
-            job.max_tokens = budget
-        if budget <= 0 or (job.max_tokens is not None and job.max_tokens > budget):
-            raise ContextOverflowError(
-                f"prompt of {n_prompt} tokens"
-                + (f" plus max_tokens={job.max_tokens}" if job.max_tokens is not None else "")
-                + f" does not fit the context window of {eng.n_ctx} tokens"
-                " (raise n_ctx, lower max_tokens or shorten the conversation)"
-            )
-        w.max_new = budget if job.max_tokens is None else job.max_tokens
-        w.prepared = prepared
-
     def _start(self, w: _Waiting, busy: set[int]) -> _Active | None:
         eng = self.engine
         memory = self.memory
-        assert eng is not None and memory is not None and w.prepared is not None
-        prepared = w.prepared
+        assert eng is not None and memory is not None
         job = w.job
-        tokens = prepared.tokens
-        spans = [(p, m.n_pos) for p, m in prepared.media.items()]
-        spec = self._speculation(job, prepared)  # first: it may refuse the job
-        marks = marker_cuts(tokens, self.markers)
-        needed = len(tokens) + w.max_new
+        tokens = job.tokens
+        if not tokens:
+            raise InvalidRequestError("the rendered prompt is empty")
+        spans = [(p, m.n_pos) for p, m in job.media.items()]
+        spec = self._speculation(job)  # first: it may refuse the job
+        marks = job.marks
+        needed = len(tokens) + job.max_new
         reserved = sum(a.reserved for a in self.active)
         if eng.kv_unified and not memory.fits(needed, reserved):
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
@@ -497,11 +475,11 @@ class _WorkerState:
             marks=marks,
             room=(needed, reserved) if eng.kv_unified else None,
         )
-        targets = memory.checkpoint_targets(n_keep, tokens, prepared.boundaries, spans, slot, marks)
-        sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
+        targets = memory.checkpoint_targets(n_keep, tokens, job.boundaries, spans, slot, marks)
+        sampler = job.sampler or Sampler(eng.vocab, job.sampling, n_ctx=eng.n_ctx)
+        job.sampler = None  # the request's from here on: closed when it ends
         try:
-            parser = prepared.make_parser()
-            stopper = StopMatcher(prepared.stop)
+            stopper = StopMatcher(job.stop)
         except BaseException:
             sampler.close()
             raise
@@ -510,21 +488,19 @@ class _WorkerState:
                 proposer.forget(slot.seq_id)
         return _Active(
             job=job,
-            prepared=prepared,
             slot=slot,
             n_keep=n_keep,
-            max_new=w.max_new,
+            max_new=job.max_new,
             targets=targets,
             keep=frozenset(targets),
             marks=marks,
             sampler=sampler,
-            parser=parser,
             stopper=stopper,
             logprobs=[] if job.logprobs else None,
             spec=spec,
         )
 
-    def _speculation(self, job: ChatJob, prepared: prompts.PreparedPrompt) -> _Speculation | None:
+    def _speculation(self, job: EngineRequest) -> _Speculation | None:
         """How ``job`` speculates, or None when it does not ask to."""
         kind = job.speculative
         if kind is None:
@@ -547,8 +523,8 @@ class _WorkerState:
                     "different logits (exact_verify_rows=%d); deterministic=False allows it",
                     eng.exact_verify_rows,
                 )
-        start = max((p + m.n_pos for p, m in prepared.media.items()), default=0)
-        history = [int(t) for t in prepared.tokens[start:]]
+        start = max((p + m.n_pos for p, m in job.media.items()), default=0)
+        history = [int(t) for t in job.tokens[start:]]
         return _Speculation(
             kind=kind,
             proposer=proposer if limit >= 1 else None,
@@ -560,42 +536,76 @@ class _WorkerState:
     # ------------------------------------------------------------------ one step
 
     def _step(self) -> None:
-        """Decode the generating requests' next tokens, then one prompt piece."""
+        """Plan one step (:func:`plan_step`), then run it: the generating requests'
+        next tokens, their draft verifies, then one prompt piece."""
         for act in list(self.active):
             err = self._stopped(act.job)
             if err is not None:
                 self._finish_error(act, err)
-        gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
+        plan = self._plan()
+        for group in plan.decode_groups:
+            members = [a for a in group if a in self.active]
+            if members:
+                self._decode_generation(members)
+        for act, draft in plan.verifies():  # each its own decode call (see _decode_verify)
+            if act in self.active:
+                self._decode_verify(act, list(draft))
+        piece = plan.prompt
+        # a request whose memory was lost with another's (adapters overflowed) ended
+        if piece is not None and piece.request in self.active:
+            self._decode_prompt_piece(piece)
+
+    def _plan(self) -> StepPlan[_Active]:
+        """What this step decodes: the drafts are proposed here (a proposer may run a
+        draft model), the rest is :func:`plan_step`'s decision."""
         eng = self.engine
-        assert eng is not None
-        drafts: dict[int, list[int]] = {}
-        for act in gen:
-            draft = self._draft(act)
-            if draft:
-                drafts[id(act)] = draft
+        memory = self.memory
+        assert eng is not None and memory is not None
+        gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
+        drafts = {id(act): self._draft(act) for act in gen}
+        n_drafting = sum(1 for d in drafts.values() if d)
+        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
         self.lora_turn += 1
-        plan = plan_step(
+        return plan_step(
             gen,
-            drafting=lambda a: id(a) in drafts,
+            drafts=lambda a: drafts[id(a)],
             limit=row_limit(
-                len(gen) - len(drafts),
+                len(gen) - n_drafting,
                 deterministic=self.config.deterministic,
                 kv_unified=eng.kv_unified,
                 exact_rows=eng.exact_rows,
             ),
             lora_of=_lora_of,
             turn=self.lora_turn,
+            reading=[] if reading is None else [(reading, self._prompt_read(reading))],
+            rules=self.piece_rules,
         )
-        for group in plan.decode_groups:
-            members = [a for a in group if a in self.active]
-            if members:
-                self._decode_generation(members)
-        for act in plan.verify:  # a verify step is its own decode call (see _decode_verify)
-            if act in self.active:
-                self._decode_verify(act, drafts[id(act)])
-        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
-        if reading is not None:
-            self._decode_prompt_piece(reading)
+
+    @property
+    def piece_rules(self) -> PieceRules:
+        """How this context cuts prompts into decode calls."""
+        eng = self.engine
+        memory = self.memory
+        assert eng is not None and memory is not None
+        return PieceRules(
+            deterministic=self.config.deterministic,
+            n_batch=eng.n_batch,
+            n_ubatch=eng.n_ubatch,
+            align=memory.align,
+            window_checkpoints=memory.window_checkpoints,
+        )
+
+    def _prompt_read(self, act: _Active) -> PromptRead:
+        items = act.slot.checkpoints.items
+        return PromptRead(
+            n_past=act.slot.n_past,
+            n_prompt=len(act.tokens),
+            media={p: m.n_pos for p, m in act.media.items()},
+            targets=tuple(act.targets),
+            marks=tuple(act.marks),
+            lora_start=act.lora_start,
+            last_checkpoint=items[-1].n_tokens if items else None,
+        )
 
     def _decode_generation(self, gen: list[_Active]) -> None:
         eng = self.engine
@@ -645,61 +655,34 @@ class _WorkerState:
             return []
         return [int(t) for t in draft[:n]]
 
-    def _rollback_mode(self, act: _Active, n_rows: int) -> bool:
-        """True if rejected positions of a verify step need a state restore (not seq_rm).
-
-        Recurrent/hybrid memory cannot be trimmed. A sliding-window cache can, as
-        llama.cpp's server trims it: a step that fits one ubatch only reuses cells
-        masked for its first position (``find_slot`` tests the mask against the
-        sequence's end before the step), which no position after it attends to. In
-        deterministic mode the kept rows are decoded again from a restored state
-        instead, so that every cell sits where a fresh run puts it (the order of
-        the attention sums), unless the whole sequence fits in half a window.
-        """
-        eng = self.engine
-        assert eng is not None
-        kind = eng.memory_kind
-        if kind is MemoryKind.PARTIAL:
-            return False
-        if kind is MemoryKind.SWA:
-            if not self.config.deterministic and n_rows <= eng.n_ubatch:
-                return False
-            return act.slot.n_past + n_rows >= eng.n_swa // 2
-        return True
-
     def _decode_verify(self, act: _Active, draft: list[int]) -> None:
         """Decode [pending, *draft] of one request in one call and keep what its sampler
-        agrees with (llama.cpp's ``common_sampler_sample_and_accept_n``)."""
+        agrees with (llama.cpp's ``common_sampler_sample_and_accept_n``); the slot's
+        memory saves and rolls back what the verify needs."""
         eng = self.engine
-        assert eng is not None and act.pending is not None
+        memory = self.memory
+        assert eng is not None and memory is not None and act.pending is not None
         slot = act.slot
-        batch = [act.pending, *draft]
-        n_past = slot.n_past
-        saved = (
-            eng.state_get(slot.seq_id, PARTIAL_ONLY)
-            if self._rollback_mode(act, len(batch))
-            else None
-        )
+        step = memory.begin_verify(slot, [act.pending, *draft])
+        n = len(step.rows)
         try:
             eng.set_lora(_lora_of(act))  # LoRA hook
             eng.decode_batch(
-                batch,
-                range(n_past, n_past + len(batch)),
-                [slot.seq_id] * len(batch),
-                [True] * len(batch),
+                step.rows, range(step.n_past, step.n_past + n), [slot.seq_id] * n, [True] * n
             )
         except (RequestCancelledError, DecodeError) as exc:
-            if saved is not None:
-                eng.state_set(saved, slot.seq_id, PARTIAL_ONLY)
+            memory.abort_verify(step)
             self._after_failed_decode([act], exc)
             return
         act.pending = None
-        self._guarded(act, self._accept_draft, act, batch, saved)
+        self._guarded(act, self._accept_draft, act, step)
 
-    def _accept_draft(self, act: _Active, batch: list[int], saved: bytes | None) -> None:
+    def _accept_draft(self, act: _Active, step: Verify) -> None:
         """Sample the verify rows in order until the sampler disagrees with the draft."""
         eng = self.engine
-        assert eng is not None and act.spec is not None
+        memory = self.memory
+        assert eng is not None and memory is not None and act.spec is not None
+        batch = step.rows
         n_draft = len(batch) - 1
         used = 0  # rows whose input token stays in the sequence
         accepted = 0
@@ -720,71 +703,41 @@ class _WorkerState:
                     break
         finally:
             act.spec.controller.update(n_draft, accepted)
-            self._keep_rows(act, batch, used, saved)
+            memory.keep(step, used, partial(self._decode_kept, act))
 
-    def _keep_rows(self, act: _Active, batch: list[int], used: int, saved: bytes | None) -> None:
-        """Leave the first ``used`` rows of a verify step in the sequence, drop the rest."""
+    def _decode_kept(self, act: _Active, rows: Sequence[Any], start: int) -> None:
+        """Decode a verify step's kept rows again (``SlotMemory.keep`` restored the state
+        from before it: memory that cannot be trimmed)."""
+        eng = self.engine
+        assert eng is not None
+        eng.set_lora(_lora_of(act))  # LoRA hook
+        n = len(rows)
+        eng.decode_batch(rows, range(start, start + n), [act.slot.seq_id] * n, [False] * n)
+
+    def _decode_prompt_piece(self, piece: PromptPiece[_Active]) -> None:
+        """Read the planned piece: its images, then its tokens in one decode call."""
         eng = self.engine
         memory = self.memory
         assert eng is not None and memory is not None
-        slot = act.slot
-        seq = slot.seq_id
-        n_past = slot.n_past
-        if used == len(batch):
-            memory.record(slot, batch, exact=False)
-            return
-        if saved is None:
-            if eng.seq_rm(seq, n_past + used, -1):
-                memory.record(slot, batch[:used], exact=False)
-                return
-        elif eng.state_set(saved, seq, PARTIAL_ONLY) and eng.seq_rm(seq, n_past, -1):
-            try:  # back to before the step: decode the kept rows again
-                eng.set_lora(_lora_of(act))  # LoRA hook
-                eng.decode_batch(
-                    batch[:used], range(n_past, n_past + used), [seq] * used, [False] * used
-                )
-            except (RequestCancelledError, DecodeError):
-                memory.sync(slot)
-                raise
-            memory.record(slot, batch[:used], exact=False)
-            return
-        memory.reset(slot)  # the memory is unknown now: nothing of it may be reused
-        raise DecodeError("rolling back the rejected draft tokens failed")
-
-    def _decode_prompt_piece(self, act: _Active) -> None:
-        eng = self.engine
-        memory = self.memory
-        assert eng is not None and memory is not None
-        media = act.prepared.media
+        act = piece.request
+        media = act.media
         slot = act.slot
         try:
-            while act.prefilling and slot.n_past in media:
-                self._eval_media(act, media[slot.n_past])
+            for pos in piece.media:
+                self._eval_media(act, media[pos])
         except Exception as exc:  # a decode error or a bad image: this request's error
             self._finish_error(act, exc)
             return
-        start = slot.n_past
+        start, end = piece.start, piece.end  # the images read, the slot ends at start
         n_prompt = len(act.tokens)
-        window = memory.window_checkpoints and not media
-        if window:
-            self._checkpoint_at_start(act)
-        lora_start = act.prepared.lora_start  # an aLoRA piece never spans its activation
-        stops = [*act.targets, *media, *([lora_start] if lora_start > start else [])]
-        if self.config.deterministic:
-            end = piece_end(
-                start,
-                n_prompt,
-                min(eng.n_batch, eng.n_ubatch),
-                memory.align,
-                stops=stops,
-                marks=act.marks,
-            )
-        else:
-            end = fast_piece_end(start, n_prompt, eng.n_batch, stops=stops)
+        if piece.targets_taken:
+            del act.targets[: piece.targets_taken]
+            if piece.checkpoint_at_start:
+                memory.save_checkpoint(slot, act.keep)
         chunk = act.tokens[start:end]
         job = act.job
         try:
-            lora = _lora_of(act) if start >= lora_start else ()
+            lora = _lora_of(act) if piece.adapters else ()
             eng.set_lora(lora)  # LoRA hook
             eng.decode_batch(
                 chunk,
@@ -806,25 +759,9 @@ class _WorkerState:
         memory.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
         self._guarded(act, self._sample, act, len(chunk) - 1)
-        if window and slot.n_past == n_prompt:
+        if piece.window and slot.n_past == n_prompt:
             # the prompt's end, after its first token went out: a regenerate of this
             # prompt resumes one entry back from it
-            memory.save_checkpoint(slot, act.keep)
-
-    def _checkpoint_at_start(self, act: _Active) -> None:
-        """Checkpoints wanted just after where this piece starts are taken now, before
-        it is decoded (see slot_memory.WINDOW_SLACK): no decode call of their own; none
-        when the newest one (the previous prompt's end, say) is close enough already."""
-        memory = self.memory
-        assert memory is not None
-        slot = act.slot
-        start = slot.n_past
-        near = [t for t in act.targets if t <= start + WINDOW_SLACK]
-        if not near:
-            return
-        del act.targets[: len(near)]
-        items = slot.checkpoints.items
-        if not items or items[-1].n_tokens < near[-1] - WINDOW_SLACK:
             memory.save_checkpoint(slot, act.keep)
 
     def _eval_media(self, act: _Active, media: Any) -> None:
@@ -839,7 +776,7 @@ class _WorkerState:
         if start + media.n_pos >= len(act.tokens):
             raise ImageInputError("a prompt cannot end with an image: add text after it")
         try:
-            eng.set_lora(_lora_of(act) if start >= act.prepared.lora_start else ())  # LoRA hook
+            eng.set_lora(_lora_of(act) if start >= act.lora_start else ())  # LoRA hook
             eng.eval_media(media, start, slot.seq_id)
         except DecodeError:
             memory.sync(slot)
@@ -934,23 +871,21 @@ class _WorkerState:
         return False
 
     def _emit(self, act: _Active, text: str) -> bool:
-        """Stream ``text`` through stop strings and the output parser; True if a stop matched."""
+        """Stream ``text`` through stop strings; True if a stop matched."""
         if not text:
             return False
         out, stopped = act.stopper.feed(text)
         if out:
-            self._put_deltas(act, act.parser.feed(out))
+            self._put_text(act, out)
         return stopped
 
-    def _put_deltas(self, act: _Active, deltas: Iterable[StreamDelta]) -> None:
-        """Stream parsed pieces; the first carries the logprobs of the tokens sampled
-        since the last piece sent (as OpenAI streams them: each chunk its own)."""
-        for d in deltas:
-            act.streamed = True
-            if act.logprobs is not None and act.logprobs_sent < len(act.logprobs):
-                d = replace(d, logprobs=act.logprobs[act.logprobs_sent :])
-                act.logprobs_sent = len(act.logprobs)
-            act.job.channel.put(("delta", d))
+    def _put_text(self, act: _Active, text: str) -> None:
+        """Send text with the logprobs of the tokens sampled since the last item sent."""
+        logprobs = None
+        if act.logprobs is not None:
+            logprobs = act.logprobs[act.logprobs_sent :]
+            act.logprobs_sent = len(act.logprobs)
+        act.job.channel.put(TextDelta(text, logprobs))
 
     def _finish(self, act: _Active, reason: str, *, stopped: bool = False) -> None:
         put = act.job.channel.put
@@ -960,20 +895,13 @@ class _WorkerState:
             else:
                 rest = act.stopper.flush()
                 if rest:
-                    self._put_deltas(act, act.parser.feed(rest))
-        self._put_deltas(act, act.parser.finish())
+                    self._put_text(act, rest)
         now = time.perf_counter()
         t_prefill = act.t_prefill or now
         n_prompt = len(act.tokens)
         n_decoded = n_prompt - act.n_keep
         prompt_ms = (t_prefill - act.t_start) * 1000
         gen_ms = (now - t_prefill) * 1000
-        usage = {
-            "input_tokens": n_prompt,
-            "output_tokens": act.n_gen,
-            "total_tokens": n_prompt + act.n_gen,
-            "input_token_details": {"cache_read": act.n_keep},
-        }
         timings = {
             "prompt_n": float(n_decoded),
             "prompt_ms": prompt_ms,
@@ -988,24 +916,19 @@ class _WorkerState:
             spec = {"type": sp.kind, "drafted": sp.drafted, "accepted": sp.accepted}
             timings["draft_n"] = float(sp.drafted)
             timings["draft_n_accepted"] = float(sp.accepted)
-        assert self.info is not None
-        parsed = getattr(act.parser, "result", None)
         self._release(act)
         self._reserve_save(act)
         put(
-            (
-                "done",
-                Done(
-                    reason,
-                    usage,
-                    timings,
-                    self.info.model_name,
-                    # the tokens no streamed piece carried (an end-of-generation token)
-                    None if act.logprobs is None else act.logprobs[act.logprobs_sent :],
-                    parsed,
-                    spec,
-                    None if act.job.lora is None else dict(act.job.lora),
-                ),
+            Finished(
+                reason,
+                n_prompt=n_prompt,
+                n_cached=act.n_keep,
+                n_generated=act.n_gen,
+                timings=timings,
+                # the tokens no text item carried (an end-of-generation token)
+                logprobs=None if act.logprobs is None else act.logprobs[act.logprobs_sent :],
+                speculative=spec,
+                lora=None if act.job.lora is None else dict(act.job.lora),
             )
         )
 
@@ -1041,7 +964,7 @@ class _WorkerState:
 
     def _finish_error(self, act: _Active, exc: BaseException) -> None:
         self._release(act)
-        act.job.channel.put(("error", exc))
+        act.job.channel.put(Failed(exc))
 
     def _release(self, act: _Active) -> None:
         if act in self.active:
@@ -1066,9 +989,10 @@ def _logprob_entry(eng: Engine, idx: int, tok: int, top: int) -> dict[str, Any]:
 
 __all__ = [
     "CacheOptions",
-    "ChatJob",
-    "Done",
+    "EngineRequest",
+    "Failed",
+    "Finished",
     "ModelInfo",
     "ModelWorker",
-    "StreamDelta",
+    "TextDelta",
 ]

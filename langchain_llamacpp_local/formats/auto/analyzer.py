@@ -299,7 +299,6 @@ def _asst(
     return m
 
 
-_CALL_ZERO = _call(FUN_FIRST, {})
 _CALL_ONE = _call(FUN_FIRST, {ARG_FIRST: "XXXX"})
 _CALL_ONE_OTHER_VAL = _call(FUN_FIRST, {ARG_FIRST: "YYYY"})
 _CALL_OTHER_ARG = _call(FUN_FIRST, {ARG_SECOND: "YYYY"})

@@ -24,6 +24,7 @@ from langchain_llamacpp_local.cache.host_ram import CachedPrompt
 from langchain_llamacpp_local.llama.engine import Engine
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.channel import Channel
+from langchain_llamacpp_local.runtime.requests import Finished
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_identical
 from tests.gguf_models import write_scripted_llama
@@ -172,7 +173,7 @@ def test_the_reply_is_sent_before_its_state_is_saved(
     put, state_get, encode = Channel.put, Engine.state_get, disk_cache._encode
 
     def spy_put(self: Channel, item: Any) -> None:
-        if isinstance(item, tuple) and item[0] == "done":
+        if isinstance(item, Finished):
             events.append(("done", sorted(cache.glob("*.llkv"))))
         put(self, item)
 

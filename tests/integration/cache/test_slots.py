@@ -185,7 +185,7 @@ def test_a_waiting_request_is_prepared_once(
     """A request queued behind another is rendered/tokenized only once."""
     llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **_GREEDY)
     llm.load()
-    caplog.set_level(logging.DEBUG, logger="langchain_llamacpp_local.runtime.worker")
+    caplog.set_level(logging.DEBUG, logger="langchain_llamacpp_local.chat.frontend")
     threads = [
         threading.Thread(target=llm.invoke, args=(f"queued {i}",), kwargs={"max_tokens": 60})
         for i in range(3)

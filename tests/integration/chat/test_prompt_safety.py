@@ -10,6 +10,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError
+from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.prompts import ChatFormat, prepare
 from langchain_llamacpp_local.chat.special_tokens import (
     _partition,
@@ -17,10 +18,11 @@ from langchain_llamacpp_local.chat.special_tokens import (
     tokenize_protected,
     vocab_info,
 )
-from langchain_llamacpp_local.llama.engine import Engine, LoadConfig
+from langchain_llamacpp_local.errors import ChatTemplateError
+from langchain_llamacpp_local.llama.engine import Engine
+from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-from langchain_llamacpp_local.runtime.worker import ChatJob
-from langchain_llamacpp_local.templates.chat_template import ChatTemplateError, convert_messages
+from langchain_llamacpp_local.templates.messages import convert_messages
 from tests.gguf_models import EOS_ID, byte_token
 
 

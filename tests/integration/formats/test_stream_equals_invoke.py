@@ -16,7 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.chat_models import _aggregate
+from langchain_llamacpp_local.chat.messages import aggregate as _aggregate
 from langchain_llamacpp_local.formats import detect_format
 from langchain_llamacpp_local.formats.registry import FAMILIES
 from tests.llama_cpp_cases import TEMPLATES, case_id, load_cases

@@ -16,7 +16,9 @@ import pytest
 from langchain_llamacpp_local.errors import IncompatibleDraftModelError, ModelLoadError
 from langchain_llamacpp_local.llama import model_handle
 from langchain_llamacpp_local.llama.draft import DraftModel, draft_config
-from langchain_llamacpp_local.llama.engine import Engine, LoadConfig, MemoryKind
+from langchain_llamacpp_local.llama.engine import Engine
+from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.llama.probes import MemoryKind
 from langchain_llamacpp_local.runtime.speculative import Proposer
 from tests.gguf_models import (
     BOS_ID,

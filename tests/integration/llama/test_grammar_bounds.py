@@ -14,7 +14,7 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 import pytest
 
-from langchain_llamacpp_local.llama.sampling import json_schema_to_grammar
+from langchain_llamacpp_local.llama.json_grammar import json_schema_to_grammar
 from tests.gguf_models import write_tiny_llama
 
 

@@ -13,12 +13,8 @@ import llama_cpp.llama_cpp as C
 import pytest
 
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
-from langchain_llamacpp_local.llama.sampling import (
-    JSON_OBJECT_GRAMMAR,
-    Sampler,
-    SamplingParams,
-    json_schema_to_grammar,
-)
+from langchain_llamacpp_local.llama.json_grammar import JSON_OBJECT_GRAMMAR, json_schema_to_grammar
+from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
 from tests.sampling_support import PARAMS as _PARAMS
 from tests.sampling_support import TOOLS, Person, TinyModel
 from tests.sampling_support import validate as _validate

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.llama import engine, ggml_cpu
-from langchain_llamacpp_local.llama.engine import LoadConfig
+from langchain_llamacpp_local.llama import ggml_cpu, loading
+from langchain_llamacpp_local.llama.loading import LoadConfig
 
 pytestmark = pytest.mark.gemma
 
@@ -23,9 +23,9 @@ AMX_MACHINE = ("AMX", "CPU_REPACK")  # what ggml registers on an Intel CPU with 
 
 
 def _buffers(config: LoadConfig, extra: tuple[str, ...] | None) -> dict[str, float]:
-    ref = engine.load_model(config, extra_bufts=extra)
+    ref = loading.load_model(config, extra_bufts=extra)
     try:
-        return engine.weight_buffers(ref.model)
+        return loading.weight_buffers(ref.model)
     finally:
         ref.release()
 
@@ -51,7 +51,7 @@ def test_the_amx_avoiding_placement_keeps_every_repacked_weight(
     if "CPU_REPACK" not in ggml_cpu.extra_buffer_types():
         pytest.skip("this llama.cpp build has no CPU_REPACK buffer type")
     config = LoadConfig(model_path=gemma)
-    plan = engine.plan_weights(config, AMX_MACHINE)
+    plan = loading.plan_weights(config, AMX_MACHINE)
     assert not plan.use_extra_bufts and plan.overrides
     with caplog.at_level(logging.DEBUG, logger="langchain_llamacpp_local.llama_cpp"):
         avoided = _buffers(config, AMX_MACHINE)
@@ -77,7 +77,7 @@ def test_the_placement_gives_the_same_logits(gemma: str) -> None:
     tokens = list(range(2, 40))
 
     def logits(extra: tuple[str, ...] | None) -> np.ndarray:
-        ref = engine.load_model(LoadConfig(model_path=gemma, n_ctx=128), extra_bufts=extra)
+        ref = loading.load_model(LoadConfig(model_path=gemma, n_ctx=128), extra_bufts=extra)
         try:
             cparams = C.llama_context_default_params()
             cparams.n_ctx, cparams.n_batch, cparams.n_threads = 128, 64, 1

@@ -482,7 +482,7 @@ def test_a_crafted_key_length_is_a_load_error_naming_the_file(tmp_path: Path, le
 def test_unclear_inputs_get_errors_naming_the_problem(tmp_path: Path) -> None:
     from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
     from langchain_llamacpp_local.errors import ContextOverflowError
-    from langchain_llamacpp_local.runtime.model_resolution import ModelNotFoundError
+    from langchain_llamacpp_local.resolution.model_resolution import ModelNotFoundError
     from tests.gguf_models import write_tiny_bert
 
     # a model name too long for the file system: a not-found report, not an OSError

@@ -18,7 +18,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError, WorkerDeadError
-from langchain_llamacpp_local.runtime.jobs import ChatJob
+from langchain_llamacpp_local.runtime.requests import EngineRequest
 from tests.helpers import break_worker
 
 
@@ -116,7 +116,7 @@ def test_a_dead_worker_is_a_retryable_api_error_and_a_retry_gets_a_new_one(
     assert not worker.alive and llm._worker is not worker and llm._worker.alive  # type: ignore[union-attr]
     # a job on the dead worker itself fails fast with the same error
     with pytest.raises(lc.ModelAPIError):
-        worker.submit(ChatJob(messages=[], sampling=llm._sampling()))
+        worker.submit(EngineRequest(tokens=[], sampling=llm._sampling(), max_new=1))
 
 
 # --------------------------------------------------------------------------- retry middleware
@@ -180,22 +180,15 @@ def test_summarization_recovers_from_an_overflowing_summary(smollm2: str) -> Non
 
 
 def test_a_timeout_during_templating_is_a_timeout(tiny_llama: str) -> None:
-    """The template budget stops at the request's deadline; the worker then reports the
-    timeout (retryable), not a template error (which would not be retried)."""
+    """The template budget stops at the request's deadline; the front end then reports
+    the timeout (retryable), not a template error (which would not be retried)."""
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=256, max_tokens=4).load()
-    worker = llm._worker
-    assert worker is not None
     slow = "{% for i in range(90000) %}{% for j in range(90000) %}{% endfor %}{% endfor %}"
-    job = ChatJob(
-        messages=[{"role": "user", "content": "hi"}],
-        sampling=llm._sampling(),
-        chat_template=slow,
-        deadline=time.monotonic() + 0.3,
-    )
-    worker.submit(job)
-    kind, value = job.channel.get(timeout=30)
-    assert kind == "error"
-    assert isinstance(value, lc.ModelTimeoutError) and isinstance(value, TimeoutError), value
+    started = time.monotonic()
+    with pytest.raises(lc.ModelTimeoutError) as info:
+        llm.invoke("hi", chat_template=slow, timeout=0.3)
+    assert isinstance(info.value, TimeoutError)
+    assert time.monotonic() - started < 30
     assert llm.invoke("still serving").response_metadata["finish_reason"] in ("stop", "length")
 
 

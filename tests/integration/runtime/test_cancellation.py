@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp, RequestCancelledError, WorkerDeadError
-from langchain_llamacpp_local.runtime.worker import ChatJob
+from langchain_llamacpp_local.chat.frontend import frontend_for
+from langchain_llamacpp_local.chat.jobs import ChatJob
+from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_same_greedy, greedy_mismatch
 from tests.helpers import break_worker, close_while_running, worker_threads
@@ -157,7 +159,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class _Poison(ChatJob):
+class _Poison(EngineRequest):
     """A request whose own bookkeeping raises inside the worker loop."""
 
     def cancelled(self) -> bool:
@@ -171,10 +173,10 @@ def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
     llm.load()
     worker = llm._worker
     assert worker is not None
-    poison = _Poison(messages=[{"role": "user", "content": "x"}], sampling=SamplingParams())
+    poison = _Poison(tokens=[1, 2, 3], sampling=SamplingParams(), max_new=4)
     worker.submit(poison)
-    kind, value = poison.channel.get(timeout=10)
-    assert kind == "error" and "simulated broken request" in repr(value)
+    item = poison.channel.get(timeout=10)
+    assert isinstance(item, Failed) and "simulated broken request" in repr(item.error)
     assert worker.alive
     assert llm.invoke("still serving").content is not None
     assert llm._worker is worker
@@ -186,12 +188,13 @@ def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
     worker = break_worker(llm)
     job = ChatJob(messages=[{"role": "user", "content": "x"}], sampling=SamplingParams())
-    worker.submit(job)
-    kind, value = job.channel.get(timeout=10)
-    assert kind == "error" and isinstance(value, WorkerDeadError)
+    request, _ = frontend_for(worker).prepare(job)
+    worker.submit(request)
+    item = request.channel.get(timeout=10)
+    assert isinstance(item, Failed) and isinstance(item.error, WorkerDeadError)
     assert not worker.alive
     with pytest.raises(WorkerDeadError):
-        worker.submit(ChatJob(messages=[], sampling=SamplingParams()))
+        worker.submit(EngineRequest(tokens=[], sampling=SamplingParams(), max_new=1))
     assert llm.invoke("reloaded").content is not None  # a new worker was started
     assert llm._worker is not worker
 

@@ -24,7 +24,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.errors import ModelLoadError, NonFiniteOutputError
-from langchain_llamacpp_local.llama import engine
+from langchain_llamacpp_local.llama import lora_registry
 from tests.compare import GREEDY, assert_identical, assert_same_greedy, ids
 from tests.gguf_models import byte_token, write_tiny_llama, write_tiny_lora
 
@@ -155,8 +155,7 @@ def test_adapters_are_loaded_once_per_model(files: dict[str, str]) -> None:
     one = _llm(files).load()
     two = _llm(files, n_ctx=512).load()  # another context (worker) on the same model
     assert one._worker is not two._worker
-    with engine._adapters_lock:
-        loaded = [p for per_model in engine._adapters.values() for p in per_model]
+    loaded = lora_registry.loaded_adapter_paths()
     assert sorted(loaded) == sorted([files["a"], files["b"]])
 
 

@@ -18,8 +18,8 @@ import pytest
 from langchain_core.runnables import ConfigurableField
 
 from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.resolution.model_resolution import ModelNotFoundError
 from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.model_resolution import ModelNotFoundError
 from langchain_llamacpp_local.runtime.registry import live_workers, load_count, loaded_models
 from langchain_llamacpp_local.runtime.worker import CacheOptions
 from tests.gguf_models import write_tiny_llama, write_tiny_mmproj

@@ -325,12 +325,20 @@ def test_speculation_after_an_image_looks_only_at_the_text_after_it(
 
 
 def test_worker_refuses_a_proposer_it_does_not_have_and_keeps_serving(cycle_model: str) -> None:
-    from langchain_llamacpp_local.llama.engine import LoadConfig
+    from langchain_llamacpp_local.chat.frontend import frontend_for
+    from langchain_llamacpp_local.chat.jobs import ChatJob
+    from langchain_llamacpp_local.llama.loading import LoadConfig
     from langchain_llamacpp_local.llama.sampling import SamplingParams
-    from langchain_llamacpp_local.runtime.worker import CacheOptions, ChatJob, ModelWorker
+    from langchain_llamacpp_local.runtime.worker import (
+        CacheOptions,
+        Failed,
+        Finished,
+        ModelWorker,
+    )
 
     worker = ModelWorker(LoadConfig(model_path=cycle_model, n_ctx=256), CacheOptions())
     try:
+        frontend = frontend_for(worker)
 
         def job(**kw: Any) -> ChatJob:
             return ChatJob(
@@ -341,13 +349,13 @@ def test_worker_refuses_a_proposer_it_does_not_have_and_keeps_serving(cycle_mode
                 **kw,
             )
 
-        kind, err = worker.submit(job(speculative="draft")).get()
-        assert kind == "error" and "draft_model_path" in str(err)
+        refused = worker.submit(frontend.prepare(job(speculative="draft"))[0]).get()
+        assert isinstance(refused, Failed) and "draft_model_path" in str(refused.error)
         items = []
-        ch = worker.submit(job(speculative="ngram"))
-        while not items or items[-1][0] not in ("done", "error"):
+        ch = worker.submit(frontend.prepare(job(speculative="ngram"))[0])
+        while not items or not items[-1].final:
             items.append(ch.get())
-        assert items[-1][0] == "done"
-        assert items[-1][1].speculative["type"] == "ngram"
+        assert isinstance(items[-1], Finished)
+        assert items[-1].speculative["type"] == "ngram"
     finally:
         worker.stop()

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from langchain_llamacpp_local.chat.logprobs import log_normalizer, logprob_entry, top_indices
+from langchain_llamacpp_local.runtime.logprobs import log_normalizer, logprob_entry, top_indices
 
 
 def test_normalizer_matches_float64_reference_and_survives_large_logits() -> None:

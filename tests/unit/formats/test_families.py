@@ -18,7 +18,7 @@ from langchain_llamacpp_local.formats import FORMATS, StreamParser, detect_forma
 from langchain_llamacpp_local.formats.auto import analyze_template
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
 from langchain_llamacpp_local.formats.registry import FAMILIES, JsonCalls, Markup
-from langchain_llamacpp_local.llama.sampling import check_grammar
+from langchain_llamacpp_local.llama.json_grammar import check_grammar
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 EXPECTED = json.loads((DATA / "llama_cpp_template_formats.json").read_text(encoding="utf-8"))[

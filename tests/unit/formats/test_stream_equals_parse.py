@@ -24,13 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessageChunk
 
-from langchain_llamacpp_local.chat_models import _delta_message
+from langchain_llamacpp_local.chat.messages import delta_message as _delta_message
 from langchain_llamacpp_local.formats import (
     FORMATS,
     ParsedOutput,
     StreamParser,
     detect_format,
     parse,
+    parsers,
 )
 from langchain_llamacpp_local.formats.base import _read_as_arguments
 from langchain_llamacpp_local.formats.parsers import _markers
@@ -468,3 +469,48 @@ def test_property_tests_are_derandomised_in_ci() -> None:
             [sys.executable, "-c", code], cwd=root, env=run_env, capture_output=True, text=True
         )
         assert out.stdout.strip() == expect, out.stderr
+
+
+# --------------------------------------------------------------------------- work per delta
+
+
+def _chars_read(fmt: str, n_tokens: int, monkeypatch: pytest.MonkeyPatch) -> float:
+    """Characters the stream's scanners read per generated character, over a generation
+    of reasoning, content and one call with a long argument (finish not counted)."""
+    from benchmarks.bench_parsers import make_stream
+
+    pieces, opts, arg = make_stream(fmt, n_tokens)
+    read = [0]
+    for name in ("_scan", "_scan_rest", "_scan_think"):
+        real = getattr(parsers, name, None)
+        if real is None:
+            continue
+
+        def counting(text: str, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            read[0] += len(text)
+            return _real(text, *args, **kwargs)
+
+        monkeypatch.setattr(parsers, name, counting)
+    sp = StreamParser(fmt, **opts)
+    for piece in pieces:
+        sp.feed(piece)
+    fed = read[0]
+    monkeypatch.undo()
+    sp.finish()
+    if fmt != "content":
+        assert [(c["name"], c["args"]) for c in sp.result.tool_calls] == [
+            ("get_weather", {"city": arg})
+        ]
+    return fed / sum(len(p) for p in pieces)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_delta_reads_a_bounded_amount_of_text(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted, not timed: a stream four times as long reads no more text per generated
+    character (the stream never reads again what it has settled; an open call is read
+    again only where it may end)."""
+    short = _chars_read(fmt, 1500, monkeypatch)
+    long = _chars_read(fmt, 6000, monkeypatch)
+    assert long <= 1.2 * short + 1, (fmt, short, long)

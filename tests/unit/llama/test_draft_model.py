@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from langchain_llamacpp_local.llama.draft import draft_config, top_probability
-from langchain_llamacpp_local.llama.engine import LoadConfig
+from langchain_llamacpp_local.llama.loading import LoadConfig
 
 
 def test_top_probability_is_normalised_over_the_top_ten() -> None:

@@ -1,5 +1,6 @@
-"""Tests for sampling.py without a model: parameter validation, stop strings, UTF-8
-streaming and grammar building (generation under grammars: tests/integration/llama)."""
+"""Tests for sampling.py, text_stream.py and json_grammar.py without a model: parameter
+validation, stop strings, UTF-8 streaming and grammar building (generation under grammars:
+tests/integration/llama/test_sampling.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from langchain_llamacpp_local.errors import InvalidSamplingParams
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
-from langchain_llamacpp_local.llama.sampling import (
-    InvalidSamplingParams,
-    SamplingParams,
-    StopMatcher,
-    Utf8Decoder,
-    json_schema_to_grammar,
-)
+from langchain_llamacpp_local.llama.json_grammar import json_schema_to_grammar
+from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
 from tests.sampling_support import TOOLS, Person
 
 # ----------------------------------------------------------------------------- params

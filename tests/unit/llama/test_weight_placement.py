@@ -13,7 +13,7 @@ import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
 from langchain_llamacpp_local.llama.draft import draft_config
-from langchain_llamacpp_local.llama.engine import LoadConfig
+from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.settings import check_load_settings
 from langchain_llamacpp_local.llama.weights import (
     AMX,

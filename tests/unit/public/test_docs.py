@@ -78,3 +78,84 @@ def test_multimodal_doc_lists_only_message_forms() -> None:
     accepted = text[text.index("Accepted") :].split("\n- ", 1)[0]
     assert not re.search(r"raw bytes|bytes and PIL images", accepted), accepted
     assert "base64-encode" in accepted  # and says how to send them
+
+
+REPO = DOCS.parent
+PKG_DIR = REPO / "langchain_llamacpp_local"
+#: Files named in the docs that belong to other projects (llama.cpp's scripts).
+_FOREIGN_FILES = {"convert_lora_to_gguf.py"}
+
+
+def _texts() -> list[tuple[str, str]]:
+    paths = [*DOCS.glob("*.md"), REPO / "README.md", *PKG_DIR.rglob("*.py")]
+    return [(str(p.relative_to(REPO)), p.read_text()) for p in sorted(paths)]
+
+
+def test_every_file_the_docs_and_docstrings_name_exists() -> None:
+    """``weights.py``, ``llama/draft.py``: a module renamed or split leaves no stale name."""
+    existing = {p.name for p in REPO.rglob("*.py") if ".venv" not in p.parts}
+    stale = sorted(
+        f"{where}: {m.group(0)}"
+        for where, text in _texts()
+        for m in re.finditer(r"\b(\w+\.py)\b", text)
+        if m.group(1) not in existing and m.group(1) not in _FOREIGN_FILES
+    )
+    assert stale == []
+
+
+def test_every_module_a_docstring_cross_references_exists() -> None:
+    """``:mod:`.sandbox```, ``:class:`~.host_ram.CachedPrompt```: the module part of a
+    Sphinx cross-reference names a module of the package."""
+    modules = {p.stem for p in PKG_DIR.rglob("*.py")} | {
+        p.name for p in PKG_DIR.rglob("*") if p.is_dir()
+    }
+    stale = []
+    for where, text in _texts():
+        for m in re.finditer(r":mod:`~?\.([\w.]+)`", text):
+            if m.group(1).split(".")[-1] not in modules:
+                stale.append(f"{where}: {m.group(0)}")
+        for m in re.finditer(r":(?:class|func|data|meth):`~?\.(\w+)\.[\w.]+`", text):
+            if m.group(1) not in modules:
+                stale.append(f"{where}: {m.group(0)}")
+    assert stale == []
+
+
+_SIZE = {"GiB": 1024**3, "MiB": 1024**2, "s": 1}
+
+
+def _doc_default(text: str) -> object:
+    """The value a configuration table's default column starts with, or ``...`` when it
+    describes one in words (``trained context``, ``GGUF template``)."""
+    m = re.match(r"(-?[\d.]+)(?: (GiB|MiB|s)\b)?|(None|True|False)\b", text.strip())
+    if m is None:
+        return ...
+    if m.group(3):
+        return {"None": None, "True": True, "False": False}[m.group(3)]
+    number = float(m.group(1)) * _SIZE.get(m.group(2) or "s", 1)
+    return int(number) if number.is_integer() else number
+
+
+def test_the_configuration_table_gives_the_fields_defaults() -> None:
+    """docs/configuration.md is a third place a default is written: it must say what the
+    field (which takes it from the settings dataclasses) says."""
+    from langchain_llamacpp_local import ChatLlamaCpp
+
+    fields = ChatLlamaCpp.model_fields
+    checked, wrong = 0, []
+    for line in (DOCS / "configuration.md").read_text().splitlines():
+        m = re.match(r"\| (`\w+`(?: / `\w+`)*) \| ([^|]+) \|", line)
+        if m is None:
+            continue
+        names = re.findall(r"`(\w+)`", m.group(1))
+        values = m.group(2).split(" / ") if len(names) > 1 else [m.group(2)]
+        if len(values) == 1:  # one default for every field of the row
+            values *= len(names)
+        for name, text in zip(names, values, strict=True):
+            expected = _doc_default(text)
+            if expected is ... or name not in fields or name == "verbose":
+                continue
+            checked += 1
+            if fields[name].default != expected:
+                wrong.append(f"{name}: doc {text.strip()!r}, field {fields[name].default!r}")
+    assert wrong == []
+    assert checked >= 25

@@ -9,10 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
-from langchain_llamacpp_local.embeddings import PREFIXES, check_texts, postprocess
+from langchain_llamacpp_local.embeddings import PREFIXES, postprocess
 from langchain_llamacpp_local.llama import model_handle
 from langchain_llamacpp_local.llama.embedding import pack, pool
-from langchain_llamacpp_local.llama.engine import LoadConfig
+from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.validation import check_texts
 
 
 def test_pack_respects_token_and_sequence_budgets() -> None:

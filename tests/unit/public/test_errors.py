@@ -111,12 +111,9 @@ def test_every_public_error_class_is_exported() -> None:
 def test_old_import_paths_still_work() -> None:
     from langchain_llamacpp_local.agents import InvalidToolCallError
     from langchain_llamacpp_local.chat.images import ImageInputError
-    from langchain_llamacpp_local.llama.sampling import (
-        GrammarTooLargeError,
-        InvalidSamplingParams,
-        SamplingError,
-    )
-    from langchain_llamacpp_local.runtime.model_resolution import ModelNotFoundError
+    from langchain_llamacpp_local.llama.json_grammar import GrammarTooLargeError
+    from langchain_llamacpp_local.llama.sampling import InvalidSamplingParams, SamplingError
+    from langchain_llamacpp_local.resolution.model_resolution import ModelNotFoundError
     from langchain_llamacpp_local.templates.chat_template import ChatTemplateError
 
     assert InvalidToolCallError is errors.InvalidToolCallError

@@ -1,8 +1,11 @@
 """The package's layers, read from its source (docs/architecture.md).
 
-Each subpackage may import only the layers below it; ``llama/`` is the only code that
-imports ``llama_cpp``; no two modules import each other, not even through an import
-inside a function; each subpackage imports on its own in a fresh interpreter.
+Each subpackage may import only the layers below it, type-only imports (under
+``if TYPE_CHECKING:``) included; ``llama/`` is the only code that imports ``llama_cpp``;
+no two modules import each other, not even through an import inside a function; each
+subpackage imports on its own in a fresh interpreter. The engine core (``runtime/``)
+sits below the front end (``templates/``, ``formats/``, ``chat/``): the worker decodes
+tokens and knows nothing of chat messages, templates or output formats.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ PKG = "langchain_llamacpp_local"
 ROOT = Path(langchain_llamacpp_local.__file__).parent
 
 # lowest first; a module may import its own layer and the ones before it
-LAYERS = ("errors", "llama", "templates", "formats", "chat", "cache", "runtime", "")
-SUBPACKAGES = ("llama", "templates", "formats", "chat", "cache", "runtime")
+LAYERS = ("errors", "resolution", "llama", "cache", "runtime", "templates", "formats", "chat", "")
+SUBPACKAGES = ("resolution", "llama", "cache", "runtime", "templates", "formats", "chat")
+#: what the engine core's worker may never import (the front end's layers)
+FRONT_END = ("chat", "templates", "formats")
 
 
 def _modules() -> dict[str, Path]:
@@ -45,10 +50,11 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
-def _imports(name: str, path: Path) -> Iterator[tuple[str, int]]:
-    """Every module ``name`` imports at run time (function bodies included)."""
+def _imports(name: str, path: Path, *, type_only: bool = True) -> Iterator[tuple[str, int]]:
+    """Every module ``name`` imports (function bodies included); with ``type_only``
+    False, only those that run (not the ones under ``if TYPE_CHECKING:``)."""
     tree = ast.parse(path.read_text(), str(path))
-    skip = _type_checking_lines(tree)
+    skip = set() if type_only else _type_checking_lines(tree)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     for node in ast.walk(tree):
         if not isinstance(node, ast.Import | ast.ImportFrom) or node.lineno in skip:
@@ -68,11 +74,11 @@ def _imports(name: str, path: Path) -> Iterator[tuple[str, int]]:
                 yield f"{mod}.{alias.name}", node.lineno
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, type_only: bool = True) -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for name, path in mods.items():
-        for target, _ in _imports(name, path):
+        for target, _ in _imports(name, path, type_only=type_only):
             if target in mods and target != name:
                 graph[name].add(target)
     return graph
@@ -103,6 +109,19 @@ def test_layers_import_only_downwards() -> None:
         if _layer(dst) > _layer(src)
     ]
     assert upward == []
+
+
+def test_the_worker_imports_nothing_of_the_front_end() -> None:
+    """The engine core decodes token requests: no template, format or chat module, not
+    even for a type, is imported by the worker."""
+    name = f"{PKG}.runtime.worker"
+    path = _modules()[name]
+    front = [
+        f"{target} (line {line})"
+        for target, line in _imports(name, path)
+        if any(target == f"{PKG}.{sub}" or target.startswith(f"{PKG}.{sub}.") for sub in FRONT_END)
+    ]
+    assert front == []
 
 
 def test_no_import_circles() -> None:

@@ -11,17 +11,15 @@ import pytest
 from pydantic import BaseModel, Field
 
 from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.errors import GrammarTooLargeError, InvalidSamplingParams
 from langchain_llamacpp_local.llama.gguf import check_hparams, read_gguf_metadata
-from langchain_llamacpp_local.llama.sampling import (
+from langchain_llamacpp_local.llama.json_grammar import (
     MAX_GRAMMAR_REPETITION,
     MAX_SCHEMA_NESTING,
-    GrammarTooLargeError,
-    InvalidSamplingParams,
-    SamplingParams,
     check_grammar,
     json_schema_to_grammar,
-    penalty_window,
 )
+from langchain_llamacpp_local.llama.sampling import SamplingParams, penalty_window
 from langchain_llamacpp_local.llama.settings import check_load_settings
 from langchain_llamacpp_local.validation import (
     check_call_options,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp, ModelLoadError
-from langchain_llamacpp_local.runtime.model_resolution import (
+from langchain_llamacpp_local.resolution.model_resolution import (
     ModelNotFoundError,
     is_model_file,
     list_models,
@@ -274,7 +274,7 @@ def test_without_hf_hub_offline_a_cached_model_needs_no_network_and_a_miss_is_fa
     import socket
     import time
 
-    from langchain_llamacpp_local.runtime import model_resolution
+    from langchain_llamacpp_local.resolution import model_resolution
 
     constants = pytest.importorskip("huggingface_hub.constants")
     monkeypatch.delenv("HF_HUB_OFFLINE")

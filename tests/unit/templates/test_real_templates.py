@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
+from langchain_llamacpp_local.errors import ChatTemplateError
+from langchain_llamacpp_local.templates.adaptation import render_chat
 from langchain_llamacpp_local.templates.chat_template import (
     ChatTemplate,
-    ChatTemplateError,
     TemplateConventions,
-    convert_messages,
-    render_chat,
     short_tool_call_id,
 )
+from langchain_llamacpp_local.templates.messages import convert_messages
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "data" / "llama_cpp_templates"
 TEMPLATES = sorted(p.name for p in TEMPLATE_DIR.glob("*.jinja"))

@@ -6,12 +6,10 @@ import time
 
 import pytest
 
-from langchain_llamacpp_local.templates.chat_template import (
-    ChatTemplate,
-    ChatTemplateError,
-    RenderLimits,
-    select_template,
-)
+from langchain_llamacpp_local.errors import ChatTemplateError
+from langchain_llamacpp_local.templates.builtin_templates import select_template
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate
+from langchain_llamacpp_local.templates.sandbox import RenderLimits
 
 MSGS = [{"role": "user", "content": "hi"}]
 

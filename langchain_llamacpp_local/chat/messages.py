@@ -1,0 +1,106 @@
+"""Reply items to LangChain: streamed chunks, the ``invoke`` result and its message.
+
+What ChatOpenAI's chunks carry, shaped the same way: content, reasoning in
+``additional_kwargs``, tool-call chunks, per-piece logprobs, and on the last chunk usage,
+timings and ``response_metadata``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+
+from langchain_llamacpp_local.chat.reply import Done
+from langchain_llamacpp_local.errors import RequestCancelledError
+from langchain_llamacpp_local.formats import StreamDelta
+
+#: generation_info key of the parser's final result (merged chunks carry it to aggregate)
+PARSED_KEY = "_llamacpp_parsed"
+
+
+def chunk_of(kind: str, value: Any, name: str | None = None) -> ChatGenerationChunk:
+    """One reply item of :class:`~.reply.Reply` as a LangChain chunk; the last carries
+    usage, timings and ``response_metadata``, and the parser's final result for
+    :func:`aggregate`."""
+    if kind == "delta":
+        return ChatGenerationChunk(message=delta_message(value))
+    done: Done = value
+    meta: dict[str, Any] = {
+        "model_name": name or done.model_name,
+        "model_provider": "llamacpp",
+        "finish_reason": done.finish_reason,
+        "timings": done.timings,
+    }
+    if done.logprobs is not None:
+        meta["logprobs"] = {"content": done.logprobs}
+    if done.speculative is not None:
+        meta["speculative"] = done.speculative
+    if done.lora is not None:
+        meta["lora"] = done.lora
+    msg = AIMessageChunk(
+        content="",
+        usage_metadata=done.usage,
+        response_metadata=meta,  # type: ignore[arg-type]
+    )
+    info: dict[str, Any] = {"finish_reason": done.finish_reason}
+    if done.parsed is not None:
+        info[PARSED_KEY] = done.parsed
+    return ChatGenerationChunk(message=msg, generation_info=info)
+
+
+def delta_message(d: StreamDelta) -> AIMessageChunk:
+    """One streamed piece; with ``logprobs``, those of its own tokens, shaped as
+    ChatOpenAI's chunks carry them (merging the chunks concatenates the lists)."""
+    meta: dict[str, Any] = {} if d.logprobs is None else {"logprobs": {"content": d.logprobs}}
+    if d.kind == "content":
+        return AIMessageChunk(content=d.text, response_metadata=meta)
+    if d.kind == "reasoning":
+        return AIMessageChunk(
+            content="", additional_kwargs={"reasoning_content": d.text}, response_metadata=meta
+        )
+    return AIMessageChunk(
+        content="",
+        tool_call_chunks=[tool_call_chunk(name=d.name, args=d.args, id=d.id, index=d.index)],
+        response_metadata=meta,
+    )
+
+
+def text_of(d: Any) -> str:
+    return d.text if isinstance(d, StreamDelta) and d.kind == "content" else ""
+
+
+def aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
+    """Merge streamed chunks into the ``invoke`` result.
+
+    Tool calls come from the parser's final result: chunk merging would read a
+    truncated call's arguments as valid partial JSON, where the parser reports
+    it in ``invalid_tool_calls``.
+    """
+    if not chunks:
+        raise RequestCancelledError("no reply from the model")
+    total = chunks[0]
+    for c in chunks[1:]:
+        total += c
+    msg = total.message
+    assert isinstance(msg, AIMessageChunk)
+    info = dict(total.generation_info or {})
+    parsed = info.pop(PARSED_KEY, None)
+    invalid = list(parsed.invalid_tool_calls if parsed is not None else msg.invalid_tool_calls)
+    if invalid and info.get("finish_reason") == "length":
+        # the call still being written when the token limit came: say so
+        last = invalid[-1]
+        error = f"cut off by max_tokens before the call was complete ({last.get('error')})"
+        invalid[-1] = {**last, "error": error}
+    message = AIMessage(
+        content=msg.content,
+        additional_kwargs=msg.additional_kwargs,
+        response_metadata=msg.response_metadata,
+        usage_metadata=msg.usage_metadata,
+        tool_calls=parsed.tool_calls if parsed is not None else msg.tool_calls,
+        invalid_tool_calls=invalid,
+        id=msg.id,
+    )
+    return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])

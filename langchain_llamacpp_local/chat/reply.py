@@ -1,0 +1,148 @@
+"""Reading a reply on the caller's side: parsing, logprobs, usage and the final item.
+
+The worker sends text past its stop strings (:class:`TextDelta`) and one
+:class:`Finished` or :class:`Failed`; this module runs the request's incremental output
+parser over that text, gives each parsed piece the logprobs of the tokens sampled since
+the last piece, and builds usage, timings and the parser's final result (llama.cpp's
+``task_result_state``, vLLM's output processor). The parser's cost never lands on the
+thread that decodes for every slot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from langchain_llamacpp_local.chat.prompts import OutputParser, PreparedPrompt
+from langchain_llamacpp_local.errors import RequestTimeoutError
+from langchain_llamacpp_local.formats import StreamDelta
+from langchain_llamacpp_local.runtime.requests import (
+    EngineRequest,
+    Failed,
+    Finished,
+    TextDelta,
+)
+
+
+@dataclass
+class Done:
+    """The end of a reply as the caller sees it: why generation ended, usage, timings."""
+
+    finish_reason: str
+    usage: dict[str, Any]
+    timings: dict[str, float]
+    model_name: str
+    logprobs: list[dict[str, Any]] | None = None
+    parsed: Any = None  # the parser's final ParsedOutput, when tools or reasoning were parsed
+    speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
+    lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
+
+
+def usage_of(fin: Finished) -> dict[str, Any]:
+    """LangChain's ``usage_metadata`` of a finished reply."""
+    return {
+        "input_tokens": fin.n_prompt,
+        "output_tokens": fin.n_generated,
+        "total_tokens": fin.n_prompt + fin.n_generated,
+        "input_token_details": {"cache_read": fin.n_cached},
+    }
+
+
+class Reply:
+    """The reply to one submitted request, as ``("delta", StreamDelta)`` items and one
+    ``("done", Done)``; an error the worker reports is raised."""
+
+    def __init__(self, request: EngineRequest, prepared: PreparedPrompt, model_name: str) -> None:
+        self.request = request
+        self.model_name = model_name
+        self.parser: OutputParser = prepared.make_parser()
+        #: logprobs of tokens no parsed piece has carried yet (None: not asked for)
+        self._logprobs: list[dict[str, Any]] | None = [] if request.logprobs else None
+
+    def _pieces(self, deltas: list[StreamDelta]) -> list[tuple[str, Any]]:
+        """Parsed pieces; the first carries the logprobs of the tokens sampled since the
+        last piece sent (as OpenAI streams them: each chunk its own)."""
+        out: list[tuple[str, Any]] = []
+        for d in deltas:
+            if self._logprobs:
+                d = replace(d, logprobs=self._logprobs)
+                self._logprobs = []
+            out.append(("delta", d))
+        return out
+
+    def handle(self, item: Any) -> list[tuple[str, Any]]:
+        """What one reply item from the worker gives the caller."""
+        if isinstance(item, TextDelta):
+            if self._logprobs is not None and item.logprobs:
+                self._logprobs.extend(item.logprobs)
+            return self._pieces(self.parser.feed(item.text))
+        if isinstance(item, Finished):
+            if self._logprobs is not None and item.logprobs:
+                self._logprobs.extend(item.logprobs)
+            out = self._pieces(self.parser.finish())
+            done = Done(
+                item.finish_reason,
+                usage_of(item),
+                item.timings,
+                self.model_name,
+                # the tokens no streamed piece carried (an end-of-generation token)
+                self._logprobs,
+                getattr(self.parser, "result", None),
+                item.speculative,
+                item.lora,
+            )
+            return [*out, ("done", done)]
+        if isinstance(item, Failed):
+            raise item.error
+        raise TypeError(f"unexpected reply item {item!r}")
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """The reply's items as they come; cancels the request if the reader goes away."""
+        req = self.request
+        finished = False
+        try:
+            while True:
+                remaining = None if req.deadline is None else req.deadline - time.monotonic()
+                try:
+                    item = req.channel.get(
+                        timeout=max(remaining, 0) if remaining is not None else None
+                    )
+                except TimeoutError:
+                    req.cancel.set()
+                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
+                finished = item.final
+                yield from self.handle(item)
+                if finished:
+                    return
+        finally:
+            if not finished:
+                req.cancel.set()
+
+    async def aitems(self) -> AsyncIterator[tuple[str, Any]]:
+        """:meth:`items` for an event loop (the channel bound to it first)."""
+        req = self.request
+        finished = False
+        try:
+            while True:
+                remaining = None if req.deadline is None else req.deadline - time.monotonic()
+                try:
+                    if remaining is None:
+                        item = await req.channel.aget()
+                    else:
+                        with anyio.fail_after(max(remaining, 0)):
+                            item = await req.channel.aget()
+                except TimeoutError:
+                    req.cancel.set()
+                    raise RequestTimeoutError("ChatLlamaCpp call timed out") from None
+                finished = item.final
+                for out in self.handle(item):
+                    yield out
+                if finished:
+                    return
+        finally:
+            if not finished:
+                req.cancel.set()

@@ -1,0 +1,113 @@
+"""What the engine core is handed and what it answers: token-level requests and typed
+reply items.
+
+The front end (``chat/``) turns a chat request into an :class:`EngineRequest`: prompt
+tokens, images at their positions, a built sampler, stop strings, limits and cache
+options. The worker decodes it and answers on the request's :class:`Channel` with
+:class:`TextDelta` items (stop strings already applied) and one :class:`Finished` or
+:class:`Failed`; parsing, usage and messages are the front end's (``chat/reply.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
+from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
+from langchain_llamacpp_local.runtime.channel import Channel
+
+
+@dataclass
+class EngineRequest:
+    """One generation request at the token level, as the worker runs it."""
+
+    tokens: list[Any]  # token ids, and ("media", digest, k) entries for image positions
+    sampling: SamplingParams
+    #: most tokens generated (the front end fitted it to the window: see chat/frontend.py)
+    max_new: int
+    stop: list[str] = field(default_factory=list)
+    media: dict[int, Any] = field(default_factory=dict)  # start position -> MediaChunk
+    #: checkpoint points (where the last user message starts)
+    boundaries: tuple[int, ...] = ()
+    marks: list[int] = field(default_factory=list)  # chunking.marker_cuts of ``tokens``
+    #: LoRA adapters applied, ((name, scale), ...); None: the model has none configured
+    lora: tuple[tuple[str, float], ...] | None = None
+    lora_start: int = 0  # where the adapters take effect (an activated LoRA's invocation)
+    cache_prompt: bool = True
+    #: "ngram" (prompt lookup) or "draft" (the worker's draft model); None: off
+    speculative: str | None = None
+    speculative_max_draft: int = 16
+    logprobs: bool = False
+    top_logprobs: int = 0
+    #: the sampler chain, built by the front end (grammar compiled off the decode loop);
+    #: None: the worker builds it from ``sampling``. The worker owns and closes it.
+    sampler: Sampler | None = None
+    deadline: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    channel: Channel = field(default_factory=Channel)
+
+    def cancelled(self) -> bool:
+        if self.cancel.is_set():
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.cancel.set()
+            return True
+        return False
+
+    def close_sampler(self) -> None:
+        """Free a sampler the worker never took (the request failed before it started)."""
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            sampler.close()
+
+
+def cancel_error(job: Any) -> BaseException:
+    """The error a cancelled request (anything with a ``deadline``) ends with: a
+    timeout or a cancellation."""
+    if job.deadline is not None and time.monotonic() >= job.deadline:
+        return RequestTimeoutError("the request timed out")
+    return RequestCancelledError("the request was cancelled")
+
+
+# --------------------------------------------------------------------------- replies
+
+
+@dataclass
+class TextDelta:
+    """Generated text past the stop-string matcher, with the log-probabilities of the
+    tokens sampled since the previous item (None when they were not asked for)."""
+
+    text: str
+    logprobs: list[dict[str, Any]] | None = None
+    final: ClassVar[bool] = False
+
+
+@dataclass
+class Finished:
+    """The last item of a reply: why generation ended, counts and timings."""
+
+    finish_reason: str
+    n_prompt: int
+    n_cached: int
+    n_generated: int
+    timings: dict[str, float]
+    #: log-probabilities no text item carried (an end-of-generation token); None when
+    #: they were not asked for
+    logprobs: list[dict[str, Any]] | None = None
+    speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
+    lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
+    final: ClassVar[bool] = True
+
+
+@dataclass
+class Failed:
+    """The last item of a reply that ended in an error."""
+
+    error: BaseException
+    final: ClassVar[bool] = True
+
+
+ReplyItem = TextDelta | Finished | Failed

@@ -1,0 +1,76 @@
+"""The reply reader (chat/reply.py): parsing, logprobs and usage from the worker's typed
+items, without a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from langchain_llamacpp_local.chat.prompts import PreparedPrompt
+from langchain_llamacpp_local.chat.reply import Done, Reply
+from langchain_llamacpp_local.errors import DecodeError
+from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.runtime.requests import (
+    EngineRequest,
+    Failed,
+    Finished,
+    TextDelta,
+)
+
+
+def _lp(tok: str) -> dict:
+    return {"token": tok, "logprob": -1.0, "bytes": list(tok.encode()), "top_logprobs": []}
+
+
+def _reply(*, logprobs: bool, reasoning: bool | None = None) -> Reply:
+    prepared = PreparedPrompt(
+        text="", tokens=[1], sampling=SamplingParams(), stop=[], reasoning=reasoning
+    )
+    req = EngineRequest(tokens=[1], sampling=SamplingParams(), max_new=8, logprobs=logprobs)
+    return Reply(req, prepared, "tiny")
+
+
+def _finished(**kw: object) -> Finished:
+    timings = {"prompt_n": 3.0, "predicted_n": 2.0}
+    base = dict(n_prompt=5, n_cached=2, n_generated=3, timings=timings)
+    return Finished("stop", **{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_pieces_carry_the_logprobs_of_the_tokens_since_the_last_piece() -> None:
+    reply = _reply(logprobs=True, reasoning=True)
+    # the first text opens a think block: no piece yet, its logprobs wait for one
+    assert reply.handle(TextDelta("<think>", [_lp("<think>")])) == []
+    (kind, piece), *_ = reply.handle(TextDelta("plan", [_lp("plan")]))
+    assert kind == "delta" and piece.kind == "reasoning" and piece.text == "plan"
+    assert [e["token"] for e in piece.logprobs] == ["<think>", "plan"]
+    reply.handle(TextDelta("</think>", [_lp("</think>")]))
+    out = reply.handle(TextDelta("Hi", [_lp("Hi")]))
+    assert [(k, d.kind, d.text) for k, d in out] == [("delta", "content", "Hi")]
+    assert [e["token"] for e in out[0][1].logprobs] == ["</think>", "Hi"]
+    *pieces, (kind, done) = reply.handle(_finished(logprobs=[_lp("<eos>")]))
+    assert pieces == [] and kind == "done" and isinstance(done, Done)
+    assert [e["token"] for e in done.logprobs] == ["<eos>"]  # no piece carried it
+    assert done.usage == {
+        "input_tokens": 5,
+        "output_tokens": 3,
+        "total_tokens": 8,
+        "input_token_details": {"cache_read": 2},
+    }
+    assert (done.model_name, done.finish_reason) == ("tiny", "stop")
+    assert done.parsed is not None and done.parsed.reasoning == "plan"
+
+
+def test_without_logprobs_nothing_carries_them() -> None:
+    reply = _reply(logprobs=False)
+    ((kind, piece),) = reply.handle(TextDelta("Hello"))
+    assert (kind, piece.text, piece.logprobs) == ("delta", "Hello", None)
+    ((kind, done),) = reply.handle(_finished(speculative={"type": "ngram"}, lora={"a": 1.0}))
+    assert done.logprobs is None and done.parsed is None
+    assert (done.speculative, done.lora) == ({"type": "ngram"}, {"a": 1.0})
+
+
+def test_a_failed_reply_raises_its_error() -> None:
+    reply = _reply(logprobs=False)
+    with pytest.raises(DecodeError, match="boom"):
+        reply.handle(Failed(DecodeError("boom")))
+    assert Failed(DecodeError("x")).final and _finished().final
+    assert not TextDelta("x").final
