@@ -705,6 +705,14 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         finally:
             lease.release()
 
+    def as_decision_model(self) -> Any:
+        """A :class:`~langchain_llamacpp_local.decisions.LlamaCppDecisionModel` on this
+        model: it shares the loaded worker (weights, slots, prompt caches) and answers
+        LangChain decision questions from next-token probabilities (docs/decisions.md)."""
+        from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
+
+        return LlamaCppDecisionModel(chat_model=self)
+
     def get_token_ids(self, text: str) -> list[int]:
         """``text``'s tokens in the model's own vocabulary (no BOS, special-token text
         read as plain text); reads only the vocabulary when the model is not loaded."""
