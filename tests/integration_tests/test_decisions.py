@@ -265,3 +265,14 @@ async def test_model_router_routes_async(tmp_path: Path) -> None:
     out = await agent.ainvoke({"messages": [("user", "Prove the theorem.")]})  # type: ignore[attr-defined]
     assert out["model_route"].choice == "strong"
     assert out["messages"][-1].content == "the strong model answers"
+
+
+def test_the_docs_example_runs(smollm2: str, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "decisions.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    line = next(ln for ln in code.splitlines() if ln.startswith("MODEL = "))
+    exec(compile(code.replace(line, f"MODEL = {smollm2!r}"), "decisions.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert 0.0 <= float(printed[0]) <= 1.0
+    assert printed[1].split()[0] in ("billing", "technical", "sales")
+    assert "cache_read" in printed[3]
