@@ -37,7 +37,7 @@ from langchain_core.decisions import (
     State,
 )
 from langchain_core.messages import BaseMessage, HumanMessage
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field
 
 from langchain_llamacpp_local.errors import (
     ImageInputError,
@@ -244,8 +244,6 @@ class LlamaCppDecisionModel(BaseDecisionModel):
     """Reported model name (default: the chat model's traced name)."""
     chat_model: Any = Field(exclude=True)
     """The :class:`ChatLlamaCpp` whose model answers (shares its loaded worker)."""
-
-    _cancel: Any = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
         from langchain_core.language_models import BaseChatModel

@@ -158,6 +158,21 @@ def test_memory_that_cannot_be_trimmed(
     assert again.nouls["one"].noul == pytest.approx(resp.nouls["one"].noul, abs=1e-4)
 
 
+def test_deterministic_cached_answers_equal_fresh_ones(tiny_llama: str) -> None:
+    """In deterministic mode a question that found the state cached computes exactly
+    what it computes alone on a fresh model."""
+    from langchain_llamacpp_local.runtime import registry
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, deterministic=True, n_ctx=2048)
+    state = "word " * 250
+    both = llm.as_decision_model().invoke({"state": state, "questions": QUESTIONS})
+    assert both.usage is not None and both.usage["input_token_details"]["cache_read"] > 1000
+    for qid in ("team", "severity"):  # they read the state from the first one's cache
+        registry.unload()
+        alone = llm.as_decision_model().invoke({"state": state, "questions": {qid: QUESTIONS[qid]}})
+        assert alone.answers[qid] == both.answers[qid]
+
+
 def test_bad_requests_name_the_problem_and_the_worker_keeps_serving(smollm2: str) -> None:
     dm = ChatLlamaCpp(model_path=smollm2, n_ctx=4096).as_decision_model()
     with pytest.raises(InvalidRequestError, match="Box questions are not supported"):
