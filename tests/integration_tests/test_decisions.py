@@ -195,6 +195,43 @@ def test_timeout_covers_the_request(smollm2: str) -> None:
     assert 0.0 <= resp.nouls["q"].noul <= 1.0
 
 
+def test_images_in_the_state_with_a_projector(tiny_llama: str, models_dir: Path) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.gguf_models import write_tiny_mmproj
+
+    mmproj = write_tiny_mmproj(models_dir / "decisions-mmproj.gguf", text_n_embd=64)
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, format="PNG")
+    image = {"type": "image", "base64": base64.b64encode(buf.getvalue()).decode()}
+    image["mime_type"] = "image/png"
+    state = {"note": "a screenshot of the settings page", "shot": image, "after": "end"}
+    dm = ChatLlamaCpp(model_path=tiny_llama, mmproj_path=str(mmproj)).as_decision_model()
+    qs = {"one": QUESTIONS["risky"], "two": QUESTIONS["team"]}
+    first = dm.invoke({"state": state, "questions": qs})
+    assert math.isclose(sum(first.choices["two"].probabilities.values()), 1.0)
+    again = dm.invoke({"state": state, "questions": qs})
+    assert again.usage is not None  # everything, the image included, read from the cache
+    assert again.usage["input_token_details"]["cache_read"] >= again.usage["input_tokens"] - 2
+    assert again.nouls["one"].noul == pytest.approx(first.nouls["one"].noul, rel=1e-3)
+    assert again.choices["two"].choice == first.choices["two"].choice
+
+
+async def test_a_cancelled_async_request_leaves_the_worker_serving(smollm2: str) -> None:
+    import asyncio
+
+    dm = ChatLlamaCpp(model_path=smollm2, n_ctx=8192).as_decision_model()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(
+            dm.ainvoke({"state": _state(400), "questions": QUESTIONS}), timeout=0.05
+        )
+    resp = await dm.ainvoke({"state": "x", "questions": {"q": QUESTIONS["risky"]}})
+    assert 0.0 <= resp.nouls["q"].noul <= 1.0
+
+
 # --------------------------------------------------------------------------- middleware
 
 _CALL = '<tool_call>\n{"name": "delete_file", "arguments": {"path": "notes.txt"}}\n</tool_call>'
