@@ -12,7 +12,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import anyio
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -89,6 +89,9 @@ from langchain_llamacpp_local.validation import (
     normalize_stop,
     unknown_names_error,
 )
+
+if TYPE_CHECKING:
+    from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 
 logger = logging.getLogger(__name__)
 
@@ -705,7 +708,7 @@ class ChatLlamaCpp(ConfigOnlyCopies, ModelSelection, BaseChatModel):
         finally:
             lease.release()
 
-    def as_decision_model(self) -> Any:
+    def as_decision_model(self) -> LlamaCppDecisionModel:
         """A :class:`~langchain_llamacpp_local.decisions.LlamaCppDecisionModel` on this
         model: it shares the loaded worker (weights, slots, prompt caches) and answers
         LangChain decision questions from next-token probabilities (docs/decisions.md)."""

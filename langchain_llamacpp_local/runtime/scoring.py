@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -108,17 +109,15 @@ class LabelScores:
     n_label_tokens: int
 
 
-_EOG_CACHE: dict[int, tuple[Any, list[int]]] = {}
+_EOG: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
 
 
 def _eog_tokens(eng: Engine) -> list[int]:
     """Every end-of-generation token of the vocabulary (found once per engine)."""
-    hit = _EOG_CACHE.get(id(eng))
-    if hit is not None and hit[0] is eng:
-        return hit[1]
-    found = [t for t in range(eng.n_vocab) if eng.is_eog(t)]
-    _EOG_CACHE.clear()  # one engine at a time is plenty; no stale ids kept alive
-    _EOG_CACHE[id(eng)] = (eng, found)
+    found = _EOG.get(eng)
+    if found is None:
+        found = [t for t in range(eng.n_vocab) if eng.is_eog(t)]
+        _EOG[eng] = found
     return found
 
 

@@ -68,6 +68,12 @@ def test_probabilities_are_finite_and_sum_to_one(smollm2: str) -> None:
     _check_distributions(resp)
     assert resp.usage is not None and resp.usage["input_tokens"] > 0
     assert resp.usage["output_tokens"] == 0
+    # twelve levels: "1" starts "10" on a tokenizer that splits digits
+    wide = Score(instructions="Rate it.", criteria=[f"level {i}" for i in range(12)])
+    dist = dm.invoke({"state": "x", "questions": {"w": wide}}).scores["w"].probabilities
+    assert list(dist) == list(range(12))
+    assert all(math.isfinite(p) for p in dist.values())
+    assert math.isclose(sum(dist.values()), 1.0, rel_tol=1e-9)
 
 
 async def test_probabilities_async_equal_sync(smollm2: str) -> None:
