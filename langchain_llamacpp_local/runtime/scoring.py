@@ -157,6 +157,9 @@ def score_labels(
         raise InvalidRequestError(
             f"an answer label of {longest + 1} tokens exceeds n_batch={eng.n_batch}"
         )
+    busy: set[int] = state._busy()
+    if len(busy) >= len(memory.slots):
+        return None  # before any templating: the caller asks again
     prepared = prompts.prepare(state.format, job, eng)
     tokens = prepared.tokens
     n_prompt = len(tokens)
@@ -168,9 +171,6 @@ def score_labels(
             f"the decision prompt of {n_prompt} tokens plus its longest answer label does "
             f"not fit the context window of {eng.n_ctx} tokens (raise n_ctx or shorten the state)"
         )
-    busy: set[int] = state._busy()
-    if len(busy) >= len(memory.slots):
-        return None
     reserved = sum(a.reserved for a in state.active)
     if eng.kv_unified and not memory.fits(needed, reserved):
         if not state.active:

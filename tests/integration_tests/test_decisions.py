@@ -179,6 +179,33 @@ def test_deterministic_cached_answers_equal_fresh_ones(tiny_llama: str) -> None:
         assert alone.answers[qid] == both.answers[qid]
 
 
+def test_a_question_waits_for_a_busy_slot_and_changes_no_reply(tmp_path: Path) -> None:
+    """One slot, held by a streaming chat: the question waits for it; both answers are
+    what each gets alone."""
+    import threading
+
+    script = "yes " + " ".join(f"w{i}" for i in range(150))
+    llm = ChatLlamaCpp(model_path=_printer(tmp_path, "busy", script), n_slots=1, temperature=0)
+    dm = llm.as_decision_model()
+    request = {"state": "rm -rf ~", "questions": {"q": Noul(instructions="Risky?")}}
+    alone = dm.invoke(request).nouls["q"].noul
+    solo = llm.invoke("hi").content
+    started = threading.Event()
+    chunks: list[str] = []
+
+    def chat() -> None:
+        for chunk in llm.stream("hi"):
+            chunks.append(str(chunk.content))
+            started.set()
+
+    worker = threading.Thread(target=chat)
+    worker.start()
+    assert started.wait(60)
+    assert dm.invoke(request).nouls["q"].noul == pytest.approx(alone, rel=1e-6)
+    worker.join(60)
+    assert "".join(chunks) == solo
+
+
 def test_bad_requests_name_the_problem_and_the_worker_keeps_serving(smollm2: str) -> None:
     dm = ChatLlamaCpp(model_path=smollm2, n_ctx=4096).as_decision_model()
     with pytest.raises(InvalidRequestError, match="Box questions are not supported"):
