@@ -196,7 +196,21 @@ def score_labels(
         float(first[t[0]]) + _label_tail(eng, memory, slot, job, t, terminate) for t in toks
     ]
     n_label = sum(len(t) - (0 if terminate else 1) for t in toks)
+    _save(memory, slot)
     return LabelScores(tuple(logprobs), n_prompt, n_keep, n_label)
+
+
+def _save(memory: SlotMemory, slot: Slot) -> None:
+    """Offer the read prompt to the disk prompt cache, as a finished chat request's
+    conversation is (the disk cache is an optimisation: a failure only logs)."""
+    if memory.disk is None:
+        return
+    try:
+        pending = memory.reserve_save(slot)
+        if pending is not None:
+            memory.persist(slot, pending)
+    except Exception:
+        logger.warning("prompt cache: could not save a decision prompt", exc_info=True)
 
 
 def _read_prompt(

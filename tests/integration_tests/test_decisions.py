@@ -209,6 +209,25 @@ def test_a_question_waits_for_a_busy_slot_and_changes_no_reply(tmp_path: Path) -
     assert "".join(chunks) == solo
 
 
+def test_prompts_reach_the_disk_cache(tiny_llama: str, tmp_path: Path) -> None:
+    """As a finished chat request's conversation: a freshly loaded model finds the
+    question's prompt on disk."""
+    from langchain_llamacpp_local.cache import disk as disk_cache
+    from langchain_llamacpp_local.runtime import registry
+
+    request = {"state": "word " * 100, "questions": {"q": QUESTIONS["team"]}}
+    llm = ChatLlamaCpp(model_path=tiny_llama, prompt_cache_dir=str(tmp_path / "cache"))
+    first = llm.as_decision_model().invoke(request)
+    registry.unload()
+    assert disk_cache.flush(30)
+    again = llm.as_decision_model().invoke(request)
+    registry.unload()
+    assert first.usage is not None and again.usage is not None
+    assert first.usage["input_token_details"]["cache_read"] == 0
+    assert again.usage["input_token_details"]["cache_read"] >= again.usage["input_tokens"] - 2
+    assert again.choices["q"].choice == first.choices["q"].choice
+
+
 def test_bad_requests_name_the_problem_and_the_worker_keeps_serving(smollm2: str) -> None:
     dm = ChatLlamaCpp(model_path=smollm2, n_ctx=4096).as_decision_model()
     with pytest.raises(InvalidRequestError, match="Box questions are not supported"):
