@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -262,8 +263,6 @@ class LlamaCppDecisionModel(BaseDecisionModel):
 
     async def _aclassify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         """Off the event loop; a cancelled task cancels the questions still running."""
-        import threading
-
         cancel = threading.Event()
         try:
             return await anyio.to_thread.run_sync(
@@ -277,7 +276,7 @@ class LlamaCppDecisionModel(BaseDecisionModel):
         self,
         state: State,
         questions: dict[str, Question],
-        cancel: Any,
+        cancel: threading.Event | None,
     ) -> ClassifierResponse:
         with model_errors():
             if not questions:
