@@ -9,10 +9,10 @@ import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
+from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig
 from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.settings_base import ModelSettings
 
 #: Fields whose public meaning differs from the config field of the same name.
