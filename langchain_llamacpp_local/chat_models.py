@@ -36,6 +36,7 @@ from langchain_llamacpp_local.chat.messages import aggregate, chunk_of, text_of
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
 from langchain_llamacpp_local.chat.reply import Reply
 from langchain_llamacpp_local.chat.structured import structured_output
+from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 from langchain_llamacpp_local.errors import (
     model_errors,
 )
@@ -650,6 +651,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         finally:
             lease.release()
 
+    def as_decision_model(self) -> LlamaCppDecisionModel:
+        """A :class:`~langchain_llamacpp_local.decisions.LlamaCppDecisionModel` on this
+        model: it shares the loaded worker (weights, slots, prompt caches) and answers
+        LangChain decision questions from next-token probabilities (docs/decisions.md)."""
+
+        return LlamaCppDecisionModel(chat_model=self)
+
     def get_token_ids(self, text: str) -> list[int]:
         """``text``'s tokens in the model's own vocabulary (no BOS, special-token text
         read as plain text); reads only the vocabulary when the model is not loaded."""
@@ -951,8 +959,6 @@ def _keep_alive_kwarg(kwargs: dict[str, Any]) -> float | None:
     if not isinstance(value, (int, float)):
         raise TypeError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
     return float(value)
-
-
 
 
 def _log_progress(path: str) -> Callable[[float], None]:

@@ -54,7 +54,7 @@ class Frontend:
         # weak: the worker's thread stops when its last user drops it (see ModelWorker)
         self._worker = weakref.ref(worker)
         self.engine = eng
-        with self._vocab():
+        with self.holding_vocab():
             self.format = prompts.ChatFormat.from_engine(eng)
             #: token sequences prompts are cut after (chunking marks: message boundaries)
             self.markers = prompts.chunk_markers(self.format.template, eng)
@@ -68,7 +68,7 @@ class Frontend:
         )
 
     @contextmanager
-    def _vocab(self) -> Iterator[None]:
+    def holding_vocab(self) -> Iterator[None]:
         """Hold the model while the caller reads its vocabulary: the worker may close its
         engine meanwhile (it died), and the vocabulary must outlive the read."""
         try:
@@ -93,7 +93,7 @@ class Frontend:
         adapter...); a cancel or timeout that stopped the templating is raised as such.
         """
         try:
-            with self._vocab():
+            with self.holding_vocab():
                 return self._prepare(job)
         except Exception as exc:
             try:
@@ -164,7 +164,7 @@ class Frontend:
 
     def render(self, job: ChatJob) -> RenderedPrompt:
         """What ``job`` would decode (``render_prompt``), prepared as a request is."""
-        with self._vocab():
+        with self.holding_vocab():
             prepared = prompts.prepare(self.format, job, self.engine, self._tokenize_media)
         return from_prepared(prepared)
 
