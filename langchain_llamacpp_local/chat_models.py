@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -75,16 +76,10 @@ from langchain_llamacpp_local.validation import (
 
 logger = logging.getLogger(__name__)
 
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repeat_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "penalty_last_n",
-    "seed",
+#: the sampler settings a caller chooses (the grammar is the request's, not a setting):
+#: named once, by :class:`SamplingParams`
+_SAMPLING_FIELDS = tuple(
+    f.name for f in dataclasses.fields(SamplingParams) if not f.name.startswith("grammar")
 )
 _CALL_KWARGS = {
     *_SAMPLING_FIELDS,
@@ -683,12 +678,6 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         for cancel in list(self._inflight):
             cancel.set()
         self._worker = None
-
-    def __enter__(self) -> Self:
-        return self.load()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ requests
 
