@@ -24,6 +24,7 @@ from langchain_llamacpp_local.runtime.requests import (
     EngineRequest,
     Failed,
     Finished,
+    PromptProgress,
     TextDelta,
 )
 
@@ -96,6 +97,9 @@ class Reply:
                 item.lora,
             )
             return [*out, ("done", done)]
+        if isinstance(item, PromptProgress):
+            progress = {"total": item.total, "cached": item.cached, "processed": item.processed}
+            return [("progress", progress)]
         if isinstance(item, Failed):
             raise item.error
         raise TypeError(f"unexpected reply item {item!r}")

@@ -42,6 +42,8 @@ class EngineRequest:
     speculative_max_draft: int = 16
     logprobs: bool = False
     top_logprobs: int = 0
+    #: send a :class:`PromptProgress` after each prompt piece (a caller with callbacks)
+    prompt_progress: bool = False
     #: the sampler chain, built by the front end (grammar compiled off the decode loop);
     #: None: the worker builds it from ``sampling``. The worker owns and closes it.
     sampler: Sampler | None = None
@@ -103,6 +105,18 @@ class Finished:
 
 
 @dataclass
+class PromptProgress:
+    """Prompt reading so far, sent after each prompt piece when the request asks
+    (llama.cpp's ``return_progress``): ``processed`` counts the tokens read this call,
+    ``cached`` those kept from the cache; ``cached + processed`` reaches ``total``."""
+
+    total: int
+    cached: int
+    processed: int
+    final: ClassVar[bool] = False
+
+
+@dataclass
 class Failed:
     """The last item of a reply that ended in an error."""
 
@@ -110,4 +124,4 @@ class Failed:
     final: ClassVar[bool] = True
 
 
-ReplyItem = TextDelta | Finished | Failed
+ReplyItem = TextDelta | PromptProgress | Finished | Failed

@@ -47,6 +47,7 @@ from langchain_llamacpp_local.runtime.requests import (
     EngineRequest,
     Failed,
     Finished,
+    PromptProgress,
     TextDelta,
     cancel_error,
 )
@@ -751,6 +752,8 @@ class _WorkerState:
             self._after_failed_decode([act], exc)
             return
         memory.record(slot, chunk, exact=True)
+        if job.prompt_progress:
+            job.channel.put(PromptProgress(n_prompt, act.n_keep, slot.n_past - act.n_keep))
         if act.prefilling:
             if act.targets and slot.n_past == act.targets[0]:
                 act.targets.pop(0)
