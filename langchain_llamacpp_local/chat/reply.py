@@ -41,6 +41,7 @@ class Done:
     parsed: Any = None  # the parser's final ParsedOutput, when tools or reasoning were parsed
     speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
     lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
+    cache: dict[str, Any] | None = None  # the worker's cache report (see Finished.cache)
 
 
 def usage_of(fin: Finished) -> dict[str, Any]:
@@ -95,6 +96,7 @@ class Reply:
                 getattr(self.parser, "result", None),
                 item.speculative,
                 item.lora,
+                item.cache,
             )
             return [*out, ("done", done)]
         if isinstance(item, PromptProgress):

@@ -101,6 +101,9 @@ class Finished:
     logprobs: list[dict[str, Any]] | None = None
     speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
     lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
+    #: where the kept prefix came from and the cached candidate's next entries past the
+    #: point where the prompt left it: {"source", "mismatch"}; None when nothing was cached
+    cache: dict[str, Any] | None = None
     final: ClassVar[bool] = True
 
 

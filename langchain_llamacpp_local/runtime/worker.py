@@ -248,6 +248,7 @@ class _Active:
     job: EngineRequest
     slot: Slot
     n_keep: int
+    cache: dict[str, Any] | None
     max_new: int
     targets: list[int]
     keep: frozenset[int]
@@ -484,6 +485,7 @@ class _WorkerState:
         except BaseException:
             sampler.close()
             raise
+        cache = {"source": memory.last_source, "mismatch": list(memory.last_mismatch)}
         if n_keep == 0:
             for proposer in self.proposers.values():
                 proposer.forget(slot.seq_id)
@@ -491,6 +493,7 @@ class _WorkerState:
             job=job,
             slot=slot,
             n_keep=n_keep,
+            cache=cache,
             max_new=job.max_new,
             targets=targets,
             keep=frozenset(targets),
@@ -932,6 +935,7 @@ class _WorkerState:
                 logprobs=None if act.logprobs is None else act.logprobs[act.logprobs_sent :],
                 speculative=spec,
                 lora=None if act.job.lora is None else dict(act.job.lora),
+                cache=act.cache,
             )
         )
 
