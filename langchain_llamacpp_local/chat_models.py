@@ -780,6 +780,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease
     ) -> Reply:
         reply = Reply(request, prepared, model_name)
+        reply.explain_miss = frontend_for(lease.worker).explain_miss
         # the model is free for others (keep-alive, max_loaded_models) once the reply is
         # complete, even if the caller never reads it to the end
         request.channel.on_final(lease.release)

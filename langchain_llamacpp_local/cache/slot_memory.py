@@ -155,6 +155,7 @@ class SlotMemory:
         #: where the prompt left it (a bounded window; empty on a hit)
         self.last_source: str | None = None
         self.last_mismatch: tuple[Hashable, ...] = ()
+        self.last_mismatch_at = 0  # the position where the prompt left the candidate
         #: each sequence's state size while empty (the memory is empty now): what
         #: :meth:`reset` checks it left
         self._empty_size = [engine.state_size(s.seq_id) for s in self.slots]
@@ -288,6 +289,7 @@ class SlotMemory:
         # leaving the cached reply is no miss: a re-rendered reply may differ from the
         # tokens the model wrote; leaving the cached prompt is one
         self.last_mismatch = tuple(entries[n : n + MISMATCH_WINDOW]) if n < n_prompt else ()
+        self.last_mismatch_at = n
 
     def _from_disk(
         self, tokens: Sequence[Hashable], beat: int

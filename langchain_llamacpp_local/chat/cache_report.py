@@ -10,8 +10,8 @@ see every decision in one table and a test can check each one without a model.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 Cause = Literal[
     "system prompt changed",
@@ -164,3 +164,113 @@ def spans_from_renders(prefixes: Sequence[str]) -> tuple[Span, ...]:
     """Message spans from the lengths of the prompt rendered with 0, 1, ... n messages:
     message ``i`` runs from where prefix ``i`` ends to where prefix ``i+1`` ends."""
     return tuple(Span(len(prefixes[i]), len(prefixes[i + 1])) for i in range(len(prefixes) - 1))
+
+
+MEDIA = "<__media__>"  # how an image shows in the rendered prompt (mtmd's marker)
+
+
+def _content_texts(message: dict[str, Any]) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content] if content else []
+    out: list[str] = []
+    for part in content or ():
+        if isinstance(part, dict) and part.get("type") == "text" and part.get("text"):
+            out.append(str(part["text"]))
+        elif isinstance(part, str) and part:
+            out.append(part)
+    return out
+
+
+def message_layout(
+    text: str, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()
+) -> PromptLayout:
+    """Each message's span in the rendered ``text``, found by its content in order: a
+    message runs from the start of its content to the start of the next one's (what
+    the template writes after a content, tool declarations in a system block included,
+    belongs to that message); text before the first content is the template's. Tool
+    declarations span from the first to the last tool name found before the last
+    message."""
+    starts: list[tuple[int, int, str]] = []  # (message index, content start, role)
+    pos = 0
+    for i, message in enumerate(messages):
+        first = -1
+        for piece in _content_texts(message):
+            at = text.find(piece, pos)
+            if at < 0:
+                continue
+            if first < 0:
+                first = at
+            pos = at + len(piece)
+        if first >= 0:
+            starts.append((i, first, str(message.get("role", ""))))
+    spans: list[MessageSpan] = []
+    for k, (i, start, role) in enumerate(starts):
+        end = starts[k + 1][1] if k + 1 < len(starts) else len(text)
+        images, at = [], text.find(MEDIA, start)
+        while 0 <= at < end:
+            images.append(Span(at, at + len(MEDIA)))
+            at = text.find(MEDIA, at + 1)
+        spans.append(MessageSpan(i, role, Span(start, end), tuple(images)))
+    tool_span = None
+    limit = spans[-1].span.start if spans else len(text)
+    hits = []
+    for tool in tools:
+        fn = tool.get("function", tool)
+        name = str(fn.get("name", "")) if isinstance(fn, dict) else ""
+        at = text.find(name, 0, limit) if name else -1
+        if at >= 0:
+            hits.append((at, at + len(name)))
+    if hits:
+        tool_span = Span(min(a for a, _ in hits), max(b for _, b in hits))
+    return PromptLayout(text, tuple(spans), tools=tool_span)
+
+
+def _is_media(entry: object) -> bool:
+    return isinstance(entry, tuple) and bool(entry) and entry[0] == "media"
+
+
+def _text_of(entries: Sequence[Any], piece: Callable[[int], bytes]) -> str:
+    out = bytearray()
+    for e in entries:
+        if _is_media(e):
+            if e[2] == 0:
+                out += MEDIA.encode()
+        elif isinstance(e, int):
+            out += piece(e)
+    return out.decode("utf-8", errors="replace")
+
+
+def explain_miss(
+    prepared_text: str,
+    tokens: Sequence[Any],
+    at: int,
+    cached_window: Sequence[Any],
+    piece: Callable[[int], bytes],
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The miss part of the report: the prompt left its cached candidate at token
+    ``at``; ``cached_window`` is the candidate's next entries, ``piece`` the vocabulary's
+    detokenizer. Runs on a miss only: it detokenizes the prompt up to ``at``."""
+    full = _text_of(tokens, piece)
+    # a token the renderer did not write (a BOS added by the tokenizer) shifts offsets
+    shift = max(0, len(full) - len(prepared_text))
+    offset = min(max(0, len(_text_of(tokens[:at], piece)) - shift), len(prepared_text))
+    layout = message_layout(prepared_text, messages, tools)
+    point = locate(layout, offset)
+    media = (at < len(tokens) and _is_media(tokens[at])) or (
+        bool(cached_window) and _is_media(cached_window[0])
+    )
+    if media:
+        point = replace(point, in_image=True)
+    return {
+        "message_index": point.message_index,
+        "role": point.role,
+        "offset": point.offset,
+        "prompt_offset": point.prompt_offset,
+        "token": at,
+        "cached": excerpt(_text_of(cached_window, piece), 0),
+        "prompt": excerpt(prepared_text, offset),
+        "cause": likely_cause(point, layout),
+    }

@@ -47,6 +47,8 @@ def chunk_of(kind: str, value: Any, name: str | None = None) -> ChatGenerationCh
             "missed": bool(done.cache["mismatch"]),
             "mismatch_tokens": done.cache["mismatch"],
         }
+        if "miss" in done.cache:
+            meta["cache"]["miss"] = done.cache["miss"]
     msg = AIMessageChunk(
         content="",
         usage_metadata=done.usage,

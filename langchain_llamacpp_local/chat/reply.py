@@ -11,7 +11,7 @@ thread that decodes for every slot.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -64,6 +64,9 @@ class Reply:
         self.parser: OutputParser = prepared.make_parser()
         #: logprobs of tokens no parsed piece has carried yet (None: not asked for)
         self._logprobs: list[dict[str, Any]] | None = [] if request.logprobs else None
+        #: maps a cache miss to the prompt's messages (the front end's; None: not reported)
+        self.explain_miss: Callable[[PreparedPrompt, dict[str, Any]], dict[str, Any]] | None = None
+        self.prepared = prepared
 
     def _pieces(self, deltas: list[StreamDelta]) -> list[tuple[str, Any]]:
         """Parsed pieces; the first carries the logprobs of the tokens sampled since the
@@ -86,6 +89,9 @@ class Reply:
             if self._logprobs is not None and item.logprobs:
                 self._logprobs.extend(item.logprobs)
             out = self._pieces(self.parser.finish())
+            cache = item.cache
+            if cache is not None and cache["mismatch"] and self.explain_miss is not None:
+                cache = {**cache, "miss": self.explain_miss(self.prepared, cache)}
             done = Done(
                 item.finish_reason,
                 usage_of(item),
@@ -96,7 +102,7 @@ class Reply:
                 getattr(self.parser, "result", None),
                 item.speculative,
                 item.lora,
-                item.cache,
+                cache,
             )
             return [*out, ("done", done)]
         if isinstance(item, PromptProgress):

@@ -485,7 +485,11 @@ class _WorkerState:
         except BaseException:
             sampler.close()
             raise
-        cache = {"source": memory.last_source, "mismatch": list(memory.last_mismatch)}
+        cache = {
+            "source": memory.last_source,
+            "mismatch": list(memory.last_mismatch),
+            "at": memory.last_mismatch_at,
+        }
         if n_keep == 0:
             for proposer in self.proposers.values():
                 proposer.forget(slot.seq_id)

@@ -46,3 +46,57 @@ def test_restored_from_host_ram(tiny_llama: str) -> None:
     report = _cache(llm.invoke(_convo("Conversation A, with its own system prompt. ", 2)))
     assert report["source"] == "host_ram" and report["cached_tokens"] > 0
     assert report["missed"] is False
+
+
+def _miss(llm: ChatLlamaCpp, first: list[BaseMessage], second: list[BaseMessage]) -> Any:
+    llm.invoke(first)
+    report = _cache(llm.invoke(second))
+    assert report["missed"] is True
+    return report["miss"]
+
+
+def test_system_prompt_change_names_message_and_offset(tiny_llama: str) -> None:
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **SETTINGS)
+    old = "You are a helpful assistant. The date is 2026-11-25. "
+    new = "You are a helpful assistant. The date is 2026-11-26. "
+    miss = _miss(llm, _convo(old, 1), _convo(new, 2))
+    assert miss["message_index"] == 0 and miss["role"] == "system"
+    assert miss["cause"] == "system prompt changed"
+    # offsets count from the message's content (byte-level vocabulary: exact)
+    assert miss["prompt"].startswith("6. ") and miss["cached"].startswith("5. ")
+    assert miss["offset"] == old.index("5. ")
+
+
+def test_edited_earlier_message_is_history_edited(tiny_llama: str) -> None:
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **SETTINGS)
+    first = _convo("A system prompt. ", 2)
+    edited = _convo("A system prompt. ", 3)
+    edited[1] = HumanMessage("question zero, rewritten by a middleware")
+    miss = _miss(llm, first, edited)
+    assert miss["message_index"] == 1 and miss["role"] == "user"
+    assert miss["cause"] == "history edited"
+    assert miss["prompt"].startswith("zero") and miss["cached"].startswith("0")
+    assert miss["offset"] == len("question ")
+
+
+def _tool(name: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"the {name} tool",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+
+
+def test_reordered_tools(tiny_llama: str) -> None:
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **SETTINGS)
+    a = llm.bind_tools([_tool("get_weather"), _tool("search_web")])
+    b = llm.bind_tools([_tool("search_web"), _tool("get_weather")])
+    convo = _convo("A system prompt. ", 1)
+    a.invoke(convo)
+    report = _cache(b.invoke([*convo, AIMessage("ok"), HumanMessage("more")]))
+    assert report["missed"] is True
+    assert report["miss"]["cause"] == "tool list or order changed"
+    assert report["miss"]["message_index"] == 0
