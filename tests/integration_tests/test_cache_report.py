@@ -100,3 +100,26 @@ def test_reordered_tools(tiny_llama: str) -> None:
     assert report["missed"] is True
     assert report["miss"]["cause"] == "tool list or order changed"
     assert report["miss"]["message_index"] == 0
+
+
+DATED = (
+    "Today is {{ today }}.\n"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_changed_template_kwargs(tiny_llama: str) -> None:
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, chat_template=DATED, **SETTINGS)
+    convo = _convo("A system prompt. ", 1)
+    llm.invoke(convo, chat_template_kwargs={"today": "Monday"})
+    report = _cache(
+        llm.invoke(
+            [*convo, AIMessage("ok"), HumanMessage("more")],
+            chat_template_kwargs={"today": "Tuesday"},
+        )
+    )
+    assert report["missed"] is True
+    miss = report["miss"]
+    assert miss["cause"] == "template kwargs changed" and miss["message_index"] is None
+    assert miss["offset"] == len("Today is ")
