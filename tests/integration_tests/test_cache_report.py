@@ -3,6 +3,7 @@ host RAM) and whether the prompt left the cached candidate (a miss) or extended 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
@@ -123,3 +124,25 @@ def test_changed_template_kwargs(tiny_llama: str) -> None:
     miss = report["miss"]
     assert miss["cause"] == "template kwargs changed" and miss["message_index"] is None
     assert miss["offset"] == len("Today is ")
+
+
+def test_restored_from_disk(tiny_llama: str, tmp_path: Path) -> None:
+    from langchain_llamacpp_local.cache import disk as disk_cache
+    from langchain_llamacpp_local.runtime import registry
+
+    def call(msgs: list[BaseMessage]) -> dict[str, Any]:
+        llm = ChatLlamaCpp(model_path=tiny_llama, prompt_cache_dir=str(tmp_path), **SETTINGS)
+        try:
+            return _cache(llm.invoke(msgs))
+        finally:
+            llm.close()
+            registry.unload()
+            assert disk_cache.flush(30)
+
+    first = call(_convo("A system prompt saved to disk. ", 1))
+    assert first["source"] is None and first["cached_tokens"] == 0
+    second = call(_convo("A system prompt saved to disk. ", 2))
+    assert second["source"] == "disk" and second["cached_tokens"] > 0
+    # a file does not record its prompt's length (docs/cache.md): the reply it holds
+    # counts as prompt, so leaving it there is reported as a miss in the last message
+    assert second["missed"] is False or second["miss"]["cause"] is None
