@@ -35,6 +35,7 @@ from langchain_llamacpp_local.chat.frontend import frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.messages import aggregate, chunk_of, text_of
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
+from langchain_llamacpp_local.chat.progress import aemit_progress, emit_progress, progress_only
 from langchain_llamacpp_local.chat.reply import Reply
 from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
@@ -754,11 +755,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                     )
         return messages
 
-    def _submit(self, job: ChatJob, lease: registry.Lease) -> Reply:
-        """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it."""
+    def _submit(self, job: ChatJob, lease: registry.Lease, *, progress: bool = False) -> Reply:
+        """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it;
+        ``progress``: the worker reports prompt reading (a caller with callbacks)."""
         self._inflight.add(job.cancel)
         frontend = frontend_for(lease.worker)
         request, prepared = frontend.prepare(job)
+        request.prompt_progress = progress
         return self._queue(request, prepared, frontend.info.model_name, lease)
 
     @staticmethod
@@ -766,6 +769,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease
     ) -> Reply:
         reply = Reply(request, prepared, model_name)
+        reply.explain_miss = frontend_for(lease.worker).explain_miss
         # the model is free for others (keep-alive, max_loaded_models) once the reply is
         # complete, even if the caller never reads it to the end
         request.channel.on_final(lease.release)
@@ -784,9 +788,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             spec = kwargs.get("model")
             lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
             try:
-                reply = self._submit(job, lease)
+                reply = self._submit(job, lease, progress=run_manager is not None)
                 name = self._reported_name(spec, resolved)
                 for kind, value in reply.items():
+                    if kind == "progress":  # prompt reading, as custom callback events
+                        if run_manager:
+                            emit_progress(run_manager, value)
+                        continue
                     chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
                         run_manager.on_llm_new_token(text_of(value), chunk=chunk)
@@ -824,9 +832,14 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                         req.close_sampler()
                     raise
                 request.channel.bind_loop()
+                request.prompt_progress = run_manager is not None
                 reply = self._queue(request, prepared, frontend.info.model_name, lease)
                 name = self._reported_name(spec, resolved)
                 async for kind, value in reply.aitems():
+                    if kind == "progress":  # prompt reading, as custom callback events
+                        if run_manager:
+                            await aemit_progress(run_manager, value)
+                        continue
                     chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
                         await run_manager.on_llm_new_token(text_of(value), chunk=chunk)
@@ -842,7 +855,12 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         chunks = list(
-            self._stream(messages, stop, run_manager if self.streaming else None, **kwargs)
+            self._stream(
+                messages,
+                stop,
+                run_manager if self.streaming else progress_only(run_manager),
+                **kwargs,
+            )
         )
         return aggregate(chunks)
 
@@ -856,7 +874,10 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         chunks = [
             c
             async for c in self._astream(
-                messages, stop, run_manager if self.streaming else None, **kwargs
+                messages,
+                stop,
+                run_manager if self.streaming else progress_only(run_manager),
+                **kwargs,
             )
         ]
         return aggregate(chunks)

@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from langchain_llamacpp_local.cache.chunking import marker_cuts
-from langchain_llamacpp_local.chat import prompts
+from langchain_llamacpp_local.chat import cache_report, prompts
 from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.preview import RenderedPrompt, from_prepared
 from langchain_llamacpp_local.chat.special_tokens import scan_in_background
@@ -85,6 +85,22 @@ class Frontend:
         if worker is None:
             raise WorkerDeadError("the model worker has stopped")
         return worker.tokenize_media(text, images)
+
+    def explain_miss(
+        self, prepared: prompts.PreparedPrompt, cache: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Where a prompt that missed the cache left it, in its messages (a miss only:
+        this detokenizes the prompt up to that point)."""
+        with self.holding_vocab():
+            return cache_report.explain_miss(
+                prepared.text,
+                prepared.tokens,
+                cache["at"],
+                cache["mismatch"],
+                lambda t: self.engine.token_piece(t),
+                prepared.messages,
+                prepared.tool_specs,
+            )
 
     def prepare(self, job: ChatJob) -> tuple[EngineRequest, prompts.PreparedPrompt]:
         """The token request for ``job`` and the prompt it came from (its parser).

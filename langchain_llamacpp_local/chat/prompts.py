@@ -138,6 +138,9 @@ class PreparedPrompt:
     analysis: TemplateAnalysis | None = None  # for parse_format "auto"
     lora_start: int = 0  # where the LoRA adapters take effect (an activated LoRA's invocation)
     calls: bool = False  # tools are bound: the output may hold calls
+    #: the request's messages and tools as rendered (the cache report maps a miss to them)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_specs: list[dict[str, Any]] = field(default_factory=list)
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:
@@ -387,6 +390,8 @@ def _prepare(
         prefill=text[-_PREFILL_CHARS:],
         analysis=analysis if parse_format == "auto" else None,
         calls=use_tools,
+        messages=job.messages,
+        tool_specs=list(job.tools or ()),
     )
 
 

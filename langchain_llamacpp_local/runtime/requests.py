@@ -42,6 +42,8 @@ class EngineRequest:
     speculative_max_draft: int = 16
     logprobs: bool = False
     top_logprobs: int = 0
+    #: send a :class:`PromptProgress` after each prompt piece (a caller with callbacks)
+    prompt_progress: bool = False
     #: the sampler chain, built by the front end (grammar compiled off the decode loop);
     #: None: the worker builds it from ``sampling``. The worker owns and closes it.
     sampler: Sampler | None = None
@@ -99,7 +101,22 @@ class Finished:
     logprobs: list[dict[str, Any]] | None = None
     speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
     lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
+    #: where the kept prefix came from and the cached candidate's next entries past the
+    #: point where the prompt left it: {"source", "mismatch"}; None when nothing was cached
+    cache: dict[str, Any] | None = None
     final: ClassVar[bool] = True
+
+
+@dataclass
+class PromptProgress:
+    """Prompt reading so far, sent after each prompt piece when the request asks
+    (llama.cpp's ``return_progress``): ``processed`` counts the tokens read this call,
+    ``cached`` those kept from the cache; ``cached + processed`` reaches ``total``."""
+
+    total: int
+    cached: int
+    processed: int
+    final: ClassVar[bool] = False
 
 
 @dataclass
@@ -110,4 +127,4 @@ class Failed:
     final: ClassVar[bool] = True
 
 
-ReplyItem = TextDelta | Finished | Failed
+ReplyItem = TextDelta | PromptProgress | Finished | Failed

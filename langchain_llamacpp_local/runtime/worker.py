@@ -47,6 +47,7 @@ from langchain_llamacpp_local.runtime.requests import (
     EngineRequest,
     Failed,
     Finished,
+    PromptProgress,
     TextDelta,
     cancel_error,
 )
@@ -247,6 +248,7 @@ class _Active:
     job: EngineRequest
     slot: Slot
     n_keep: int
+    cache: dict[str, Any] | None
     max_new: int
     targets: list[int]
     keep: frozenset[int]
@@ -483,6 +485,11 @@ class _WorkerState:
         except BaseException:
             sampler.close()
             raise
+        cache = {
+            "source": memory.last_source,
+            "mismatch": list(memory.last_mismatch),
+            "at": memory.last_mismatch_at,
+        }
         if n_keep == 0:
             for proposer in self.proposers.values():
                 proposer.forget(slot.seq_id)
@@ -490,6 +497,7 @@ class _WorkerState:
             job=job,
             slot=slot,
             n_keep=n_keep,
+            cache=cache,
             max_new=job.max_new,
             targets=targets,
             keep=frozenset(targets),
@@ -751,6 +759,8 @@ class _WorkerState:
             self._after_failed_decode([act], exc)
             return
         memory.record(slot, chunk, exact=True)
+        if job.prompt_progress:
+            job.channel.put(PromptProgress(n_prompt, act.n_keep, slot.n_past - act.n_keep))
         if act.prefilling:
             if act.targets and slot.n_past == act.targets[0]:
                 act.targets.pop(0)
@@ -929,6 +939,7 @@ class _WorkerState:
                 logprobs=None if act.logprobs is None else act.logprobs[act.logprobs_sent :],
                 speculative=spec,
                 lora=None if act.job.lora is None else dict(act.job.lora),
+                cache=act.cache,
             )
         )
 
