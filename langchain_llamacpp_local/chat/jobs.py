@@ -34,6 +34,9 @@ class ChatJob:
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning: bool | None = None
+    #: "none", "minimal", "low", "medium" or "high": a template variable, and the
+    #: on/off switch (``enable_thinking``) of templates that have only that
+    reasoning_effort: str | None = None
     logprobs: bool = EngineRequest.logprobs
     top_logprobs: int = EngineRequest.top_logprobs
     cache_prompt: bool = EngineRequest.cache_prompt
