@@ -94,6 +94,8 @@ _CALL_KWARGS = {
     "response_format",
     "reasoning",
     "reasoning_effort",
+    "reasoning_budget",
+    "reasoning_budget_message",
     "max_tokens",
     "chat_template",
     "chat_template_kwargs",
@@ -318,6 +320,14 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     to templates that read ``reasoning_effort`` (gpt-oss); for templates with only an
     ``enable_thinking`` switch (Qwen3), "none" and "minimal" turn thinking off and the
     others on. An explicit ``chat_template_kwargs`` entry wins."""
+    reasoning_budget: int | None = None
+    """Most tokens the model may think (also per call): once its thinking block reaches
+    it, the family's own end-of-thinking marker is forced and the answer follows.
+    ``0`` turns thinking off where the template can (``enable_thinking=False``), else
+    ends it at once. None: unbounded."""
+    reasoning_budget_message: str | None = None
+    """Text forced before the end marker when the budget is reached (llama.cpp's
+    ``--reasoning-budget-message``), e.g. "Time to answer."."""
     logprobs: bool = ChatJob.logprobs
     """Return the log-probability of each generated token in ``response_metadata``."""
     top_logprobs: int = ChatJob.top_logprobs
@@ -745,6 +755,10 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             chat_template_kwargs=template_kwargs,
             reasoning=kwargs.get("reasoning", self.reasoning),
             reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
+            reasoning_budget=kwargs.get("reasoning_budget", self.reasoning_budget),
+            reasoning_budget_message=kwargs.get(
+                "reasoning_budget_message", self.reasoning_budget_message
+            ),
             logprobs=bool(kwargs.get("logprobs", self.logprobs)),
             top_logprobs=int(kwargs.get("top_logprobs", self.top_logprobs) or 0),
             cache_prompt=bool(kwargs.get("cache_prompt", True)),

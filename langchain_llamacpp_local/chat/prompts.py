@@ -317,6 +317,13 @@ def _prepare(
         effort = check_effort(job.reasoning_effort)
         kwargs.setdefault("reasoning_effort", effort)
         kwargs.setdefault("enable_thinking", effort not in EFFORTS_OFF)
+    budget = job.reasoning_budget
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
+    ):
+        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
+    if budget == 0:
+        kwargs.setdefault("enable_thinking", False)
     if job.reasoning is not None:
         kwargs.setdefault("enable_thinking", bool(job.reasoning))
     images: list[Any] = []
