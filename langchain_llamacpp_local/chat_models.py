@@ -89,6 +89,9 @@ _CALL_KWARGS = {
     "parallel_tool_calls",
     "response_format",
     "reasoning",
+    "reasoning_effort",
+    "reasoning_budget",
+    "reasoning_budget_message",
     "max_tokens",
     "chat_template",
     "chat_template_kwargs",
@@ -308,6 +311,19 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     reasoning: bool | None = None
     """True: move ``<think>`` blocks into ``additional_kwargs["reasoning_content"]``;
     False: ask the template not to think and strip stray blocks; None: leave text as is."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    """How hard the model should think, as OpenAI's API names it (also per call). Passed
+    to templates that read ``reasoning_effort`` (gpt-oss); for templates with only an
+    ``enable_thinking`` switch (Qwen3), "none" and "minimal" turn thinking off and the
+    others on. An explicit ``chat_template_kwargs`` entry wins."""
+    reasoning_budget: int | None = None
+    """Most tokens the model may think (also per call): once its thinking block reaches
+    it, the family's own end-of-thinking marker is forced and the answer follows.
+    ``0`` turns thinking off where the template can (``enable_thinking=False``), else
+    ends it at once. None: unbounded."""
+    reasoning_budget_message: str | None = None
+    """Text forced before the end marker when the budget is reached (llama.cpp's
+    ``--reasoning-budget-message``), e.g. "Time to answer."."""
     logprobs: bool = ChatJob.logprobs
     """Return the log-probability of each generated token in ``response_metadata``."""
     top_logprobs: int = ChatJob.top_logprobs
@@ -728,6 +744,11 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             chat_template=kwargs.get("chat_template", self.chat_template),
             chat_template_kwargs=template_kwargs,
             reasoning=kwargs.get("reasoning", self.reasoning),
+            reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
+            reasoning_budget=kwargs.get("reasoning_budget", self.reasoning_budget),
+            reasoning_budget_message=kwargs.get(
+                "reasoning_budget_message", self.reasoning_budget_message
+            ),
             logprobs=bool(kwargs.get("logprobs", self.logprobs)),
             top_logprobs=int(kwargs.get("top_logprobs", self.top_logprobs) or 0),
             cache_prompt=bool(kwargs.get("cache_prompt", True)),

@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from langchain_llamacpp_local.cache.chunking import marker_cuts
-from langchain_llamacpp_local.chat import cache_report, prompts
+from langchain_llamacpp_local.chat import cache_report, prompts, thinking
 from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.preview import RenderedPrompt, from_prepared
 from langchain_llamacpp_local.chat.special_tokens import scan_in_background
@@ -173,6 +173,13 @@ class Frontend:
             top_logprobs=job.top_logprobs,
             deadline=job.deadline,
             cancel=job.cancel,
+            think=thinking.plan(
+                eng,
+                self.format.call_format,
+                prepared.prefill,
+                job.reasoning_budget,
+                job.reasoning_budget_message,
+            ),
         )
         # the grammar is compiled here, not on the decode loop; the worker owns it now
         request.sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)

@@ -23,6 +23,7 @@ from langchain_llamacpp_local.chat.special_tokens import (
     tokenize_protected,
     vocab_info,
 )
+from langchain_llamacpp_local.errors import InvalidRequestError
 from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
@@ -176,6 +177,21 @@ def _channel_markup(fmt: str | None) -> bool:
     return family is not None and family.channel_markup
 
 
+#: the efforts OpenAI's API names; templates with only an on/off switch think for the rest
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+EFFORTS_OFF = frozenset({"none", "minimal"})
+
+
+def check_effort(effort: object) -> str:
+    """``effort`` if it is one of :data:`EFFORTS`; a template given an unknown effort
+    would silently render its default, so it is the caller's error."""
+    if effort not in EFFORTS:
+        raise InvalidRequestError(
+            f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {effort!r}"
+        )
+    return str(effort)
+
+
 def _plain_format(fmt: str | None, reasoning: bool | None) -> str | None:
     """The parser for a request with no tools bound, as llama.cpp keeps the family's own:
     its turn and channel markup is removed and its own think markers are read; call markup
@@ -300,6 +316,17 @@ def _prepare(
         parse_format = tool_format if template.supports_tools or own_syntax else "hermes"
 
     kwargs = dict(job.chat_template_kwargs)
+    if job.reasoning_effort is not None:
+        effort = check_effort(job.reasoning_effort)
+        kwargs.setdefault("reasoning_effort", effort)
+        kwargs.setdefault("enable_thinking", effort not in EFFORTS_OFF)
+    budget = job.reasoning_budget
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
+    ):
+        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
+    if budget == 0:
+        kwargs.setdefault("enable_thinking", False)
     if job.reasoning is not None:
         kwargs.setdefault("enable_thinking", bool(job.reasoning))
     images: list[Any] = []

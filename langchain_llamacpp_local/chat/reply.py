@@ -46,12 +46,15 @@ class Done:
 
 def usage_of(fin: Finished) -> dict[str, Any]:
     """LangChain's ``usage_metadata`` of a finished reply."""
-    return {
+    usage: dict[str, Any] = {
         "input_tokens": fin.n_prompt,
         "output_tokens": fin.n_generated,
         "total_tokens": fin.n_prompt + fin.n_generated,
         "input_token_details": {"cache_read": fin.n_cached},
     }
+    if fin.n_reasoning:
+        usage["output_token_details"] = {"reasoning": fin.n_reasoning}
+    return usage
 
 
 class Reply:

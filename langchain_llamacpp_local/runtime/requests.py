@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
 from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
 from langchain_llamacpp_local.runtime.channel import Channel
+from langchain_llamacpp_local.runtime.thinking import ThinkPlan
 
 
 @dataclass
@@ -44,6 +45,9 @@ class EngineRequest:
     top_logprobs: int = 0
     #: send a :class:`PromptProgress` after each prompt piece (a caller with callbacks)
     prompt_progress: bool = False
+    #: the family's thinking markers as token ids: thinking tokens are counted (and
+    #: bounded by its budget); None: the output has no thinking block we know
+    think: ThinkPlan | None = None
     #: the sampler chain, built by the front end (grammar compiled off the decode loop);
     #: None: the worker builds it from ``sampling``. The worker owns and closes it.
     sampler: Sampler | None = None
@@ -104,6 +108,8 @@ class Finished:
     #: where the kept prefix came from and the cached candidate's next entries past the
     #: point where the prompt left it: {"source", "mismatch"}; None when nothing was cached
     cache: dict[str, Any] | None = None
+    #: generated tokens inside the thinking block (markers excluded); None: not counted
+    n_reasoning: int | None = None
     final: ClassVar[bool] = True
 
 
