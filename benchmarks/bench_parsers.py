@@ -28,9 +28,9 @@ from langchain_llamacpp_local.formats.registry import FAMILIES
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate
 
 #: one tool call per format, ``{ARG}`` the long argument's place
-_DSML = "｜DSML｜"
-_HY = ":opensource"
-_MM = "]<]minimax[>["
+DSML_MARKER = "｜DSML｜"
+HY_MARKER = ":opensource"
+MM_MARKER = "]<]minimax[>["
 _JSON = '{"name": "get_weather", "arguments": {"city": "{ARG}"}}'
 CALLS: dict[str, str] = {
     "hermes": f"<tool_call>\n{_JSON}\n</tool_call>",
@@ -58,9 +58,9 @@ CALLS: dict[str, str] = {
     "{ARG}</parameter>\n</invoke>\n</minimax:tool_call>",
     "deepseek_v3_1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
     '{"city": "{ARG}"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
-    "deepseek_v3_2": f'<{_DSML}function_calls>\n<{_DSML}invoke name="get_weather">\n'
-    f'<{_DSML}parameter name="city" string="true">{{ARG}}</{_DSML}parameter>\n'
-    f"</{_DSML}invoke>\n</{_DSML}function_calls>",
+    "deepseek_v3_2": f'<{DSML_MARKER}function_calls>\n<{DSML_MARKER}invoke name="get_weather">\n'
+    f'<{DSML_MARKER}parameter name="city" string="true">{{ARG}}</{DSML_MARKER}parameter>\n'
+    f"</{DSML_MARKER}invoke>\n</{DSML_MARKER}function_calls>",
     "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
     '<|tool_call_argument_begin|>{"city": "{ARG}"}<|tool_call_end|><|tool_calls_section_end|>',
     "nemotron_v2": f"<TOOLCALL>[{_JSON}]</TOOLCALL>",
@@ -74,8 +74,8 @@ CALLS: dict[str, str] = {
     '{"city": "{ARG}"}}]\n```',
     "minimax_m1": f"<tool_calls>\n{_JSON}\n</tool_calls>",
     "gemma4": '<|tool_call>call:get_weather{city:<|"|>{ARG}<|"|>}<tool_call|>',
-    "minimax_m3": f'{_MM}<tool_call>{_MM}<invoke name="get_weather">{_MM}<city>{{ARG}}{_MM}</city>'
-    f"{_MM}</invoke>{_MM}</tool_call>",
+    "minimax_m3": f'{MM_MARKER}<tool_call>{MM_MARKER}<invoke name="get_weather">{MM_MARKER}<city>{{ARG}}{MM_MARKER}</city>'
+    f"{MM_MARKER}</invoke>{MM_MARKER}</tool_call>",
     "kimi_k3": '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
     '<|open|>argument key="city" type="string"<|sep|>{ARG}<|close|>argument<|sep|>'
     "<|close|>call<|sep|><|close|>tools<|sep|>",
@@ -84,9 +84,9 @@ CALLS: dict[str, str] = {
     "muse_glimmer": "<|eom|><|start|>assistant to=functions<|message|><atem:function_calls>"
     '<atem:invoke name="get_weather"><atem:parameter name="city">{ARG}</atem:parameter>'
     "</atem:invoke></atem:function_calls><|eom|>",
-    "hy3": f"<tool_calls{_HY}>\n<tool_call{_HY}>get_weather<tool_sep{_HY}>\n<arg_key{_HY}>city"
-    f"</arg_key{_HY}>\n<arg_value{_HY}>{{ARG}}</arg_value{_HY}>\n</tool_call{_HY}>\n"
-    f"</tool_calls{_HY}>",
+    "hy3": f"<tool_calls{HY_MARKER}>\n<tool_call{HY_MARKER}>get_weather<tool_sep{HY_MARKER}>\n<arg_key{HY_MARKER}>city"
+    f"</arg_key{HY_MARKER}>\n<arg_value{HY_MARKER}>{{ARG}}</arg_value{HY_MARKER}>\n</tool_call{HY_MARKER}>\n"
+    f"</tool_calls{HY_MARKER}>",
     "solar_open": "<|tool_calls|><|tool_call:begin|>abc<|tool_call:name|>get_weather"
     '<|tool_call:args|>{"city": "{ARG}"}<|tool_call:end|>',
     "minicpm5": '<function name="get_weather"><param name="city">{ARG}</param></function>',

@@ -19,17 +19,17 @@ from typing import Any
 
 from langchain_llamacpp_local.formats.base import (
     Options,
-    _Call,
-    _call_from_obj,
-    _Ctx,
-    _json_prefix,
-    _loads,
-    _Scan,
-    _scan_multi,
-    _scan_regions,
-    _unfence,
+    ParseContext,
+    ParsedCall,
+    RegionScan,
+    call_from_obj,
+    json_prefix,
+    loads_lenient,
+    scan_multi,
+    scan_regions,
+    unfence,
 )
-from langchain_llamacpp_local.formats.families import _py_literal, reads
+from langchain_llamacpp_local.formats.families import py_literal, reads
 
 _DS = {
     "calls_begin": "<｜tool▁calls▁begin｜>",
@@ -41,16 +41,16 @@ _DS = {
 _DS_CALLS = "<｜tool▁calls｜>"
 
 
-def _hermes_body(region: str, final: bool) -> list[_Call]:
+def _hermes_body(region: str, final: bool) -> list[ParsedCall]:
     s = region.strip()
     m = re.match(r"^<function=([^>\s]+)>\s*(.*?)\s*(</function>)?\s*$", s, re.S)
     if m:
         if not final and not m.group(3):
-            return [_Call(m.group(1), None, s, complete=False)]
-        args, err = _loads(m.group(2) or "{}")
+            return [ParsedCall(m.group(1), None, s, complete=False)]
+        args, err = loads_lenient(m.group(2) or "{}")
         if err or not isinstance(args, dict):
             return [
-                _Call(
+                ParsedCall(
                     m.group(1),
                     None,
                     s,
@@ -58,30 +58,32 @@ def _hermes_body(region: str, final: bool) -> list[_Call]:
                     complete=final,
                 )
             ]
-        return [_Call(m.group(1), args, s)]
+        return [ParsedCall(m.group(1), args, s)]
     if not final:
         name = re.match(r'^\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', s)
-        return [_Call(json.loads(f'"{name.group(1)}"') if name else None, None, s, complete=False)]
-    obj, err = _loads(_unfence(s))
+        return [
+            ParsedCall(json.loads(f'"{name.group(1)}"') if name else None, None, s, complete=False)
+        ]
+    obj, err = loads_lenient(unfence(s))
     if err:
         name = re.match(r'^\{\s*"name"\s*:\s*"([\w.\-]+)"', s)
-        return [_Call(name.group(1) if name else None, None, region.strip(), error=err)]
+        return [ParsedCall(name.group(1) if name else None, None, region.strip(), error=err)]
     if isinstance(obj, list):
-        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj]
-    return [_call_from_obj(obj, region.strip())]
+        return [call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj]
+    return [call_from_obj(obj, region.strip())]
 
 
 def _list_body(
     region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")
-) -> list[_Call]:
+) -> list[ParsedCall]:
     if not final:
         return []
-    s = _unfence(region.strip())
-    obj, err = _loads(s)
+    s = unfence(region.strip())
+    obj, err = loads_lenient(s)
     if err:
-        return [_Call(None, None, s, error=err)]
+        return [ParsedCall(None, None, s, error=err)]
     items = obj if isinstance(obj, list) else [obj]
-    return [_call_from_obj(o, json.dumps(o, ensure_ascii=False), keys) for o in items]
+    return [call_from_obj(o, json.dumps(o, ensure_ascii=False), keys) for o in items]
 
 
 #: a source's lines with their ends, as :mod:`ast` counts them (no form feed break)
@@ -101,7 +103,7 @@ def _segment(lines: list[str], node: ast.expr) -> str:
     return head + "".join(lines[first + 1 : last]) + tail
 
 
-def _pythonic_calls(text: str) -> list[_Call] | None:
+def _pythonic_calls(text: str) -> list[ParsedCall] | None:
     """``[f(a=1), g()]`` as calls, or None when the text is not such a list."""
     s = text.strip()
     if not (s.startswith("[") and s.endswith("]")):
@@ -112,7 +114,7 @@ def _pythonic_calls(text: str) -> list[_Call] | None:
         return None
     if not isinstance(tree.body, ast.List) or not tree.body.elts:
         return None
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     lines = _LINES.findall(s)
     for el in tree.body.elts:
         if not isinstance(el, ast.Call):
@@ -124,23 +126,23 @@ def _pythonic_calls(text: str) -> list[_Call] | None:
             parts.append(name_node.attr)
             name_node = name_node.value
         if not isinstance(name_node, ast.Name):
-            calls.append(_Call(None, None, raw, error="call target is not a name"))
+            calls.append(ParsedCall(None, None, raw, error="call target is not a name"))
             continue
         name = ".".join([name_node.id, *reversed(parts)])
         try:
-            args = {kw.arg: _py_literal(kw.value) for kw in el.keywords if kw.arg}
+            args = {kw.arg: py_literal(kw.value) for kw in el.keywords if kw.arg}
             if el.args:
                 raise ValueError("positional arguments")
             if any(kw.arg is None for kw in el.keywords):
                 raise ValueError("**kwargs")
         except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
-            calls.append(_Call(name, None, raw, error=f"arguments are not literals: {exc}"))
+            calls.append(ParsedCall(name, None, raw, error=f"arguments are not literals: {exc}"))
             continue
-        calls.append(_Call(name, args, raw))
+        calls.append(ParsedCall(name, args, raw))
     return calls
 
 
-def _builtin_call(code: str) -> list[_Call]:
+def _builtin_call(code: str) -> list[ParsedCall]:
     """Llama 3.1 built-in tools after ``<|python_tag|>``: ``name.call(k=v)``, else Python code."""
     s = code.strip()
     m = re.match(r"^([A-Za-z_][\w]*)\.call\((.*)\)\s*;?$", s, re.S)
@@ -148,10 +150,10 @@ def _builtin_call(code: str) -> list[_Call]:
         found = _pythonic_calls(f"[{m.group(1)}({m.group(2)})]")
         if found:
             return found
-    return [_Call("python", {"code": s}, s)]
+    return [ParsedCall("python", {"code": s}, s)]
 
 
-def _llama3_calls(text: str) -> list[_Call] | None:
+def _llama3_calls(text: str) -> list[ParsedCall] | None:
     s = text.strip()
     if s.startswith("<|python_tag|>"):
         s = s[len("<|python_tag|>") :].strip()
@@ -159,37 +161,37 @@ def _llama3_calls(text: str) -> list[_Call] | None:
             return _builtin_call(s)
     if not s.startswith("{"):
         return None
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     pos = 0
     while pos < len(s):
-        parsed = _json_prefix(s[pos:])
+        parsed = json_prefix(s[pos:])
         if parsed is None:
             if calls:
-                calls.append(_Call(None, None, s[pos:], error="invalid JSON after tool calls"))
+                calls.append(ParsedCall(None, None, s[pos:], error="invalid JSON after tool calls"))
                 return calls
             return None
         obj, end = parsed
         if not isinstance(obj, dict) or "name" not in obj:
             return None
-        calls.append(_call_from_obj(obj, s[pos : pos + end], ("parameters", "arguments")))
+        calls.append(call_from_obj(obj, s[pos : pos + end], ("parameters", "arguments")))
         pos += end
         while pos < len(s) and s[pos] in " \t\r\n;":
             pos += 1
     return calls
 
 
-def _generic_calls(text: str) -> tuple[list[_Call], str] | None:
-    s = _unfence(text)
+def _generic_calls(text: str) -> tuple[list[ParsedCall], str] | None:
+    s = unfence(text)
     if not s.startswith("{"):
         return None
-    obj, err = _loads(s)
+    obj, err = loads_lenient(s)
     if err or not isinstance(obj, dict):
         return None
     if "tool_calls" in obj and isinstance(obj["tool_calls"], list):
-        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj["tool_calls"]], ""
+        return [call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in obj["tool_calls"]], ""
     if "tool_call" in obj:
         return [
-            _call_from_obj(obj["tool_call"], json.dumps(obj["tool_call"], ensure_ascii=False))
+            call_from_obj(obj["tool_call"], json.dumps(obj["tool_call"], ensure_ascii=False))
         ], ""
     if "response" in obj:
         resp = obj["response"]
@@ -197,13 +199,13 @@ def _generic_calls(text: str) -> tuple[list[_Call], str] | None:
     return None
 
 
-def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], int]:
+def _functionary_body(text: str, final: bool) -> tuple[list[str], list[ParsedCall], int]:
     """``>>>name\n{json}`` blocks; ``>>>all\n`` blocks are content."""
     if ">>>" not in text:
         return [text], [], len(text)
     first = text.find(">>>")
     content: list[str] = [text[:first]]
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     parts = text[first:].split(">>>")[1:]
     offset = first
     for n, part in enumerate(parts):
@@ -216,17 +218,19 @@ def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], i
             if name == "all":
                 content.append(body)
                 return content, calls, len(text)
-            calls.append(_Call(name, None, body, complete=False))
+            calls.append(ParsedCall(name, None, body, complete=False))
             return content, calls, offset
         if name == "all":
             content.append(body)
         elif name == "python" and not body.lstrip().startswith("{"):
-            calls.append(_Call("python", {"code": body}, body))  # raw code, as llama.cpp reads it
+            calls.append(
+                ParsedCall("python", {"code": body}, body)
+            )  # raw code, as llama.cpp reads it
         else:
-            obj, err = _loads(body.strip() or "{}")
+            obj, err = loads_lenient(body.strip() or "{}")
             if err or not isinstance(obj, dict):
                 calls.append(
-                    _Call(
+                    ParsedCall(
                         name or None,
                         None,
                         body.strip(),
@@ -234,13 +238,13 @@ def _functionary_body(text: str, final: bool) -> tuple[list[str], list[_Call], i
                     )
                 )
             else:
-                calls.append(_Call(name, obj, body.strip()))
+                calls.append(ParsedCall(name, obj, body.strip()))
         offset += 3 + len(part)
     return content, calls, len(text)
 
 
-def _deepseek_body(region: str, final: bool) -> list[_Call]:
-    out: list[_Call] = []
+def _deepseek_body(region: str, final: bool) -> list[ParsedCall]:
+    out: list[ParsedCall] = []
     for m in re.finditer(
         re.escape(_DS["call_begin"]) + r"(.*?)(" + re.escape(_DS["call_end"]) + r"|$)", region, re.S
     ):
@@ -249,14 +253,14 @@ def _deepseek_body(region: str, final: bool) -> list[_Call]:
         name, newline, body = rest.partition("\n")
         if not closed and not final:
             # the name is known once its line is complete
-            out.append(_Call(name.strip() if newline else None, None, inner, complete=False))
+            out.append(ParsedCall(name.strip() if newline else None, None, inner, complete=False))
             continue
-        obj, err = _loads(_unfence(body))
+        obj, err = loads_lenient(unfence(body))
         if not closed:
             err = err or "unterminated tool call"
         if err or not isinstance(obj, dict):
             out.append(
-                _Call(
+                ParsedCall(
                     name.strip() or None,
                     None,
                     inner,
@@ -264,7 +268,7 @@ def _deepseek_body(region: str, final: bool) -> list[_Call]:
                 )
             )
         else:
-            out.append(_Call(name.strip(), obj, inner))
+            out.append(ParsedCall(name.strip(), obj, inner))
     return out
 
 
@@ -272,29 +276,31 @@ _HERMES_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json
 
 
 @reads("json")
-def _hermes_json(region: str, final: bool, opts: Options) -> list[_Call]:
+def _hermes_json(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     return _hermes_body(region, final)
 
 
 @reads("json")
-def _hermes_fn(region: str, final: bool, opts: Options) -> list[_Call]:
+def _hermes_fn(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<function=NAME>{json}</function>`` or ``<function name="NAME">{json}</function>``."""
     m = re.match(r'^(?:=([^>\s]+)|\s+name="([^"]*)")>(.*)$', region, re.S)
     if not m:
         return (
-            [_Call(None, None, region, complete=False)]
+            [ParsedCall(None, None, region, complete=False)]
             if not final
-            else [_Call(None, None, region, error="cannot read the <function> call")]
+            else [ParsedCall(None, None, region, error="cannot read the <function> call")]
         )
     name = m.group(1) or m.group(2)
     if not final:
-        return [_Call(name, None, region, complete=False)]
-    args, err = _loads(m.group(3).strip() or "{}")
+        return [ParsedCall(name, None, region, complete=False)]
+    args, err = loads_lenient(m.group(3).strip() or "{}")
     if err or not isinstance(args, dict):
         return [
-            _Call(name, None, m.group(3).strip(), error=err or "arguments are not a JSON object")
+            ParsedCall(
+                name, None, m.group(3).strip(), error=err or "arguments are not a JSON object"
+            )
         ]
-    return [_Call(name, args, m.group(3).strip())]
+    return [ParsedCall(name, args, m.group(3).strip())]
 
 
 _HERMES_REGIONS: tuple[tuple[str, str | None, Any], ...] = (
@@ -303,12 +309,12 @@ _HERMES_REGIONS: tuple[tuple[str, str | None, Any], ...] = (
 )
 
 
-def _bare_call(text: str) -> list[_Call] | None:
+def _bare_call(text: str) -> list[ParsedCall] | None:
     """A whole output that is one ``{"name", "arguments"}`` object (maybe fenced)."""
-    s = _unfence(text)
+    s = unfence(text)
     if not s.startswith("{"):
         return None
-    obj, err = _loads(s)
+    obj, err = loads_lenient(s)
     if (
         err
         or not isinstance(obj, dict)
@@ -316,7 +322,7 @@ def _bare_call(text: str) -> list[_Call] | None:
         or not ({"arguments", "parameters"} & obj.keys())
     ):
         return None
-    return [_call_from_obj(obj, s)]
+    return [call_from_obj(obj, s)]
 
 
 _EMPTY_FENCE = re.compile(r"```(?:xml|json|JSON)?[ \t]*\n\s*```[ \t]*\n?")
@@ -334,15 +340,15 @@ def _granite_unwrap(text: str) -> str:
 
 # --------------------------------------------------------------------------- readers
 
-Read = Callable[[str, Options, bool, _Ctx], _Scan]
+Read = Callable[[str, Options, bool, ParseContext], RegionScan]
 """read(rest, opts, final, ctx) -> the scan of ``rest`` (``ctx``: what came before it)."""
 
 
-def _text(content: str, settled: bool = True, **kw: Any) -> _Scan:
-    return _Scan(None, content, [], settled, stage="rest", **kw)
+def _text(content: str, settled: bool = True, **kw: Any) -> RegionScan:
+    return RegionScan(None, content, [], settled, stage="rest", **kw)
 
 
-def _as_text(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _as_text(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     return _text(rest)
 
 
@@ -366,8 +372,8 @@ class Reader:
     whole_output: bool = False
 
 
-def _hermes_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
-    pieces, calls, settled_at = _scan_multi(rest, _HERMES_REGIONS, opts, final)
+def hermes_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
+    pieces, calls, settled_at = scan_multi(rest, _HERMES_REGIONS, opts, final)
     content = "".join(pieces)
     if calls or ctx.had_calls:  # a call in a ```xml / ```json fence leaves no empty fence
         content = _EMPTY_FENCE.sub("", content)
@@ -382,19 +388,21 @@ def _hermes_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
             return _text("", False, hold=tuple(start for start, _, _ in _HERMES_REGIONS))
         bare = _bare_call(content) if final else None
         if bare is not None:
-            return _Scan(None, "", bare, True, stage="rest")
+            return RegionScan(None, "", bare, True, stage="rest")
     settled = settled_at >= len(rest)
-    return _Scan(None, content, calls, settled, stage="rest", open=not settled, trimmed=trimmed)
+    return RegionScan(
+        None, content, calls, settled, stage="rest", open=not settled, trimmed=trimmed
+    )
 
 
-def _granite_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _granite_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     c = _granite_unwrap(rest)
-    pieces, calls, settled_at = _scan_regions(c, "<|tool_call|>", None, _list_body, final)
+    pieces, calls, settled_at = scan_regions(c, "<|tool_call|>", None, _list_body, final)
     settled = settled_at >= len(c)
-    return _Scan(None, "".join(pieces), calls, settled, stage="rest", open=not settled)
+    return RegionScan(None, "".join(pieces), calls, settled, stage="rest", open=not settled)
 
 
-def _granite_plain(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _granite_plain(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     return _text(_granite_unwrap(rest))
 
 
@@ -404,20 +412,20 @@ def _functionary_resume(opts: Options) -> str:
     return ("" if opts.opened(">>>") else ">>>") + _ALL
 
 
-def _functionary_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _functionary_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     text = ">>>" + rest if opts.opened(">>>") else rest
     pieces, calls, settled_at = _functionary_body(text, final)
     settled = settled_at >= len(text)
     # a call whose name line is written ends where the next recipient begins
     open_call = not settled and "\n" in rest[max(rest.rfind(">>>"), 0) :]
-    sc = _Scan(None, "".join(pieces), calls, settled, stage="rest", open=open_call)
+    sc = RegionScan(None, "".join(pieces), calls, settled, stage="rest", open=open_call)
     sc.resume = _functionary_resume(opts)
     if open_call:
         sc.wake = ((">>>",), frozenset())
     return sc
 
 
-def _functionary_plain(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _functionary_plain(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     # the generation prompt ends with ">>>": plain text is the "all" recipient's message
     text = rest if opts.opened(">>>") else rest.removeprefix(">>>")
     if not final and len(text) < len(_ALL) and _ALL.startswith(text):
@@ -425,40 +433,40 @@ def _functionary_plain(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Sca
     return _text(text.removeprefix(_ALL), resume=_functionary_resume(opts))
 
 
-def _deepseek_r1_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _deepseek_r1_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     # "<｜tool▁calls｜>" opens the calls and the first call at once (an R1 variant)
     c = rest.replace(_DS_CALLS, _DS["calls_begin"] + _DS["call_begin"])
     c = c.replace(_DS["calls_end"], "")
-    pieces, calls, settled_at = _scan_regions(c, _DS["calls_begin"], None, _deepseek_body, final)
+    pieces, calls, settled_at = scan_regions(c, _DS["calls_begin"], None, _deepseek_body, final)
     settled = settled_at >= len(c)
-    return _Scan(None, "".join(pieces), calls, settled, stage="rest", open=not settled)
+    return RegionScan(None, "".join(pieces), calls, settled, stage="rest", open=not settled)
 
 
-def _pythonic_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def pythonic_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     if ctx.had_calls:  # only the first call block is read: the rest is text
         return _text(rest)
     m = re.search(r"<\|tool_call_start\|>(.*?)(<\|tool_call_end\|>|$)", rest, re.S)
     if m:
         if not m.group(2) and not final:
             named = re.match(r"\s*\[\s*([\w.\-]+)\(", m.group(1))
-            call = _Call(named and named.group(1), None, m.group(1), complete=False)
-            return _Scan(None, rest[: m.start()], [call], False, stage="rest", open=True)
+            call = ParsedCall(named and named.group(1), None, m.group(1), complete=False)
+            return RegionScan(None, rest[: m.start()], [call], False, stage="rest", open=True)
         found = _pythonic_calls(m.group(1))
         calls = (
             found
             if found is not None
-            else [_Call(None, None, m.group(1), error="not a list of calls")]
+            else [ParsedCall(None, None, m.group(1), error="not a list of calls")]
         )
-        return _Scan(None, rest[: m.start()] + rest[m.end() :], calls, True, stage="rest")
+        return RegionScan(None, rest[: m.start()] + rest[m.end() :], calls, True, stage="rest")
     if not final and ctx.head and rest.lstrip().startswith("["):
         return _text("", False, hold=("<|tool_call_start|>",))
     found = _pythonic_calls(rest) if final and ctx.head else None
     if found is not None:
-        return _Scan(None, "", found, True, stage="rest")
+        return RegionScan(None, "", found, True, stage="rest")
     return _text(rest)
 
 
-def _llama3_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _llama3_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     s = rest.strip()
     if not final and (
         "<|python_tag|>" in s
@@ -469,34 +477,34 @@ def _llama3_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
         return _text("", False, hold=() if forever else None)
     found = _llama3_calls(rest) if final and ctx.head else None
     if found is not None:
-        return _Scan(None, "", found, True, stage="rest")
+        return RegionScan(None, "", found, True, stage="rest")
     if final and "<|python_tag|>" in rest:
         i = rest.index("<|python_tag|>")
-        return _Scan(None, rest[:i], _llama3_calls(rest[i:]) or [], True, stage="rest")
+        return RegionScan(None, rest[:i], _llama3_calls(rest[i:]) or [], True, stage="rest")
     return _text(rest)
 
 
-def _generic_read(rest: str, opts: Options, final: bool, ctx: _Ctx) -> _Scan:
+def _generic_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     s = rest.strip()
     if not final and ctx.head and (s.startswith("{") or s.startswith("`")):
         return _text("", False, hold=())
     generic = _generic_calls(rest) if final and ctx.head else None
     if generic is not None:
-        return _Scan(None, generic[1], generic[0], True, stage="rest")
+        return RegionScan(None, generic[1], generic[0], True, stage="rest")
     return _text(rest)
 
 
 _HERMES_MARKERS = tuple(start for start, _, _ in _HERMES_REGIONS)
 
 HERMES = Reader(
-    _hermes_read,
+    hermes_read,
     markers=(*(m for start, end, _ in _HERMES_REGIONS for m in (start, end or "") if m), "```"),
     held=(*_HERMES_MARKERS, "```"),  # a fence may wrap a call
     wake=tuple(end for _, end, _ in _HERMES_REGIONS if end),
 )
 LLAMA3_JSON = Reader(_llama3_read, markers=("<|python_tag|>",), whole_output=True)
 PYTHONIC = Reader(
-    _pythonic_read,
+    pythonic_read,
     markers=("<|tool_call_start|>", "<|tool_call_end|>"),
     wake=("<|tool_call_end|>",),
     whole_output=True,

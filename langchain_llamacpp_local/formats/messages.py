@@ -14,12 +14,18 @@ import logging
 import re
 from collections.abc import Callable
 
-from langchain_llamacpp_local.formats.base import Options, _Call, _loads, _Scan, _scan_multi
+from langchain_llamacpp_local.formats.base import (
+    Options,
+    ParsedCall,
+    RegionScan,
+    loads_lenient,
+    scan_multi,
+)
 from langchain_llamacpp_local.formats.families import Spec
 
 logger = logging.getLogger(__name__)
 
-Scanner = Callable[[str, "Spec | None", Options, bool, bool], _Scan]
+Scanner = Callable[[str, "Spec | None", Options, bool, bool], RegionScan]
 
 # --------------------------------------------------------------------------- Muse Glimmer
 
@@ -27,7 +33,9 @@ _MUSE_HEADER = re.compile(r"\s*(?:<\|start\|>assistant)?\s*to=([^\s<]+)\s*<\|mes
 _MUSE_END = re.compile(r"<\|eot\|>|<\|eom\|>")
 
 
-def muse(text: str, spec: Spec | None, opts: Options, final: bool, blank: bool = False) -> _Scan:
+def muse(
+    text: str, spec: Spec | None, opts: Options, final: bool, blank: bool = False
+) -> RegionScan:
     """Muse Glimmer messages: ``[<|start|>assistant] to=R<|message|>body<|eom|>`` / ``<|eot|>``.
 
     ``to=self`` is reasoning, ``to=user`` content (call markup quoted in it stays
@@ -38,7 +46,7 @@ def muse(text: str, spec: Spec | None, opts: Options, final: bool, blank: bool =
     regions = spec.regions if spec is not None else ()
     content: list[str] = []
     thought: list[str] = []
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     settled = True
     pos, n = 0, len(text)
     m: re.Match[str] | None = None
@@ -72,7 +80,7 @@ def muse(text: str, spec: Spec | None, opts: Options, final: bool, blank: bool =
             resume = m.group(0)
         else:
             done = e is not None or final
-            pieces, found, at = _scan_multi(body, regions if opts.calls else (), opts, done)
+            pieces, found, at = scan_multi(body, regions if opts.calls else (), opts, done)
             calls.extend(found)
             content.append("".join(pieces).strip())
             if not done:
@@ -81,7 +89,7 @@ def muse(text: str, spec: Spec | None, opts: Options, final: bool, blank: bool =
                     ends = [m for start, end, body in regions for m in (end, *body.closers)]
                     wake = ((*ends, "<|eom|>", "<|eot|>"), frozenset())
     reasoning = "".join(thought) if thought else None
-    sc = _Scan(reasoning, "".join(content), calls, settled, wake=wake, open=wake is not None)
+    sc = RegionScan(reasoning, "".join(content), calls, settled, wake=wake, open=wake is not None)
     if pos == n and m is not None and e is None and resume is not None:
         sc.stage, sc.resume = "rest", resume  # the text ends inside a message's text
     elif wake is not None:
@@ -96,7 +104,9 @@ _HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
 _HARMONY_HEAD = re.compile(r"\s*(assistant\b|<\||to=|$)")
 
 
-def harmony(text: str, spec: Spec | None, opts: Options, final: bool, blank: bool = False) -> _Scan:
+def harmony(
+    text: str, spec: Spec | None, opts: Options, final: bool, blank: bool = False
+) -> RegionScan:
     """Harmony messages: ``[<|start|>assistant][ to=R]<|channel|>C[ to=R][<|constrain|>x]<|message|>body<|end|>``.
 
     ``analysis`` is reasoning; ``final`` and recipient-less ``commentary`` are content; a
@@ -108,7 +118,7 @@ def harmony(text: str, spec: Spec | None, opts: Options, final: bool, blank: boo
     """
     content: list[str] = []
     thought: list[str] = []
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     settled = True
     resume: str | None = None
     wake: tuple[str, ...] | None = None
@@ -153,13 +163,13 @@ def harmony(text: str, spec: Spec | None, opts: Options, final: bool, blank: boo
             if recipient.startswith("functions."):
                 name = recipient[len("functions.") :]
                 if not m and not final:
-                    calls.append(_Call(name, None, body, complete=False))
+                    calls.append(ParsedCall(name, None, body, complete=False))
                     settled = False
                 else:
-                    obj, err = _loads(body.strip() or "{}")
+                    obj, err = loads_lenient(body.strip() or "{}")
                     if err or not isinstance(obj, dict):
                         calls.append(
-                            _Call(
+                            ParsedCall(
                                 name,
                                 None,
                                 body.strip(),
@@ -167,7 +177,7 @@ def harmony(text: str, spec: Spec | None, opts: Options, final: bool, blank: boo
                             )
                         )
                     else:
-                        calls.append(_Call(name, obj, body.strip()))
+                        calls.append(ParsedCall(name, obj, body.strip()))
         elif channel == "analysis":
             if opts.reasoning is None:
                 content.append(text[pos:end].removeprefix("assistant"))
@@ -185,7 +195,7 @@ def harmony(text: str, spec: Spec | None, opts: Options, final: bool, blank: boo
     reasoning = "".join(thought) if thought and opts.reasoning is not None else None
     if not blank and not (reasoning and reasoning.strip()):
         reasoning = None  # (``blank``: a stream's text after a settled point keeps it)
-    sc = _Scan(reasoning, "".join(content), calls, settled)
+    sc = RegionScan(reasoning, "".join(content), calls, settled)
     if resume is not None:
         sc.stage, sc.resume = "rest", resume
     elif wake is not None:

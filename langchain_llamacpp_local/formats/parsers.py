@@ -28,13 +28,13 @@ from langchain_llamacpp_local.formats.auto.parser import parse_with_analysis
 from langchain_llamacpp_local.formats.base import (
     THINK,
     Options,
-    _Call,
-    _Ctx,
-    _held_suffix,
-    _Scan,
-    _scan_multi,
+    ParseContext,
+    ParsedCall,
+    RegionScan,
     checked,
+    held_suffix,
     invalid_args,
+    scan_multi,
     think_body_start,
 )
 from langchain_llamacpp_local.formats.classic import CONTENT, Reader
@@ -158,7 +158,7 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
         settled_body = body
         if not done and not final:  # the end (or a stop marker) may be half-written
             stops = (end, *think_stops)
-            settled_body = body[: len(body) - _held_suffix(body, stops)]
+            settled_body = body[: len(body) - held_suffix(body, stops)]
             if raw_open and len(stops) > 1:
                 # ended by a call, the block leaves out the prompt's opener: not yet known
                 return _Reasoning(None, "", rest, done)
@@ -170,25 +170,25 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
 
 def _scan_spec(
     rest: str, fmt: str, opts: Options, final: bool
-) -> tuple[str, list[_Call], bool, bool]:
+) -> tuple[str, list[ParsedCall], bool, bool]:
     """(content, calls, settled, whether the content's end is held back while streaming)."""
     spec = FAMILIES[fmt].spec
     assert spec is not None
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     if opts.calls and spec.code_tag and spec.code_tag in rest:
         i = rest.index(spec.code_tag)
         code = rest[i + len(spec.code_tag) :]
         rest = rest[:i]
-        calls.append(_Call("python", {"code": code}, code, complete=final))
+        calls.append(ParsedCall("python", {"code": code}, code, complete=final))
     # no tools bound: call markup is content, only turn and channel markup goes
     regions = spec.regions if opts.calls else ()
     strip = (*spec.strip, *spec.section) if opts.calls else spec.strip
-    pieces, found, settled_at = _scan_multi(rest, regions, opts, final)
+    pieces, found, settled_at = scan_multi(rest, regions, opts, final)
     content = "".join(pieces)
     trimmed = False
     if not final and strip:
         # a stripped marker may be the start of a longer one: settle only what cannot grow
-        held = _held_suffix(content, strip)
+        held = held_suffix(content, strip)
         content, trimmed = content[: len(content) - held], held > 0
     for m in strip:
         content = content.replace(m, "")
@@ -203,7 +203,7 @@ def _scan_spec(
 
 def _scan_auto(
     text: str, opts: Options, final: bool, analysis: TemplateAnalysis, rest: bool = False
-) -> _Scan:
+) -> RegionScan:
     """A format learned from the template (llama.cpp's auto-parser route); ``rest``: the
     text follows the reasoning block and no call before it."""
     gen = analysis.reasoning_prefill(opts.prefill) or None
@@ -218,7 +218,7 @@ def _scan_auto(
         calls=opts.calls,
     )
     content = out.content[: len(out.content) - out.held] if not final and out.held else out.content
-    sc = _Scan(out.reasoning, content, out.calls, out.settled)
+    sc = RegionScan(out.reasoning, content, out.calls, out.settled)
     turn_end = analysis.turn_end.strip()
     if (
         out.settled
@@ -246,7 +246,7 @@ def _json_call_open(text: str, a: TemplateAnalysis) -> bool:
 
 def _scan(
     text: str, fmt: str, opts: Options, final: bool, analysis: TemplateAnalysis | None = None
-) -> _Scan:
+) -> RegionScan:
     """The whole generation so far (or at its end) split into its parts."""
     if fmt == "auto":
         if analysis is None:
@@ -257,13 +257,13 @@ def _scan(
         return family.scanner(text, family.spec, opts, final, False)
     r = _split_reasoning(text, fmt, opts, final)
     if r.held:
-        return _Scan(None, "", [], False)
+        return RegionScan(None, "", [], False)
     prefix = r.raw if opts.reasoning is None else ""
     if not r.done:
         # inside the think block: a stream reads on from here once what it holds is known
         # to be reasoning (or, kept as text, content)
         stage = "think" if opts.reasoning is not None or prefix else ""
-        return _Scan(r.text, prefix, [], final, stage=stage)
+        return RegionScan(r.text, prefix, [], final, stage=stage)
     reasoning = r.text
     end = (_think_markers(fmt) or ("", ""))[1]
     if r.stopped and opts.reasoning is not None and end:
@@ -285,8 +285,10 @@ def _scan(
             content, more, open_block = _later_thoughts(content, final)
             reasoning = "\n".join(t for t in (reasoning, *more) if t) or reasoning
             settled = settled and not open_block
-        return _Scan(reasoning, prefix + content, calls, settled and all(c.complete for c in calls))
-    sc = _scan_rest(r.rest, fmt, opts, final, _Ctx())
+        return RegionScan(
+            reasoning, prefix + content, calls, settled and all(c.complete for c in calls)
+        )
+    sc = _scan_rest(r.rest, fmt, opts, final, ParseContext())
     if sc.reasoning is not None:  # thoughts between calls (GLM)
         sc.reasoning = "\n".join(t for t in (reasoning, sc.reasoning) if t) or reasoning
     else:
@@ -302,9 +304,9 @@ def _scan_rest(
     fmt: str,
     opts: Options,
     final: bool,
-    ctx: _Ctx,
+    ctx: ParseContext,
     analysis: TemplateAnalysis | None = None,
-) -> _Scan:
+) -> RegionScan:
     """What follows the reasoning block (all of it, or from a settled point on: ``ctx``).
 
     The scan's ``reasoning`` is that of the think blocks inside the content (GLM), or None.
@@ -331,7 +333,7 @@ def _scan_rest(
         more = "\n".join(t for t in thoughts if t) or None
         settled = settled and not open_block
         region = region and not open_block
-    return _Scan(
+    return RegionScan(
         more,
         content,
         calls,
@@ -348,7 +350,7 @@ def _reader(fmt: str) -> Reader:
     return family.reader if family is not None and family.reader is not None else CONTENT
 
 
-def _scan_think(text: str, fmt: str, opts: Options) -> _Scan:
+def _scan_think(text: str, fmt: str, opts: Options) -> RegionScan:
     """A stream's text from a point inside the think block on (streaming only)."""
     end = (_think_markers(fmt) or ("", ""))[1]
     spec = _spec(fmt)
@@ -360,11 +362,11 @@ def _scan_think(text: str, fmt: str, opts: Options) -> _Scan:
             j, end_len = k, 0
     if j < 0:
         if opts.reasoning is None:
-            return _Scan(None, text, [], False, stage="think")
-        return _Scan(text, "", [], False, stage="think")
+            return RegionScan(None, text, [], False, stage="think")
+        return RegionScan(text, "", [], False, stage="think")
     if end_len == 0:
-        return _Scan(None, "", [], False)  # ended by a call: read from the start again
-    sc = _scan_rest(text[j + end_len :], fmt, opts, False, _Ctx())
+        return RegionScan(None, "", [], False)  # ended by a call: read from the start again
+    sc = _scan_rest(text[j + end_len :], fmt, opts, False, ParseContext())
     if opts.reasoning is None:
         sc.content = text[: j + end_len] + sc.content
     else:
@@ -398,7 +400,7 @@ def _later_thoughts(content: str, final: bool) -> tuple[str, list[str], bool]:
 
 
 def _finish_calls(
-    calls: list[_Call], ids: list[str] | None = None
+    calls: list[ParsedCall], ids: list[str] | None = None
 ) -> tuple[list[ToolCall], list[InvalidToolCall]]:
     good: list[ToolCall] = []
     bad: list[InvalidToolCall] = []
@@ -467,7 +469,7 @@ def parse(
     )
 
 
-def _markers(fmt: str) -> tuple[str, ...]:
+def stream_markers(fmt: str) -> tuple[str, ...]:
     spec = _spec(fmt)
     out = list(FAMILIES[fmt].markers)
     if spec is not None:
@@ -491,7 +493,7 @@ def _restart_markers(fmt: str) -> tuple[str, ...]:
     """Every string a scan of ``fmt`` looks for outside a call region: a stream settles
     its text only where none of them may be half-written."""
     family = FAMILIES.get(fmt)
-    out = [*_markers(fmt), *THINK]
+    out = [*stream_markers(fmt), *THINK]
     if family is not None:
         out += family.markers
         spec = family.spec
@@ -600,7 +602,7 @@ class StreamParser:
         #: how that text is read: "start" (from the beginning), "think" (inside the
         #: think block), "rest" (past it) or "full" (the whole text on every delta)
         self._state = "start"
-        self._ctx = _Ctx()
+        self._ctx = ParseContext()
         self._content = _Text()
         self._thought = _Text()
         self._thought_any = False  # the settled reasoning is a non-empty string
@@ -613,8 +615,8 @@ class StreamParser:
         self._recent = ""  # the last characters before them (a marker may span the delta)
         self._ids: list[str] = []
         self._result: ParsedOutput | None = None
-        self._markers = (
-            _markers(fmt) if analysis is None else tuple(m for m in analysis.markers if m)
+        self.stream_markers = (
+            stream_markers(fmt) if analysis is None else tuple(m for m in analysis.markers if m)
         )
         think = _think_markers(fmt) if fmt not in ("gpt_oss", "auto") else None
         self._think_end = tuple(m for m in (think or ()) if m)
@@ -698,10 +700,10 @@ class StreamParser:
             thought = "\n" + thought  # thoughts between calls join the earlier ones
         if thought is not None or self._thought.pending:
             text = self._thought.read(thought or "")
-            keep = len(text) - _held_suffix(text, (*self._think_end, *self._markers))
+            keep = len(text) - held_suffix(text, (*self._think_end, *self.stream_markers))
             out += self._thought.send(len(text[:keep].rstrip()), "reasoning")
         text = self._content.read(sc.content)
-        keep = len(text) - _held_suffix(text, self._markers)
+        keep = len(text) - held_suffix(text, self.stream_markers)
         keep = min(keep, len(text[:keep].rstrip()))
         if self._whole and not sc.settled:
             keep = min(keep, self._content.epoch)
@@ -710,7 +712,7 @@ class StreamParser:
         self._settle(sc)
         return out
 
-    def _settle(self, sc: _Scan) -> None:
+    def _settle(self, sc: RegionScan) -> None:
         """Forget the text read so far when nothing in it can change any more."""
         n_calls = self._calls_base + len(sc.calls)
         cut = (
@@ -724,7 +726,7 @@ class StreamParser:
             cut
             and self._content.settled()
             and self._thought.settled()
-            and not _held_suffix(self._tail, self._restart)
+            and not held_suffix(self._tail, self._restart)
         )
         if not cut:
             if sc.stage == "rest" and sc.open:
@@ -737,7 +739,7 @@ class StreamParser:
         if sc.reasoning:
             self._thought_any = True
         if sc.stage == "rest":
-            self._ctx = _Ctx(
+            self._ctx = ParseContext(
                 head=self._ctx.head and sc.rest_blank,
                 had_calls=self._ctx.had_calls or bool(sc.calls),
             )
@@ -748,7 +750,7 @@ class StreamParser:
         self._content.settle()
         self._thought.settle()
 
-    def _send_calls(self, calls: list[_Call], base: int, final: bool) -> list[StreamDelta]:
+    def _send_calls(self, calls: list[ParsedCall], base: int, final: bool) -> list[StreamDelta]:
         out: list[StreamDelta] = []
         for k, c in enumerate(calls):
             n = base + k
@@ -768,7 +770,7 @@ class StreamParser:
             self._calls_done = n + 1
         return out
 
-    def _emit(self, sc: _Scan, final: bool) -> list[StreamDelta]:
+    def _emit(self, sc: RegionScan, final: bool) -> list[StreamDelta]:
         """The deltas of a scan of the whole text (its content and reasoning whole)."""
         out: list[StreamDelta] = []
         if sc.reasoning is not None:
@@ -776,7 +778,7 @@ class StreamParser:
             if final:
                 keep = len(text.rstrip())
             else:
-                keep = len(text) - _held_suffix(text, (*self._think_end, *self._markers))
+                keep = len(text) - held_suffix(text, (*self._think_end, *self.stream_markers))
                 keep = len(text[:keep].rstrip())
             sent = self._thought.sent
             if keep > sent:
@@ -787,7 +789,7 @@ class StreamParser:
         if final:
             keep = len(content.rstrip())
         else:
-            keep = len(content) - _held_suffix(content, self._markers)
+            keep = len(content) - held_suffix(content, self.stream_markers)
             keep = min(keep, len(content[:keep].rstrip()))
             if self._whole and not sc.settled:
                 keep = min(keep, sent)
@@ -805,12 +807,12 @@ class StreamParser:
             sc = _scan(text, self.fmt, self._opts, final=True, analysis=self._analysis)
         except Exception:
             logger.exception("tool-call parser failed on model output; returning it as content")
-            sc = _Scan(None, text, [], True)
+            sc = RegionScan(None, text, [], True)
         try:
             out = self._emit(sc, final=True)
         except Exception:
             logger.exception("tool-call parser failed to emit its result")
-            sc, out = _Scan(None, text, [], True), []
+            sc, out = RegionScan(None, text, [], True), []
         ids = [self._id(n, c.id) for n, c in enumerate(sc.calls)]
         good, bad = _finish_calls(sc.calls, ids)
         self._result = ParsedOutput(

@@ -21,9 +21,9 @@ from typing import Literal
 from langchain_llamacpp_local.formats import classic, messages
 from langchain_llamacpp_local.formats.classic import Reader
 from langchain_llamacpp_local.formats.families import (
-    _DSML,
-    _HY,
-    _MM,
+    DSML_MARKER,
+    HY_MARKER,
+    MM_MARKER,
     Spec,
     apertus_body,
     command_r_body,
@@ -160,7 +160,9 @@ class Family:
         )
 
 
-def _wrapped(opening: str, closing: str, shape: str = "list", **kw: str) -> dict[str, object]:
+def wrapped_between(
+    opening: str, closing: str, shape: str = "list", **kw: str
+) -> dict[str, object]:
     """``grammar`` and ``triggers`` of a family writing JSON after ``opening``."""
     return {"grammar": JsonCalls(opening, closing, shape, **kw), "triggers": (opening,)}  # type: ignore[arg-type]
 
@@ -247,7 +249,7 @@ _RECORDS: tuple[Family, ...] = (
         clues=((50, ("<|tool_call|>",)),),
         markers=("<|tool_call|>", "<response>", "</response>"),
         reader=classic.GRANITE,
-        **_wrapped("<|tool_call|>", ""),
+        **wrapped_between("<|tool_call|>", ""),
         turn_markup=True,
     ),
     Family(
@@ -282,7 +284,9 @@ _RECORDS: tuple[Family, ...] = (
             regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
             strip=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
         ),
-        **_wrapped("<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"),
+        **wrapped_between(
+            "<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"
+        ),
         channel_markup=True,
     ),
     Family(
@@ -396,29 +400,29 @@ _RECORDS: tuple[Family, ...] = (
         handlers=("deepseek_v3_2",),
         spec=Spec(
             regions=(
-                (f"<{_DSML}function_calls>", f"</{_DSML}function_calls>", dsml_body),
-                (f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>", dsml_body),
+                (f"<{DSML_MARKER}function_calls>", f"</{DSML_MARKER}function_calls>", dsml_body),
+                (f"<{DSML_MARKER}tool_calls>", f"</{DSML_MARKER}tool_calls>", dsml_body),
             ),
-            think_stops=(f"<{_DSML}function_calls>", f"<{_DSML}tool_calls>"),
+            think_stops=(f"<{DSML_MARKER}function_calls>", f"<{DSML_MARKER}tool_calls>"),
         ),
         **_markup(
-            f"<{_DSML}function_calls>",
-            f"<{_DSML}tool_calls>",
+            f"<{DSML_MARKER}function_calls>",
+            f"<{DSML_MARKER}tool_calls>",
             # V3.2 writes function_calls, V4 tool_calls (same invoke syntax)
             block=lambda call, par: " | ".join(
-                f"({_lit(f'<{_DSML}{tag}>' + chr(10))} {_repeat(call, par)} {_lit(f'</{_DSML}{tag}>')})"
+                f"({_lit(f'<{DSML_MARKER}{tag}>' + chr(10))} {_repeat(call, par)} {_lit(f'</{DSML_MARKER}{tag}>')})"
                 for tag in ("function_calls", "tool_calls")
             ),
             call=lambda name, args: (
-                f"{_lit(f'<{_DSML}invoke name=' + chr(34))} {name} "
-                f"{_lit(chr(34) + '>' + chr(10))} {args} {_lit(f'</{_DSML}invoke>' + chr(10))}"
+                f"{_lit(f'<{DSML_MARKER}invoke name=' + chr(34))} {name} "
+                f"{_lit(chr(34) + '>' + chr(10))} {args} {_lit(f'</{DSML_MARKER}invoke>' + chr(10))}"
             ),
             arg=lambda k, v, raw: (
-                f"{_lit(f'<{_DSML}parameter name={json.dumps(k, ensure_ascii=False)} ')} "
+                f"{_lit(f'<{DSML_MARKER}parameter name={json.dumps(k, ensure_ascii=False)} ')} "
                 f'"string=\\"{"true" if raw else "false"}\\">" {v} '
-                f"{_lit(f'</{_DSML}parameter>' + chr(10))}"
+                f"{_lit(f'</{DSML_MARKER}parameter>' + chr(10))}"
             ),
-            closer=f"</{_DSML}parameter>",
+            closer=f"</{DSML_MARKER}parameter>",
             raw_unions=False,
         ),
     ),
@@ -448,7 +452,7 @@ _RECORDS: tuple[Family, ...] = (
         "nemotron_v2",
         clues=((100, ("<TOOLCALL>",)),),
         spec=Spec(regions=(("<TOOLCALL>", "</TOOLCALL>", json_list_body),)),
-        **_wrapped("<TOOLCALL>", "</TOOLCALL>"),
+        **wrapped_between("<TOOLCALL>", "</TOOLCALL>"),
     ),
     Family(
         "apertus",
@@ -457,7 +461,7 @@ _RECORDS: tuple[Family, ...] = (
             think=("<|inner_prefix|>", "<|inner_suffix|>"),
             regions=(("<|tools_prefix|>", "<|tools_suffix|>", apertus_body),),
         ),
-        **_wrapped("<|tools_prefix|>", "<|tools_suffix|>", call="name_key"),
+        **wrapped_between("<|tools_prefix|>", "<|tools_suffix|>", call="name_key"),
     ),
     Family(
         "apriel",
@@ -467,14 +471,14 @@ _RECORDS: tuple[Family, ...] = (
             reasoning_lead="Here are my reasoning steps:\n",
             regions=(("<tool_calls>", "</tool_calls>", json_list_body),),
         ),
-        **_wrapped("<tool_calls>", "</tool_calls>"),
+        **wrapped_between("<tool_calls>", "</tool_calls>"),
         channel_markup=True,
     ),
     Family(
         "firefunction_v2",
         clues=((180, (" functools[",)),),
         spec=Spec(think=None, regions=(("functools[", None, rewrap("[", "", json_list_body)),)),
-        **_wrapped("functools", ""),
+        **wrapped_between("functools", ""),
     ),
     Family(
         "functionary_v3_1",
@@ -494,7 +498,9 @@ _RECORDS: tuple[Family, ...] = (
             regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
             strip=("<|START_TEXT|>", "<|END_TEXT|>"),
         ),
-        **_wrapped("<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"),
+        **wrapped_between(
+            "<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"
+        ),
         channel_markup=True,
     ),
     Family(
@@ -510,7 +516,7 @@ _RECORDS: tuple[Family, ...] = (
         "minimax_m1",
         clues=((150, ("<tool_calls>", "ai name=assistant")),),
         spec=Spec(regions=(("<tool_calls>", "</tool_calls>", json_lines_body),)),
-        **_wrapped("<tool_calls>\n", "\n</tool_calls>", "lines"),
+        **wrapped_between("<tool_calls>\n", "\n</tool_calls>", "lines"),
     ),
     Family(
         "gemma4",
@@ -544,8 +550,8 @@ _RECORDS: tuple[Family, ...] = (
         spec=Spec(
             think=("<mm:think>", "</mm:think>"),
             think_implicit=True,
-            regions=((_MM + "<tool_call>", _MM + "</tool_call>", minimax_m3_body),),
-            held=(_MM,),
+            regions=((MM_MARKER + "<tool_call>", MM_MARKER + "</tool_call>", minimax_m3_body),),
+            held=(MM_MARKER,),
         ),
     ),
     Family(
@@ -575,7 +581,7 @@ _RECORDS: tuple[Family, ...] = (
         "gigachat_v3_1",
         clues=((160, ("<|function_call|>", "<|role_sep|>")),),
         spec=Spec(think=None, regions=(("<|function_call|>", None, json_call_body),)),
-        **_wrapped("<|function_call|>", "", "object"),
+        **wrapped_between("<|function_call|>", "", "object"),
     ),
     Family(
         "muse_glimmer",
@@ -594,8 +600,8 @@ _RECORDS: tuple[Family, ...] = (
         "hy3",
         clues=((130, ("<tool_calls", "HYTK")),),
         spec=Spec(
-            think=(f"<think{_HY}>", f"</think{_HY}>"),
-            regions=((f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", hy3_body),),
+            think=(f"<think{HY_MARKER}>", f"</think{HY_MARKER}>"),
+            regions=((f"<tool_calls{HY_MARKER}>", f"</tool_calls{HY_MARKER}>", hy3_body),),
         ),
         **_markup(
             "<tool_calls:opensource>",

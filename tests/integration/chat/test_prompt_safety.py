@@ -13,8 +13,8 @@ from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError
 from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.prompts import ChatFormat, prepare
 from langchain_llamacpp_local.chat.special_tokens import (
-    _partition,
     min_tokens,
+    partition_specials,
     tokenize_protected,
     vocab_info,
 )
@@ -54,7 +54,7 @@ def test_partition_replays_llama_cpp_special_parsing(gemma_engine: Engine) -> No
     )
     expected = gemma_engine.tokenize(text, add_special=True, parse_special=True)
     assert tokenize_protected(gemma_engine, info, text, {}) == expected
-    assert any(isinstance(f, str) for f in _partition(text, info.specials))
+    assert any(isinstance(f, str) for f in partition_specials(text, info.specials))
 
 
 def test_gemma_user_text_cannot_forge_a_turn(gemma_engine: Engine) -> None:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from langchain_llamacpp_local.formats import detect_format, parse
-from langchain_llamacpp_local.formats.families import _MM
+from langchain_llamacpp_local.formats.families import MM_MARKER
 from tests.llama_cpp_cases import _settings, _template, load_cases
 
 from .test_stream_equals_parse import check_stream
@@ -32,7 +32,7 @@ SEED_CALL = (
 GLM_CALL = (
     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
 )
-MM3_CALL = f'{_MM}<tool_call>{_MM}<invoke name="get_weather">{_MM}</invoke>{_MM}</tool_call>'
+MM3_CALL = f'{MM_MARKER}<tool_call>{MM_MARKER}<invoke name="get_weather">{MM_MARKER}</invoke>{MM_MARKER}</tool_call>'
 CMD_ACTION = 'Action: ```json\n[{"tool_name": "get_weather", "parameters": {"city": "Paris"}}]\n```'
 GEMMA4_CALL = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
 HARMONY_CALL = (

@@ -33,8 +33,8 @@ from langchain_llamacpp_local.formats import (
     parse,
     parsers,
 )
-from langchain_llamacpp_local.formats.base import _read_as_arguments
-from langchain_llamacpp_local.formats.parsers import _markers
+from langchain_llamacpp_local.formats.base import read_as_arguments
+from langchain_llamacpp_local.formats.parsers import stream_markers
 from langchain_llamacpp_local.formats.registry import FAMILIES
 from tests.llama_cpp_cases import _settings, _template, case_id, load_cases
 
@@ -91,7 +91,7 @@ def check_stream(text: str, fmt: str, opts: dict[str, Any], rng: random.Random) 
     assert streamed == _of(sp.result)
     assert _of(sp.result, ids=False) == _of(parse(text, fmt, **opts), ids=False)
     for bad in sp.result.invalid_tool_calls:
-        assert not _read_as_arguments(bad["args"]), bad
+        assert not read_as_arguments(bad["args"]), bad
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,7 +137,7 @@ def test_invalid_calls_are_never_read_as_calls(fmt: str, text: str) -> None:
     out = parse(text, fmt)
     assert out.tool_calls == []
     for bad in out.invalid_tool_calls:
-        assert not _read_as_arguments(bad["args"]), bad
+        assert not read_as_arguments(bad["args"]), bad
     check_stream(text, fmt, {}, random.Random(0))
 
 
@@ -346,7 +346,7 @@ PARSED_FORMATS = [f for f in FORMATS if f != "auto"]  # "auto" is learned from a
 def known_markers(fmt: str) -> list[str]:
     """Every marker and fixed string the family's record (and the stream's hold list) names."""
     family = FAMILIES[fmt]
-    found = [*family.markers, *family.triggers, *_markers(fmt)]
+    found = [*family.markers, *family.triggers, *stream_markers(fmt)]
     spec = family.spec
     if spec is not None:
         for start, end, _ in spec.regions:
@@ -401,7 +401,7 @@ def stream_every_cut(text: str, fmt: str, opts: dict[str, Any], truncate: bool =
     assert _streamed(deltas, sp.result) == _of(sp.result), text
     assert _of(sp.result, ids=False) == _of(whole, ids=False), text
     for bad in sp.result.invalid_tool_calls:
-        assert not _read_as_arguments(bad["args"]), bad
+        assert not read_as_arguments(bad["args"]), bad
 
 
 @pytest.mark.parametrize("fmt", PARSED_FORMATS)
