@@ -168,7 +168,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--tools", type=int, default=40)
-    ap.add_argument("--template-loop", type=int, default=200_000)
+    ap.add_argument("--template-loop", type=int, default=40_000)
     ap.add_argument("--stream-tokens", type=int, default=400)
     ap.add_argument("--out", default=str(RESULTS / "arrival.json"))
     args = ap.parse_args()
