@@ -91,21 +91,16 @@ def init_backend() -> None:
         _backend_ready = True
 
 
-_mtmd_log_routed = False
-
-
 def route_mtmd_log() -> None:
     """Send mtmd/clip's own log (a separate logger in llama.cpp) through :mod:`logging`
-    too; by default it prints to stderr."""
-    global _mtmd_log_routed
-    with _backend_lock:
-        if _mtmd_log_routed:
-            return
-        from llama_cpp import mtmd_cpp as M
+    too; by default it prints to stderr. Set again before every projector load: other
+    code in the process (llama-cpp-python's own chat handlers) may have replaced it, and
+    a failed load's reasons are read from this log."""
+    from llama_cpp import mtmd_cpp as M
 
+    with _backend_lock:
         M.mtmd_log_set(log_callback, ctypes.c_void_p(0))
         M.mtmd_helper_log_set(log_callback, ctypes.c_void_p(0))
-        _mtmd_log_routed = True
 
 
 def build_info() -> str:

@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.gguf_models import write_scripted_llama
 
-TEMPLATES = Path(__file__).parent.parent / "data" / "llama_cpp_templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "llama_cpp_templates"
 N_THINK = 8
 THOUGHTS = [f" t{i}" for i in range(N_THINK)]
 ANSWER = ["Fine", " answer"]

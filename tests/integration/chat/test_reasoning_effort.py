@@ -10,7 +10,7 @@ from langchain_core.messages import HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
 
-TEMPLATES = Path(__file__).parent.parent / "data" / "llama_cpp_templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "llama_cpp_templates"
 MSGS = [HumanMessage("hi")]
 
 
