@@ -65,7 +65,9 @@ def heavy_template(loop: int) -> str:
     work whose result renders as nothing: a large template's cost, the same prompt."""
     return (
         "{%- set ns = namespace(n=0) -%}"
-        f"{{%- for i in range({loop}) -%}}{{%- set ns.n = ns.n + i % 7 -%}}{{%- endfor -%}}"
+        # nested: the sandbox caps one range() at 100,000 items
+        f"{{%- for j in range({max(1, loop // 1000)}) -%}}{{%- for i in range(1000) -%}}"
+        "{%- set ns.n = ns.n + i % 7 -%}{%- endfor -%}{%- endfor -%}"
         "{%- if tools -%}<|im_start|>system\nYou may call these tools:\n"
         "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}<|im_end|>\n{%- endif -%}"
         "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"

@@ -2,6 +2,7 @@
 
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
 from langchain_llamacpp_local.chat_models import ChatLlamaCpp
+from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 from langchain_llamacpp_local.embeddings import LlamaCppEmbeddings
 from langchain_llamacpp_local.errors import (
     ChatTemplateError,
@@ -44,6 +45,7 @@ __all__ = [
     "InvalidToolCallError",
     "KVDesyncError",
     "LlamaCppEmbeddings",
+    "LlamaCppDecisionModel",
     "LlamaCppError",
     "LlamaCppRerank",
     "ModelLoadError",

@@ -29,6 +29,7 @@ from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.leases import asubmit, hold, hold_off_loop, submit
 from langchain_llamacpp_local.chat.messages import aggregate, chunk_of, text_of
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
+from langchain_llamacpp_local.chat.progress import aemit_progress, emit_progress, progress_only
 from langchain_llamacpp_local.chat.request_options import (
     SAMPLING_OPTIONS,
     build_job,
@@ -36,6 +37,7 @@ from langchain_llamacpp_local.chat.request_options import (
     sampling_params,
 )
 from langchain_llamacpp_local.chat.structured import structured_output
+from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 from langchain_llamacpp_local.errors import model_errors
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
@@ -245,6 +247,19 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     reasoning: bool | None = None
     """True: move ``<think>`` blocks into ``additional_kwargs["reasoning_content"]``;
     False: ask the template not to think and strip stray blocks; None: leave text as is."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    """How hard the model should think, as OpenAI's API names it (also per call). Passed
+    to templates that read ``reasoning_effort`` (gpt-oss); for templates with only an
+    ``enable_thinking`` switch (Qwen3), "none" and "minimal" turn thinking off and the
+    others on. An explicit ``chat_template_kwargs`` entry wins."""
+    reasoning_budget: int | None = None
+    """Most tokens the model may think (also per call): once its thinking block reaches
+    it, the family's own end-of-thinking marker is forced and the answer follows.
+    ``0`` turns thinking off where the template can (``enable_thinking=False``), else
+    ends it at once. None: unbounded."""
+    reasoning_budget_message: str | None = None
+    """Text forced before the end marker when the budget is reached (llama.cpp's
+    ``--reasoning-budget-message``), e.g. "Time to answer."."""
     logprobs: bool = ChatJob.logprobs
     """Return the log-probability of each generated token in ``response_metadata``."""
     top_logprobs: int = ChatJob.top_logprobs
@@ -494,6 +509,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         finally:
             lease.release()
 
+    def as_decision_model(self) -> LlamaCppDecisionModel:
+        """A :class:`~langchain_llamacpp_local.decisions.LlamaCppDecisionModel` on this
+        model: it shares the loaded worker (weights, slots, prompt caches) and answers
+        LangChain decision questions from next-token probabilities (docs/decisions.md)."""
+
+        return LlamaCppDecisionModel(chat_model=self)
+
     def get_token_ids(self, text: str) -> list[int]:
         """``text``'s tokens in the model's own vocabulary (no BOS, special-token text
         read as plain text); reads only the vocabulary when the model is not loaded."""
@@ -542,9 +564,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             spec = kwargs.get("model")
             lease, resolved = self._lease(spec, job.deadline, check_keep_alive_option(kwargs))
             try:
-                reply = submit(job, lease, self._inflight)
+                reply = submit(job, lease, self._inflight, progress=run_manager is not None)
                 name = self._reported_name(spec, resolved)
                 for kind, value in reply.items():
+                    if kind == "progress":  # prompt reading, as custom callback events
+                        if run_manager:
+                            emit_progress(run_manager, value)
+                        continue
                     chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
                         run_manager.on_llm_new_token(text_of(value), chunk=chunk)
@@ -569,9 +595,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                 spec, job.deadline, check_keep_alive_option(kwargs)
             )
             try:
-                reply = await asubmit(job, lease, self._inflight)
+                reply = await asubmit(job, lease, self._inflight, progress=run_manager is not None)
                 name = self._reported_name(spec, resolved)
                 async for kind, value in reply.aitems():
+                    if kind == "progress":  # prompt reading, as custom callback events
+                        if run_manager:
+                            await aemit_progress(run_manager, value)
+                        continue
                     chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
                         await run_manager.on_llm_new_token(text_of(value), chunk=chunk)
@@ -587,7 +617,12 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         chunks = list(
-            self._stream(messages, stop, run_manager if self.streaming else None, **kwargs)
+            self._stream(
+                messages,
+                stop,
+                run_manager if self.streaming else progress_only(run_manager),
+                **kwargs,
+            )
         )
         return aggregate(chunks)
 
@@ -601,7 +636,10 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         chunks = [
             c
             async for c in self._astream(
-                messages, stop, run_manager if self.streaming else None, **kwargs
+                messages,
+                stop,
+                run_manager if self.streaming else progress_only(run_manager),
+                **kwargs,
             )
         ]
         return aggregate(chunks)

@@ -52,6 +52,15 @@ settings.register_profile("local", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/integration loads a model: it carries the ``model`` marker,
+    so ``-m "not model"`` leaves the model-free unit tests."""
+    integration = Path(__file__).resolve().parent / "integration"
+    for item in items:
+        if integration in item.path.parents:
+            item.add_marker(pytest.mark.model)
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")

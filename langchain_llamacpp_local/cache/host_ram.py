@@ -26,6 +26,7 @@ class CachedPrompt:
     data: bytes
     checkpoints: list[Checkpoint] = field(default_factory=list)
     exact: int = 0  # see Slot.exact
+    n_prompt: int | None = None  # see Slot.n_prompt (None: not known, a file's state)
 
     @property
     def size(self) -> int:

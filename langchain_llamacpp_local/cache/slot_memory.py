@@ -61,6 +61,8 @@ CHECK_ENV = "LLAMACPP_LOCAL_CHECK_KV"
 #: state copy, where a cut costs a decode call), or not at all when one at most this many
 #: entries before it exists; an edit there re-reads the entries in between.
 WINDOW_SLACK = 64
+#: entries of the cached candidate past the divergence point sent in a reply's report
+MISMATCH_WINDOW = 32
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,12 @@ class SlotMemory:
         self._clock = 0
         #: the file the slot being acquired was restored from (its checkpoints are next)
         self._restored_file: disk_cache.DiskEntry | None = None
+        #: where the last acquired slot's kept prefix came from ("slot", "host_ram",
+        #: "disk"; None: nothing cached) and the best candidate's entries past the point
+        #: where the prompt left it (a bounded window; empty on a hit)
+        self.last_source: str | None = None
+        self.last_mismatch: tuple[Hashable, ...] = ()
+        self.last_mismatch_at = 0  # the position where the prompt left the candidate
         #: each sequence's state size while empty (the memory is empty now): what
         #: :meth:`reset` checks it left
         self._empty_size = [engine.state_size(s.seq_id) for s in self.slots]
@@ -238,6 +246,7 @@ class SlotMemory:
             if on_disk is not None:
                 cached, n_cached, from_disk = on_disk
         plan = plan_fill(states, choice.target, n_cached, can_copy=can_copy)
+        self._note_source(plan.action, plan.source, choice.target, cached, from_disk, tokens)
         if plan.action == "restore":
             assert cached is not None
             # Take it out first: parking the target may evict cache entries (this one too).
@@ -254,6 +263,33 @@ class SlotMemory:
         elif plan.action == "park":
             self.park(target)
         return self._touch(target)
+
+    def _note_source(
+        self,
+        action: str,
+        source: int | None,
+        target: int,
+        cached: CachedPrompt | None,
+        from_disk: disk_cache.DiskEntry | None,
+        tokens: Sequence[Hashable],
+    ) -> None:
+        """Record :attr:`last_source` and :attr:`last_mismatch` for the cache report:
+        a slice past the shared prefix, nothing more (no cost on a hit)."""
+        entries: Sequence[Hashable] = ()
+        n_prompt = 0
+        if action == "restore" and cached is not None:
+            self.last_source = "disk" if from_disk is not None else "host_ram"
+            entries = cached.entries
+            n_prompt = len(entries) if cached.n_prompt is None else cached.n_prompt
+        else:
+            slot = self.slots[source if action == "copy" and source is not None else target]
+            entries, n_prompt = slot.entries, slot.n_prompt
+            self.last_source = "slot" if entries else None
+        n = common_prefix_len(entries, tokens)
+        # leaving the cached reply is no miss: a re-rendered reply may differ from the
+        # tokens the model wrote; leaving the cached prompt is one
+        self.last_mismatch = tuple(entries[n : n + MISMATCH_WINDOW]) if n < n_prompt else ()
+        self.last_mismatch_at = n
 
     def _from_disk(
         self, tokens: Sequence[Hashable], beat: int
@@ -340,7 +376,13 @@ class SlotMemory:
             return
         data = self.engine.state_get(slot.seq_id, 0)
         self.ram.put(
-            CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact)
+            CachedPrompt(
+                tuple(slot.entries),
+                data,
+                list(slot.checkpoints.items),
+                slot.exact,
+                n_prompt=slot.n_prompt,
+            )
         )
 
     def restore(self, slot: Slot, cached: CachedPrompt) -> bool:
@@ -360,6 +402,7 @@ class SlotMemory:
             return False
         slot.entries = list(cached.entries)
         slot.exact = cached.exact
+        slot.n_prompt = n if cached.n_prompt is None else cached.n_prompt
         for ck in cached.checkpoints:
             slot.checkpoints.add(ck)
         logger.debug("restored %d cached entries", n)
@@ -382,6 +425,7 @@ class SlotMemory:
                 return
         dst.entries = list(src.entries[:n])
         dst.exact = min(src.exact, n)
+        dst.n_prompt = min(src.n_prompt, n)
         logger.debug("copied a %d-entry prefix from slot %d", n, src.seq_id)
 
     def _rewind(
@@ -468,6 +512,7 @@ class SlotMemory:
         compute the same positions inside a full piece, unless that cell ends on a
         mark (a prompt ending with the generation prompt), where it cuts too.
         """
+        slot.n_prompt = n_prompt
         if not self.deterministic:
             return
         slot.exact = min(slot.exact, exact_prefix(n_prompt, self.align, marks))

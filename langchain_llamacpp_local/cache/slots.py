@@ -38,6 +38,9 @@ class Slot:
     #: the part a later request may reuse and still match a fresh decode bit for bit
     exact: int = 0
     checkpoints: CheckpointStore = field(default_factory=CheckpointStore)
+    #: leading entries that were the last request's prompt (the rest: its reply); the
+    #: cache report calls a prompt leaving the cache inside them a miss
+    n_prompt: int = 0
 
     @property
     def n_past(self) -> int:
@@ -47,10 +50,12 @@ class Slot:
         """Forget entries from position ``n`` on (after the memory was trimmed)."""
         del self.entries[n:]
         self.exact = min(self.exact, n)
+        self.n_prompt = min(self.n_prompt, n)
         self.checkpoints.drop_after(n)
 
     def clear(self) -> None:
         """Forget everything (after the sequence was removed from the memory)."""
         self.entries.clear()
         self.exact = 0
+        self.n_prompt = 0
         self.checkpoints.clear()

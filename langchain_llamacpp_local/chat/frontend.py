@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from langchain_llamacpp_local.cache.chunking import marker_cuts
-from langchain_llamacpp_local.chat import prompts
+from langchain_llamacpp_local.chat import cache_report, prompts, thinking
 from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.preview import RenderedPrompt, from_prepared
 from langchain_llamacpp_local.chat.special_tokens import scan_in_background
@@ -54,7 +54,7 @@ class Frontend:
         # weak: the worker's thread stops when its last user drops it (see ModelWorker)
         self._worker = weakref.ref(worker)
         self.engine = eng
-        with self._vocab():
+        with self.holding_vocab():
             self.format = prompts.ChatFormat.from_engine(eng)
             #: token sequences prompts are cut after (chunking marks: message boundaries)
             self.markers = prompts.chunk_markers(self.format.template, eng)
@@ -68,7 +68,7 @@ class Frontend:
         )
 
     @contextmanager
-    def _vocab(self) -> Iterator[None]:
+    def holding_vocab(self) -> Iterator[None]:
         """Hold the model while the caller reads its vocabulary: the worker may close its
         engine meanwhile (it died), and the vocabulary must outlive the read."""
         try:
@@ -86,6 +86,22 @@ class Frontend:
             raise WorkerDeadError("the model worker has stopped")
         return worker.tokenize_media(text, images)
 
+    def explain_miss(
+        self, prepared: prompts.PreparedPrompt, cache: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Where a prompt that missed the cache left it, in its messages (a miss only:
+        this detokenizes the prompt up to that point)."""
+        with self.holding_vocab():
+            return cache_report.explain_miss(
+                prepared.text,
+                prepared.tokens,
+                cache["at"],
+                cache["mismatch"],
+                lambda t: self.engine.token_piece(t),
+                prepared.messages,
+                prepared.tool_specs,
+            )
+
     def prepare(self, job: ChatJob) -> tuple[EngineRequest, prompts.PreparedPrompt]:
         """The token request for ``job`` and the prompt it came from (its parser).
 
@@ -93,7 +109,7 @@ class Frontend:
         adapter...); a cancel or timeout that stopped the templating is raised as such.
         """
         try:
-            with self._vocab():
+            with self.holding_vocab():
                 return self._prepare(job)
         except Exception as exc:
             try:
@@ -157,6 +173,13 @@ class Frontend:
             top_logprobs=job.top_logprobs,
             deadline=job.deadline,
             cancel=job.cancel,
+            think=thinking.plan(
+                eng,
+                self.format.call_format,
+                prepared.prefill,
+                job.reasoning_budget,
+                job.reasoning_budget_message,
+            ),
         )
         # the grammar is compiled here, not on the decode loop; the worker owns it now
         request.sampler = Sampler(eng.vocab, prepared.sampling, n_ctx=eng.n_ctx)
@@ -164,7 +187,7 @@ class Frontend:
 
     def render(self, job: ChatJob) -> RenderedPrompt:
         """What ``job`` would decode (``render_prompt``), prepared as a request is."""
-        with self._vocab():
+        with self.holding_vocab():
             prepared = prompts.prepare(self.format, job, self.engine, self._tokenize_media)
         return from_prepared(prepared)
 

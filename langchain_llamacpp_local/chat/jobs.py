@@ -34,6 +34,12 @@ class ChatJob:
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning: bool | None = None
+    #: "none", "minimal", "low", "medium" or "high": a template variable, and the
+    #: on/off switch (``enable_thinking``) of templates that have only that
+    reasoning_effort: str | None = None
+    #: most tokens generated inside the thinking block before its end marker is forced
+    reasoning_budget: int | None = None
+    reasoning_budget_message: str | None = None  # written before the forced end marker
     logprobs: bool = EngineRequest.logprobs
     top_logprobs: int = EngineRequest.top_logprobs
     cache_prompt: bool = EngineRequest.cache_prompt

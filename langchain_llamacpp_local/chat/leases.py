@@ -83,18 +83,28 @@ async def hold_off_loop(get: Callable[[], tuple[registry.Lease, T]]) -> tuple[re
 
 
 def submit(
-    job: ChatJob, lease: registry.Lease, inflight: weakref.WeakSet[threading.Event]
+    job: ChatJob,
+    lease: registry.Lease,
+    inflight: weakref.WeakSet[threading.Event],
+    *,
+    progress: bool = False,
 ) -> Reply:
     """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it;
-    ``inflight`` collects the cancel events of the caller's running requests."""
+    ``inflight`` collects the cancel events of the caller's running requests;
+    ``progress``: the worker reports prompt reading (a caller with callbacks)."""
     inflight.add(job.cancel)
     frontend = frontend_for(lease.worker)
     request, prepared = frontend.prepare(job)
+    request.prompt_progress = progress
     return _queue(request, prepared, frontend.info.model_name, lease)
 
 
 async def asubmit(
-    job: ChatJob, lease: registry.Lease, inflight: weakref.WeakSet[threading.Event]
+    job: ChatJob,
+    lease: registry.Lease,
+    inflight: weakref.WeakSet[threading.Event],
+    *,
+    progress: bool = False,
 ) -> Reply:
     """:func:`submit` with the preparation off the event loop; its reply is read with
     ``aitems()``."""
@@ -113,11 +123,13 @@ async def asubmit(
             req.close_sampler()
         raise
     request.channel.bind_loop()
+    request.prompt_progress = progress
     return _queue(request, prepared, frontend.info.model_name, lease)
 
 
 def _queue(request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease) -> Reply:
     reply = Reply(request, prepared, model_name)
+    reply.explain_miss = frontend_for(lease.worker).explain_miss
     # the model is free for others (keep-alive, max_loaded_models) once the reply is
     # complete, even if the caller never reads it to the end
     request.channel.on_final(lease.release)

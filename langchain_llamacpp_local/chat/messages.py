@@ -40,6 +40,15 @@ def chunk_of(kind: str, value: Any, name: str | None = None) -> ChatGenerationCh
         meta["speculative"] = done.speculative
     if done.lora is not None:
         meta["lora"] = done.lora
+    if done.cache is not None:
+        meta["cache"] = {
+            "source": done.cache["source"],
+            "cached_tokens": done.usage["input_token_details"]["cache_read"],
+            "missed": bool(done.cache["mismatch"]),
+            "mismatch_tokens": done.cache["mismatch"],
+        }
+        if "miss" in done.cache:
+            meta["cache"]["miss"] = done.cache["miss"]
     msg = AIMessageChunk(
         content="",
         usage_metadata=done.usage,

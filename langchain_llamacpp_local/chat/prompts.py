@@ -23,6 +23,7 @@ from langchain_llamacpp_local.chat.special_tokens import (
     tokenize_protected,
     vocab_info,
 )
+from langchain_llamacpp_local.errors import InvalidRequestError
 from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
@@ -138,6 +139,9 @@ class PreparedPrompt:
     analysis: TemplateAnalysis | None = None  # for parse_format "auto"
     lora_start: int = 0  # where the LoRA adapters take effect (an activated LoRA's invocation)
     calls: bool = False  # tools are bound: the output may hold calls
+    #: the request's messages and tools as rendered (the cache report maps a miss to them)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_specs: list[dict[str, Any]] = field(default_factory=list)
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:
@@ -171,6 +175,21 @@ def _channel_markup(fmt: str | None) -> bool:
     always parsed (reasoning extracted) so the markup never reaches ``content``."""
     family = FAMILIES.get(fmt or "")
     return family is not None and family.channel_markup
+
+
+#: the efforts OpenAI's API names; templates with only an on/off switch think for the rest
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+EFFORTS_OFF = frozenset({"none", "minimal"})
+
+
+def check_effort(effort: object) -> str:
+    """``effort`` if it is one of :data:`EFFORTS`; a template given an unknown effort
+    would silently render its default, so it is the caller's error."""
+    if effort not in EFFORTS:
+        raise InvalidRequestError(
+            f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {effort!r}"
+        )
+    return str(effort)
 
 
 def _plain_format(fmt: str | None, reasoning: bool | None) -> str | None:
@@ -297,6 +316,17 @@ def _prepare(
         parse_format = tool_format if template.supports_tools or own_syntax else "hermes"
 
     kwargs = dict(job.chat_template_kwargs)
+    if job.reasoning_effort is not None:
+        effort = check_effort(job.reasoning_effort)
+        kwargs.setdefault("reasoning_effort", effort)
+        kwargs.setdefault("enable_thinking", effort not in EFFORTS_OFF)
+    budget = job.reasoning_budget
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
+    ):
+        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
+    if budget == 0:
+        kwargs.setdefault("enable_thinking", False)
     if job.reasoning is not None:
         kwargs.setdefault("enable_thinking", bool(job.reasoning))
     images: list[Any] = []
@@ -387,6 +417,8 @@ def _prepare(
         prefill=text[-_PREFILL_CHARS:],
         analysis=analysis if parse_format == "auto" else None,
         calls=use_tools,
+        messages=job.messages,
+        tool_specs=list(job.tools or ()),
     )
 
 

@@ -11,7 +11,7 @@ thread that decodes for every slot.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,6 +24,7 @@ from langchain_llamacpp_local.runtime.requests import (
     EngineRequest,
     Failed,
     Finished,
+    PromptProgress,
     TextDelta,
 )
 
@@ -40,16 +41,20 @@ class Done:
     parsed: Any = None  # the parser's final ParsedOutput, when tools or reasoning were parsed
     speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
     lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
+    cache: dict[str, Any] | None = None  # the worker's cache report (see Finished.cache)
 
 
 def usage_of(fin: Finished) -> dict[str, Any]:
     """LangChain's ``usage_metadata`` of a finished reply."""
-    return {
+    usage: dict[str, Any] = {
         "input_tokens": fin.n_prompt,
         "output_tokens": fin.n_generated,
         "total_tokens": fin.n_prompt + fin.n_generated,
         "input_token_details": {"cache_read": fin.n_cached},
     }
+    if fin.n_reasoning:
+        usage["output_token_details"] = {"reasoning": fin.n_reasoning}
+    return usage
 
 
 class Reply:
@@ -62,6 +67,9 @@ class Reply:
         self.parser: OutputParser = prepared.make_parser()
         #: logprobs of tokens no parsed piece has carried yet (None: not asked for)
         self._logprobs: list[dict[str, Any]] | None = [] if request.logprobs else None
+        #: maps a cache miss to the prompt's messages (the front end's; None: not reported)
+        self.explain_miss: Callable[[PreparedPrompt, dict[str, Any]], dict[str, Any]] | None = None
+        self.prepared = prepared
 
     def _pieces(self, deltas: list[StreamDelta]) -> list[tuple[str, Any]]:
         """Parsed pieces; the first carries the logprobs of the tokens sampled since the
@@ -84,6 +92,9 @@ class Reply:
             if self._logprobs is not None and item.logprobs:
                 self._logprobs.extend(item.logprobs)
             out = self._pieces(self.parser.finish())
+            cache = item.cache
+            if cache is not None and cache["mismatch"] and self.explain_miss is not None:
+                cache = {**cache, "miss": self.explain_miss(self.prepared, cache)}
             done = Done(
                 item.finish_reason,
                 usage_of(item),
@@ -94,8 +105,12 @@ class Reply:
                 getattr(self.parser, "result", None),
                 item.speculative,
                 item.lora,
+                cache,
             )
             return [*out, ("done", done)]
+        if isinstance(item, PromptProgress):
+            progress = {"total": item.total, "cached": item.cached, "processed": item.processed}
+            return [("progress", progress)]
         if isinstance(item, Failed):
             raise item.error
         raise TypeError(f"unexpected reply item {item!r}")

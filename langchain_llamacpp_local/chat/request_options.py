@@ -55,6 +55,9 @@ class ChatDefaults(Protocol):
     chat_template: str | None
     chat_template_kwargs: dict[str, Any] | None
     reasoning: bool | None
+    reasoning_effort: str | None
+    reasoning_budget: int | None
+    reasoning_budget_message: str | None
     logprobs: bool
     top_logprobs: int
     speculative: str | None
@@ -122,6 +125,11 @@ def build_job(defaults: ChatDefaults, messages: list[BaseMessage], call: Checked
         chat_template=options.get("chat_template", defaults.chat_template),
         chat_template_kwargs=template_kwargs,
         reasoning=options.get("reasoning", defaults.reasoning),
+        reasoning_effort=options.get("reasoning_effort", defaults.reasoning_effort),
+        reasoning_budget=options.get("reasoning_budget", defaults.reasoning_budget),
+        reasoning_budget_message=options.get(
+            "reasoning_budget_message", defaults.reasoning_budget_message
+        ),
         logprobs=bool(options.get("logprobs", defaults.logprobs)),
         top_logprobs=int(options.get("top_logprobs", defaults.top_logprobs) or 0),
         cache_prompt=bool(options.get("cache_prompt", ChatJob.cache_prompt)),

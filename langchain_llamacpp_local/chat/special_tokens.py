@@ -209,7 +209,7 @@ def restore(text: str, mapping: dict[str, str]) -> str:
     return text
 
 
-def _partition(text: str, specials: Sequence[SpecialToken]) -> list[str | SpecialToken]:
+def partition_specials(text: str, specials: Sequence[SpecialToken]) -> list[str | SpecialToken]:
     """llama.cpp's ``tokenizer_st_partition``: split raw text at special tokens, longest
     token first, honouring lstrip/rstrip."""
     frags: list[str | SpecialToken] = [text]
@@ -248,7 +248,7 @@ def tokenize_protected(
     placeholder render (content cannot contain one there), raw fragments are tokenized
     as plain text with the content restored."""
     tokens: list[int] = [eng.bos_id] if eng.add_bos and eng.bos_id >= 0 else []
-    for frag in _partition(text_with_placeholders, info.specials):
+    for frag in partition_specials(text_with_placeholders, info.specials):
         if isinstance(frag, SpecialToken):
             tokens.append(frag.id)
         else:
@@ -268,7 +268,7 @@ def protected_parts(
     marker stood: mtmd tokenizes each part as given and puts an image at each ``None``.
     """
     parts: list[tuple[str, bool] | None] = []
-    for frag in _partition(text_with_placeholders, info.specials):
+    for frag in partition_specials(text_with_placeholders, info.specials):
         if isinstance(frag, SpecialToken):
             parts.append((frag.text, True))
             continue

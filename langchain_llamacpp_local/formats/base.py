@@ -12,11 +12,14 @@ from typing import Any
 
 from langchain_core.utils.json import parse_partial_json
 
+#: the ``<think>`` block most families (and every classic one) reason in
+THINK = ("<think>", "</think>")
+
 # --------------------------------------------------------------------------- helpers
 
 
 @dataclass
-class _Call:
+class ParsedCall:
     """One call read from model output (the hand-written parsers' and the auto-parser's)."""
 
     name: str | None
@@ -28,7 +31,7 @@ class _Call:
     opener: str = ""  # the marker the call's text follows (part of an invalid call's raw text)
 
 
-def _json_args(value: Any) -> dict[str, Any] | None:
+def json_arguments(value: Any) -> dict[str, Any] | None:
     """Arguments as a dict: objects pass, JSON strings of objects are decoded."""
     if isinstance(value, dict):
         return value
@@ -43,38 +46,38 @@ def _json_args(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def _call_from_obj(
+def call_from_obj(
     obj: Any, raw: str, keys: tuple[str, ...] = ("arguments", "parameters")
-) -> _Call:
+) -> ParsedCall:
     if not isinstance(obj, dict):
-        return _Call(None, None, raw, error="tool call is not a JSON object")
+        return ParsedCall(None, None, raw, error="tool call is not a JSON object")
     fn = obj.get("function") if isinstance(obj.get("function"), dict) else None
     src = fn or obj
     name = src.get("name")
     if not isinstance(name, str) or not name:
-        return _Call(None, None, raw, error="tool call has no name")
+        return ParsedCall(None, None, raw, error="tool call has no name")
     args_val: Any = {}
     for k in keys:
         if k in src:
             args_val = src[k]
             break
-    args = _json_args(args_val)
+    args = json_arguments(args_val)
     cid = obj.get("id") or obj.get("tool_call_id")
     if args is None:
-        return _Call(
+        return ParsedCall(
             name, None, raw, id=str(cid) if cid else None, error="arguments are not a JSON object"
         )
-    return _Call(name, args, raw, id=str(cid) if cid else None)
+    return ParsedCall(name, args, raw, id=str(cid) if cid else None)
 
 
-def _loads(text: str) -> tuple[Any, str | None]:
+def loads_lenient(text: str) -> tuple[Any, str | None]:
     try:
         return json.loads(text), None
     except ValueError as exc:
         return None, f"invalid JSON: {exc}"
 
 
-def _json_prefix(text: str) -> tuple[Any, int] | None:
+def json_prefix(text: str) -> tuple[Any, int] | None:
     """Decode one JSON value at the start of ``text``; (value, end) or None."""
     try:
         return json.JSONDecoder().raw_decode(text)
@@ -85,21 +88,21 @@ def _json_prefix(text: str) -> tuple[Any, int] | None:
 _FENCE = re.compile(r"^```(?:json|JSON)?\s*\n?(.*?)\n?```\s*$", re.S)
 
 
-def _unfence(text: str) -> str:
+def unfence(text: str) -> str:
     m = _FENCE.match(text.strip())
     return m.group(1).strip() if m else text.strip()
 
 
-def _scan_regions(
+def scan_regions(
     text: str, start: str, end: str | None, body: Any, final: bool
-) -> tuple[list[str], list[_Call], int]:
+) -> tuple[list[str], list[ParsedCall], int]:
     """Split ``text`` at ``start...end`` regions parsed by ``body(region) -> [calls]``.
 
     Returns content pieces, calls and how much of ``text`` is settled (the rest is an
     unfinished region, held back while streaming).
     """
     content: list[str] = []
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     pos = 0
     while True:
         i = text.find(start, pos)
@@ -123,7 +126,8 @@ def _scan_regions(
                     c.args = None
                 c.raw = c.raw or region
             calls.extend(
-                found or [_Call(None, None, region, error=f"unterminated tool call (no {end})")]
+                found
+                or [ParsedCall(None, None, region, error=f"unterminated tool call (no {end})")]
             )
             return content, calls, len(text)
         for c in body(text[i + len(start) : j], True):
@@ -137,7 +141,7 @@ def _marker_info(markers: tuple[str, ...]) -> tuple[int, frozenset[str]]:
     return max((len(m) for m in markers), default=0), frozenset(m[0] for m in markers if m)
 
 
-def _held_suffix(text: str, markers: Sequence[str]) -> int:
+def held_suffix(text: str, markers: Sequence[str]) -> int:
     """Length of the longest suffix of ``text`` that could start one of ``markers``: what a
     stream holds back, as it may be a half-written marker."""
     if not text or not markers:
@@ -215,7 +219,7 @@ class Options:
         props = schema.get("properties")
         if not isinstance(props, Mapping) or param not in props:
             return None
-        return _schema_types(props[param])
+        return schema_types(props[param])
 
 
 def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
@@ -228,7 +232,7 @@ def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
     return schemas
 
 
-def _schema_types(schema: Any) -> set[str] | None:
+def schema_types(schema: Any) -> set[str] | None:
     if not isinstance(schema, Mapping):
         return None
     out: set[str] = set()
@@ -239,7 +243,7 @@ def _schema_types(schema: Any) -> set[str] | None:
         out.update(x for x in t if isinstance(x, str))
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or ():
-            sub_types = _schema_types(sub)
+            sub_types = schema_types(sub)
             if sub_types is None:
                 return None
             out |= sub_types
@@ -315,7 +319,7 @@ def json_safe(value: Any) -> Any:
     raise ValueError(f"{type(value).__name__} value {value!r} is not JSON")
 
 
-def checked(call: _Call) -> _Call:
+def checked(call: ParsedCall) -> ParsedCall:
     """The call, or an invalid one when its arguments cannot be sent as JSON."""
     if call.error is None and call.args is not None:
         try:
@@ -327,7 +331,7 @@ def checked(call: _Call) -> _Call:
     return call
 
 
-def _read_as_arguments(text: str) -> bool:
+def read_as_arguments(text: str) -> bool:
     """Whether LangChain would read ``text``, given as a tool-call chunk's arguments, as a
     call: its chunk merging parses partial JSON (``{"a": "b`` is ``{"a": "b"}``), its
     streaming protocol any complete JSON value, and empty arguments are ``{}``."""
@@ -344,7 +348,7 @@ def _read_as_arguments(text: str) -> bool:
         return False
 
 
-def invalid_args(call: _Call) -> str:
+def invalid_args(call: ParsedCall) -> str:
     """The raw text an invalid call reports, never readable as arguments.
 
     A truncated ``{"name": "f", "arguments": {"a": "b`` streamed as a tool-call chunk
@@ -352,12 +356,144 @@ def invalid_args(call: _Call) -> str:
     wrote before it (``<tool_call>``) it stays the raw text of an invalid call.
     """
     raw = call.raw if isinstance(call.raw, str) else str(call.raw)
-    if not _read_as_arguments(raw):
+    if not read_as_arguments(raw):
         return raw
-    if call.opener and not _read_as_arguments(call.opener + raw):
+    if call.opener and not read_as_arguments(call.opener + raw):
         return call.opener + raw
     # no marker before it: name what it is, so no reader takes it for arguments
     return f"(invalid tool call) {raw}"
 
 
-Body = Callable[[str, bool], list[_Call]]
+Body = Callable[[str, bool], list[ParsedCall]]
+
+
+# --------------------------------------------------------------------------- scanning
+
+
+@dataclass
+class RegionScan:
+    reasoning: str | None
+    content: str
+    calls: list[ParsedCall]
+    settled: bool  # False: the tail is an unfinished call/marker (streaming only)
+    #: where the text ends, for a stream that goes on from there without reading it
+    #: again: ``"rest"`` past the reasoning block, ``"think"`` inside it, ``""`` at no
+    #: point a scan can restart from
+    stage: str = ""
+    #: the text ends inside a call region: content and reasoning cannot change until
+    #: a marker is written
+    open: bool = False
+    #: the output is held back until one of these strings is written (or the end)
+    hold: tuple[str, ...] | None = None
+    #: the content read past the reasoning block is all whitespace so far
+    rest_blank: bool = True
+    #: the end of the content is held back (it may be a marker still being written)
+    trimmed: bool = False
+    #: what a scan of the text that follows starts with to read it as this one would
+    #: (the header of the message the text ends in)
+    resume: str = ""
+    #: what may change how an open call reads (None: the family's call regions say)
+    wake: tuple[tuple[str, ...], frozenset[str]] | None = None
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """What a scan that starts part-way through a generation knows about the part before."""
+
+    head: bool = True  # no content has been read yet (rules on the whole output apply)
+    had_calls: bool = False  # calls were read before
+
+
+@functools.lru_cache(maxsize=128)
+def _end_pattern(end: str, syntax: str) -> re.Pattern[str]:
+    if syntax == "json":
+        quoted = r'"(?:[^"\\]|\\.)*(?P<close>")?'
+    else:
+        quoted = r'<\|"\|>(?:(?!<\|"\|>).)*(?P<close><\|"\|>)?'
+    return re.compile(quoted + "|(?P<end>" + re.escape(end) + ")", re.S)
+
+
+def _find_end(text: str, end: str, start: int, syntax: str | None, final: bool) -> int:
+    """The first ``end`` at or after ``start`` that is not inside a quoted value.
+
+    At the end of generation a body whose quotes never close (malformed) ends at the
+    first ``end`` as written, so the text after it is not swallowed into the call.
+    """
+    j = text.find(end, start)
+    if j < 0 or syntax is None:
+        return j
+    pos = start
+    if syntax == "json":
+        m = re.compile(r"[{\[]").search(text, start)
+        if m is None or m.start() > j:
+            return j
+        pos = m.start()
+    for m in _end_pattern(end, syntax).finditer(text, pos):
+        if m.group("end") is not None:
+            return m.start()
+        if m.group("close") is None:
+            break  # a quoted value still open: the end has not come yet
+    return j if final else -1
+
+
+def scan_multi(
+    text: str, regions: tuple[tuple[str, str | None, Any], ...], opts: Options, final: bool
+) -> tuple[list[str], list[ParsedCall], int]:
+    """Split ``text`` at the tool-call regions ``(start, end, body)`` (earliest start first).
+
+    Returns the content pieces, the calls and how much of ``text`` is settled (the rest
+    is an unfinished region, held back while streaming). A region's end marker inside
+    one of its quoted values does not end it.
+    """
+    content: list[str] = []
+    calls: list[ParsedCall] = []
+    pos = 0
+
+    def add(found: list[ParsedCall], start: str) -> None:
+        for c in found:
+            c.opener = c.opener or start
+        calls.extend(found)
+
+    while True:
+        best: tuple[int, str, str | None, Any] | None = None
+        for start, end, body in regions:
+            i = text.find(start, pos)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, start, end, body)
+        if best is None:
+            content.append(text[pos:])
+            return content, calls, len(text)
+        i, start, end, body = best
+        content.append(text[pos:i])
+        j = (
+            _find_end(text, end, i + len(start), getattr(body, "string_syntax", None), final)
+            if end
+            else -1
+        )
+        if j < 0:
+            region = text[i + len(start) :]
+            if not final:
+                add(body(region, False, opts), start)
+                return content, calls, i
+            found = body(region, True, opts)
+            # a call that closed itself stays a call when only its section's end is
+            # missing (as it was streamed); the one still being written is cut off
+            whole = [c.complete for c in body(region, False, opts)] if end is not None else []
+            for n, c in enumerate(found):
+                if c.error is None and end is not None and not (n < len(whole) and whole[n]):
+                    c.error = f"unterminated tool call (no {end})"
+                    c.args = None
+            add(
+                found
+                or [ParsedCall(None, None, region, error=f"unterminated tool call (no {end})")],
+                start,
+            )
+            return content, calls, len(text)
+        region = text[i + len(start) : j]
+        found = body(region, True, opts)
+        if not found and region.strip():  # a region no call could be read from is reported
+            found = [
+                ParsedCall(None, None, region, error=f"cannot read a tool call in {start}…{end}")
+            ]
+        add(found, start)
+        pos = j + len(end)

@@ -14,20 +14,40 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from langchain_llamacpp_local.formats.base import (
     Options,
-    _Call,
-    _call_from_obj,
-    _json_prefix,
-    _loads,
-    _unfence,
+    ParsedCall,
+    call_from_obj,
+    json_prefix,
     json_safe,
+    loads_lenient,
     typed_value,
+    unfence,
 )
 
 #: body(region, final, opts) -> calls
-Body = Callable[[str, bool, Options], list[_Call]]
+Body = Callable[[str, bool, Options], list[ParsedCall]]
+_B = TypeVar("_B", bound=Body)
+
+
+def reads(syntax: str | None = None, closers: tuple[str, ...] = ()) -> Callable[[_B], _B]:
+    """What a body reader's record says about its syntax.
+
+    ``syntax``: its values are quoted strings that may spell the region's closing marker
+    (``"json"``, Gemma 4's ``"gemma"``), so the region ends only at a marker outside them.
+    ``closers``: the markers whose writing completes one of its calls while the region is
+    still open (a stream reads an open region again only when one of them, or the
+    region's end, is written).
+    """
+
+    def mark(body: _B) -> _B:
+        body.string_syntax = syntax  # type: ignore[attr-defined]
+        body.closers = closers  # type: ignore[attr-defined]
+        return body
+
+    return mark
 
 
 @dataclass(frozen=True)
@@ -47,13 +67,17 @@ class Spec:
     #: reasoning may start without its opening marker (the model is always thinking first)
     think_implicit: bool = False
     strip_re: str | None = None  # a pattern of header markup removed from content
+    #: ``<think>`` blocks between calls are reasoning too (GLM thinks again between calls)
+    rethinks: bool = False
+    #: Python code follows this marker to the end: a call to ``python`` (Functionary v3.1)
+    code_tag: str = ""
 
 
-def _args_obj(text: str, name: str | None, raw: str) -> _Call:
-    obj, err = _loads(text.strip() or "{}")
+def _args_obj(text: str, name: str | None, raw: str) -> ParsedCall:
+    obj, err = loads_lenient(text.strip() or "{}")
     if err or not isinstance(obj, dict):
-        return _Call(name, None, raw, error=err or "arguments are not a JSON object")
-    return _Call(name, obj, raw)
+        return ParsedCall(name, None, raw, error=err or "arguments are not a JSON object")
+    return ParsedCall(name, obj, raw)
 
 
 def _tagged_args(
@@ -64,7 +88,7 @@ def _tagged_args(
     raw: str,
     closed: bool,
     final: bool,
-) -> _Call:
+) -> ParsedCall:
     """Arguments written as tagged key/value pairs, typed by the tool's schema."""
     args: dict[str, object] = {}
     for m in pattern.finditer(inner):
@@ -77,9 +101,9 @@ def _tagged_args(
             args[key] = typed_value(value, opts.param_types(name, key))
     if not closed:
         if final:
-            return _Call(name, None, raw, error="unterminated tool call")
-        return _Call(name, None, raw, complete=False)
-    return _Call(name, args, raw)
+            return ParsedCall(name, None, raw, error="unterminated tool call")
+        return ParsedCall(name, None, raw, complete=False)
+    return ParsedCall(name, args, raw)
 
 
 # --------------------------------------------------------------------------- XML-ish bodies
@@ -87,15 +111,16 @@ def _tagged_args(
 _GLM_ARG = re.compile(r"<arg_key>(?P<k>.*?)</arg_key>\s*<arg_value>(?P<v>.*?)</arg_value>", re.S)
 
 
-def glm_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads()
+def glm_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``NAME<arg_key>k</arg_key><arg_value>v</arg_value>...`` (GLM 4.5+, Ling, Laguna)."""
     m = re.match(r"\s*([^<\n]+?)\s*(?=<arg_key>|\n|$)", region)
     name = m.group(1) if m else None
     named = m is not None and (final or m.end() < len(region))
     if not final:
-        return [_Call(name if named else None, None, region, complete=False)]
+        return [ParsedCall(name if named else None, None, region, complete=False)]
     if not name:
-        return [_Call(None, None, region, error="tool call has no name")]
+        return [ParsedCall(None, None, region, error="tool call has no name")]
     return [_tagged_args(region, _GLM_ARG, name, opts, region, True, final)]
 
 
@@ -106,8 +131,8 @@ def _xml_function_calls(
     open_re: str,
     close: str,
     arg: re.Pattern[str],
-) -> list[_Call]:
-    out: list[_Call] = []
+) -> list[ParsedCall]:
+    out: list[ParsedCall] = []
     for m in re.finditer(
         open_re + r"(?P<body>.*?)(?P<close>" + re.escape(close) + r"|$)", region, re.S
     ):
@@ -119,21 +144,22 @@ def _xml_function_calls(
             and not m.group("body").strip()
             and not m.group(0).endswith(">")
         ):
-            out.append(_Call(None, None, m.group(0), complete=False))
+            out.append(ParsedCall(None, None, m.group(0), complete=False))
             continue
         out.append(_tagged_args(m.group("body"), arg, name, opts, m.group(0), closed, final))
     if not out and region.strip():
         if final:
-            out.append(_Call(None, None, region.strip(), error="cannot read the tool call"))
+            out.append(ParsedCall(None, None, region.strip(), error="cannot read the tool call"))
         else:
-            out.append(_Call(None, None, region, complete=False))
+            out.append(ParsedCall(None, None, region, complete=False))
     return out
 
 
 _QWEN_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>\n?(?P<v>.*?)\n?</parameter>", re.S)
 
 
-def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=("</function>",))
+def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<function=NAME>\\n<parameter=k>\\nv\\n</parameter>\\n</function>`` (Qwen3-Coder, Qwen3.5, Seed-OSS)."""
     return _xml_function_calls(
         region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _QWEN_PARAM
@@ -143,7 +169,8 @@ def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[_Call]:
 _SEED_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>(?P<v>.*?)</parameter>", re.S)
 
 
-def seed_oss_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=("</function>",))
+def seed_oss_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """Seed-OSS: like Qwen3-Coder, but parameter values are verbatim (no newline framing)."""
     return _xml_function_calls(
         region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _SEED_PARAM
@@ -153,28 +180,30 @@ def seed_oss_body(region: str, final: bool, opts: Options) -> list[_Call]:
 _MINIMAX_PARAM = re.compile(r'<parameter name="(?P<k>[^"]*)">(?P<v>.*?)</parameter>', re.S)
 
 
-def minimax_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=("</invoke>",))
+def minimax_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<invoke name="X"><parameter name="k">v</parameter></invoke>`` (MiniMax M2)."""
     return _xml_function_calls(
         region, final, opts, r'<invoke name="(?P<name>[^"]*)">', "</invoke>", _MINIMAX_PARAM
     )
 
 
-_DSML = "｜DSML｜"
+DSML_MARKER = "｜DSML｜"
 _DSML_PARAM = re.compile(
-    rf'<{_DSML}parameter name="(?P<k>[^"]*)"(?: string="(?P<s>true|false)")?>(?P<v>.*?)</{_DSML}parameter>',
+    rf'<{DSML_MARKER}parameter name="(?P<k>[^"]*)"(?: string="(?P<s>true|false)")?>(?P<v>.*?)</{DSML_MARKER}parameter>',
     re.S,
 )
 
 
-def dsml_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=(f"</{DSML_MARKER}invoke>",))
+def dsml_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """DeepSeek V3.2/V4 DSML: ``<｜DSML｜invoke name="X"><｜DSML｜parameter name="k" string="true">v...``."""
     return _xml_function_calls(
         region,
         final,
         opts,
-        rf'<{_DSML}invoke name="(?P<name>[^"]*)">',
-        f"</{_DSML}invoke>",
+        rf'<{DSML_MARKER}invoke name="(?P<name>[^"]*)">',
+        f"</{DSML_MARKER}invoke>",
         _DSML_PARAM,
     )
 
@@ -184,7 +213,8 @@ _MINICPM_PARAM = re.compile(
 )
 
 
-def minicpm5_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=("</function>",))
+def minicpm5_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<function name="X"><param name="k">v</param></function>`` (MiniCPM5)."""
     return _xml_function_calls(
         "<function" + region,
@@ -199,82 +229,93 @@ def minicpm5_body(region: str, final: bool, opts: Options) -> list[_Call]:
 # --------------------------------------------------------------------------- JSON bodies
 
 
-def json_list_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json")
+def json_list_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """A JSON list (or object) of ``{"name", "arguments"}`` calls."""
     if not final:
-        return [_Call(None, None, region, complete=False)] if region.strip() else []
-    s = _unfence(region.strip())
-    parsed = _json_prefix(s)
+        return [ParsedCall(None, None, region, complete=False)] if region.strip() else []
+    s = unfence(region.strip())
+    parsed = json_prefix(s)
     if parsed is None:
-        return [_Call(None, None, s, error="invalid JSON in the tool calls")]
+        return [ParsedCall(None, None, s, error="invalid JSON in the tool calls")]
     obj = parsed[0]
     items = obj if isinstance(obj, list) else [obj]
-    return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
+    return [call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
 
 
-def json_lines_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json")
+def json_lines_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """One ``{"name", "arguments"}`` object per line (MiniMax M1)."""
     if not final:
-        return [_Call(None, None, region, complete=False)] if region.strip() else []
-    out: list[_Call] = []
+        return [ParsedCall(None, None, region, complete=False)] if region.strip() else []
+    out: list[ParsedCall] = []
     s = region.strip()
     pos = 0
     while pos < len(s):
-        parsed = _json_prefix(s[pos:])
+        parsed = json_prefix(s[pos:])
         if parsed is None:
-            out.append(_Call(None, None, s[pos:], error="invalid JSON in the tool calls"))
+            out.append(ParsedCall(None, None, s[pos:], error="invalid JSON in the tool calls"))
             break
         obj, end = parsed
-        out.append(_call_from_obj(obj, s[pos : pos + end]))
+        out.append(call_from_obj(obj, s[pos : pos + end]))
         pos += end
         while pos < len(s) and s[pos] in " \t\r\n,":
             pos += 1
     return out
 
 
-def apertus_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json")
+def apertus_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``[{"name": {args}}, ...]`` (Apertus)."""
     if not final:
-        return [_Call(None, None, region, complete=False)] if region.strip() else []
-    obj, err = _loads(region.strip())
+        return [ParsedCall(None, None, region, complete=False)] if region.strip() else []
+    obj, err = loads_lenient(region.strip())
     if err or not isinstance(obj, list):
-        return [_Call(None, None, region.strip(), error=err or "tool calls are not a JSON list")]
+        return [
+            ParsedCall(None, None, region.strip(), error=err or "tool calls are not a JSON list")
+        ]
     out = []
     for item in obj:
         raw = json.dumps(item, ensure_ascii=False)
         if isinstance(item, dict) and len(item) == 1:
             ((name, args),) = item.items()
             if isinstance(args, dict):
-                out.append(_Call(name, args, raw))
+                out.append(ParsedCall(name, args, raw))
                 continue
-        out.append(_Call(None, None, raw, error="not a {name: {arguments}} object"))
+        out.append(ParsedCall(None, None, raw, error="not a {name: {arguments}} object"))
     return out
 
 
 _DS_SEP = "<｜tool▁sep｜>"
 
 
-def _name_sep_json(region: str, final: bool, sep: str, name_prefix: str = "") -> list[_Call]:
+def _name_sep_json(region: str, final: bool, sep: str, name_prefix: str = "") -> list[ParsedCall]:
     head, found, body = region.partition(sep)
     name = head.strip()
     if name_prefix and name.startswith(name_prefix):
         name = name[len(name_prefix) :]
     if not found:
         if final:
-            return [_Call(name or None, None, region, error="no arguments")]
-        return [_Call(None, None, region, complete=False)]
+            return [ParsedCall(name or None, None, region, error="no arguments")]
+        return [ParsedCall(None, None, region, complete=False)]
     if not final:
-        return [_Call(name or None, None, region, complete=False)]
-    return [_args_obj(_unfence(body), name or None, body.strip())]
+        return [ParsedCall(name or None, None, region, complete=False)]
+    return [_args_obj(unfence(body), name or None, body.strip())]
 
 
 def _split_calls(
-    region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[_Call]]
-) -> list[_Call]:
-    out: list[_Call] = []
-    # a call ends at its end marker, or (a model that skips it) where the next call begins
+    region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[ParsedCall]]
+) -> list[ParsedCall]:
+    out: list[ParsedCall] = []
+    # a call ends at its end marker, or (a model that skips it) where the next call begins;
+    # while streaming, a call whose text so far ends with a newline is still open (\Z)
     for m in re.finditer(
-        re.escape(begin) + r"(.*?)(" + re.escape(end) + r"|(?=" + re.escape(begin) + r")|$)",
+        re.escape(begin)
+        + r"(.*?)("
+        + re.escape(end)
+        + r"|(?="
+        + re.escape(begin)
+        + (r")|$)" if final else r")|\Z)"),
         region,
         re.S,
     ):
@@ -288,7 +329,8 @@ def _split_calls(
     return out
 
 
-def deepseek_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json", ("<｜tool▁call▁end｜>", "<｜tool▁call▁begin｜>"))
+def deepseek_v3_1_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`` (DeepSeek V3.1)."""
     return _split_calls(
         region,
@@ -299,10 +341,11 @@ def deepseek_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
     )
 
 
-def kimi_k2_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json", ("<|tool_call_end|>", "<|tool_call_begin|>"))
+def kimi_k2_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{json}<|tool_call_end|>``."""
 
-    def one(s: str, fin: bool) -> list[_Call]:
+    def one(s: str, fin: bool) -> list[ParsedCall]:
         calls = _name_sep_json(s, fin, "<|tool_call_argument_begin|>")
         for c in calls:
             if c.name:
@@ -315,35 +358,37 @@ def kimi_k2_body(region: str, final: bool, opts: Options) -> list[_Call]:
     return _split_calls(region, "<|tool_call_begin|>", "<|tool_call_end|>", final, one)
 
 
-def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json")
+def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``NAME>{json}`` after ``<function=`` (Functionary v3.1)."""
     name, found, body = region.partition(">")
     if not found:
         return (
-            [_Call(None, None, region, complete=False)]
+            [ParsedCall(None, None, region, complete=False)]
             if not final
-            else [_Call(None, None, region, error="bad call")]
+            else [ParsedCall(None, None, region, error="bad call")]
         )
     if not final:
-        return [_Call(name.strip(), None, region, complete=False)]
+        return [ParsedCall(name.strip(), None, region, complete=False)]
     return [_args_obj(body, name.strip(), body.strip())]
 
 
-def command_r_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json")
+def command_r_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``[{"tool_call_id", "tool_name", "parameters"}]`` (Command R7B / R+ / Cohere2)."""
     if not final:
         names = re.findall(r'"tool_name"\s*:\s*"([^"\\]*)"', region)
         ids = re.findall(r'"tool_call_id"\s*:\s*"([^"\\]*)"', region)
         if not names:
-            return [_Call(None, None, region, complete=False)] if region.strip() else []
+            return [ParsedCall(None, None, region, complete=False)] if region.strip() else []
         return [
-            _Call(n, None, region, id=ids[k] if k < len(ids) else None, complete=False)
+            ParsedCall(n, None, region, id=ids[k] if k < len(ids) else None, complete=False)
             for k, n in enumerate(names)
         ]
-    s = _unfence(region.strip())
-    parsed = _json_prefix(s)
+    s = unfence(region.strip())
+    parsed = json_prefix(s)
     if parsed is None:
-        return [_Call(None, None, s, error="invalid JSON in the action")]
+        return [ParsedCall(None, None, s, error="invalid JSON in the action")]
     obj = parsed[0]
     items = obj if isinstance(obj, list) else [obj]
     calls = []
@@ -355,7 +400,7 @@ def command_r_body(region: str, final: bool, opts: Options) -> list[_Call]:
                 "id": o.get("tool_call_id"),
             }
         calls.append(
-            _call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments"))
+            call_from_obj(o, json.dumps(o, ensure_ascii=False), ("parameters", "arguments"))
         )
     return calls
 
@@ -388,51 +433,50 @@ def _gemma_value(text: str) -> object:
     return json.loads("".join(out))
 
 
-def gemma4_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("gemma")
+def gemma4_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``call:NAME{key:<|"|>value<|"|>,...}`` (Gemma 4)."""
     s = region.strip()
     m = re.match(r"call:([\w.\-]+)", s)
     if not m:
         if not final:
-            return [_Call(None, None, region, complete=False)]
-        return [_Call(None, None, s, error="not a call:NAME{...} tool call")]
+            return [ParsedCall(None, None, region, complete=False)]
+        return [ParsedCall(None, None, s, error="not a call:NAME{...} tool call")]
     name = m.group(1)
     if not final:
         named = m.end() < len(s) and s[m.end()] == "{"
-        return [_Call(name if named else None, None, region, complete=False)]
+        return [ParsedCall(name if named else None, None, region, complete=False)]
     try:
         args = _gemma_value(s[m.end() :].strip() or "{}")
     except ValueError as exc:
-        return [_Call(name, None, s, error=f"cannot read the arguments: {exc}")]
+        return [ParsedCall(name, None, s, error=f"cannot read the arguments: {exc}")]
     if not isinstance(args, dict):
-        return [_Call(name, None, s, error="arguments are not an object")]
-    return [_Call(name, args, s)]
+        return [ParsedCall(name, None, s, error="arguments are not an object")]
+    return [ParsedCall(name, args, s)]
 
 
 # --------------------------------------------------------------------------- pythonic
 
 
-def _py_literal(node: ast.AST) -> object:
+def py_literal(node: ast.AST) -> object:
     """``ast.literal_eval`` that also reads JSON's ``true``/``false``/``null``."""
     if isinstance(node, ast.Name) and node.id in ("true", "false", "null"):
         return {"true": True, "false": False, "null": None}[node.id]
     if isinstance(node, ast.List):
-        return [_py_literal(e) for e in node.elts]
+        return [py_literal(e) for e in node.elts]
     if isinstance(node, ast.Tuple):
-        return [_py_literal(e) for e in node.elts]
+        return [py_literal(e) for e in node.elts]
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise ValueError("dict unpacking")
-        return {
-            _py_literal(k): _py_literal(v) for k, v in zip(node.keys, node.values, strict=False)
-        }  # type: ignore[arg-type]
+        return {py_literal(k): py_literal(v) for k, v in zip(node.keys, node.values, strict=False)}  # type: ignore[arg-type]
     return json_safe(ast.literal_eval(node))
 
 
 # --------------------------------------------------------------------------- more families
 
-_MM = "]<]minimax[>["
-_MMQ = re.escape(_MM)
+MM_MARKER = "]<]minimax[>["
+_MMQ = re.escape(MM_MARKER)
 _MM_PARAM = re.compile(rf"(?:{_MMQ})?<(?P<k>[\w.\-]+)>(?P<v>.*?)(?:{_MMQ})?</(?P=k)>", re.S)
 
 
@@ -440,7 +484,7 @@ def _mm_value(text: str, types: set[str] | None) -> object:
     """A MiniMax M3 value: text, or nested ``<k>v</k>`` tags (``<item>`` ones make a list)."""
     if types is not None and "string" in types:
         return text  # a string-typed value stays text even when it looks structured
-    children = list(_MM_PARAM.finditer(text))
+    children = list(_MM_PARAM.finditer(text)) if "<" in text else []  # (a tag needs "<")
     if not children:
         return typed_value(text.strip(), types)
     if all(c.group("k") == "item" for c in children):
@@ -448,9 +492,10 @@ def _mm_value(text: str, types: set[str] | None) -> object:
     return {c.group("k"): _mm_value(c.group("v"), None) for c in children}
 
 
-def minimax_m3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=("</invoke>",))
+def minimax_m3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``]<]minimax[>[<invoke name="X">]<]minimax[>[<k>v]<]minimax[>[</k>...`` (MiniMax M3)."""
-    out: list[_Call] = []
+    out: list[ParsedCall] = []
     pat = (
         rf'(?:{_MMQ})?<invoke name="(?P<name>[^"]*)">(?P<body>.*?)(?P<close>(?:{_MMQ})?</invoke>|$)'
     )
@@ -458,7 +503,7 @@ def minimax_m3_body(region: str, final: bool, opts: Options) -> list[_Call]:
         name, closed = m.group("name"), bool(m.group("close"))
         if not closed:
             out.append(
-                _Call(
+                ParsedCall(
                     name,
                     None,
                     m.group(0),
@@ -471,9 +516,9 @@ def minimax_m3_body(region: str, final: bool, opts: Options) -> list[_Call]:
             p.group("k"): _mm_value(p.group("v"), opts.param_types(name, p.group("k")))
             for p in _MM_PARAM.finditer(m.group("body"))
         }
-        out.append(_Call(name, args, m.group(0)))
+        out.append(ParsedCall(name, args, m.group(0)))
     if not out and final and region.strip():
-        out.append(_Call(None, None, region, error="cannot read the tool call"))
+        out.append(ParsedCall(None, None, region, error="cannot read the tool call"))
     return out
 
 
@@ -483,15 +528,16 @@ _K3_ARG = re.compile(
 )
 
 
-def kimi_k3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=("<|close|>call<|sep|>",))
+def kimi_k3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<|open|>call tool="X" index="1"<|sep|><|open|>argument key="k" type="number"<|sep|>v<|close|>argument<|sep|>``."""
-    out: list[_Call] = []
+    out: list[ParsedCall] = []
     pat = r'<\|open\|>call tool="(?P<name>[^"]*)"[^<]*<\|sep\|>(?P<body>.*?)(?P<close><\|close\|>call<\|sep\|>|$)'
     for m in re.finditer(pat, region, re.S):
         name, closed = m.group("name"), bool(m.group("close"))
         if not closed:
             out.append(
-                _Call(
+                ParsedCall(
                     name,
                     None,
                     m.group(0),
@@ -511,56 +557,61 @@ def kimi_k3_body(region: str, final: bool, opts: Options) -> list[_Call]:
                 else {t, "integer"}
             )
             args[a.group("k")] = typed_value(a.group("v"), types)
-        out.append(_Call(name, args, m.group(0)))
+        out.append(ParsedCall(name, args, m.group(0)))
     if not out and final and region.strip():
-        out.append(_Call(None, None, region, error="cannot read the tool call"))
+        out.append(ParsedCall(None, None, region, error="cannot read the tool call"))
     return out
 
 
-def json_call_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json")
+def json_call_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """One ``{"name", "arguments"}`` object (GigaChat)."""
     if not final:
         m = re.match(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', region)
         return (
-            [_Call(m.group(1) if m else None, None, region, complete=False)]
+            [ParsedCall(m.group(1) if m else None, None, region, complete=False)]
             if region.strip()
             else []
         )
-    parsed = _json_prefix(region.strip())
+    parsed = json_prefix(region.strip())
     if parsed is None:
-        return [_Call(None, None, region.strip(), error="invalid JSON in the tool call")]
-    return [_call_from_obj(parsed[0], region.strip())]
+        return [ParsedCall(None, None, region.strip(), error="invalid JSON in the tool call")]
+    return [call_from_obj(parsed[0], region.strip())]
 
 
 _ATEM_PARAM = re.compile(r'<atem:parameter name="(?P<k>[^"]*)">(?P<v>.*?)</atem:parameter>', re.S)
 
 
-def muse_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=("</atem:invoke>",))
+def muse_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<atem:invoke name="X"><atem:parameter name="k">v</atem:parameter></atem:invoke>`` (Muse Glimmer)."""
     return _xml_function_calls(
         region, final, opts, r'<atem:invoke name="(?P<name>[^"]*)">', "</atem:invoke>", _ATEM_PARAM
     )
 
 
-_HY = ":opensource"
+HY_MARKER = ":opensource"
 _HY_ARG = re.compile(
-    rf"<arg_key{_HY}>(?P<k>.*?)</arg_key{_HY}>\s*<arg_value{_HY}>(?P<v>.*?)</arg_value{_HY}>", re.S
+    rf"<arg_key{HY_MARKER}>(?P<k>.*?)</arg_key{HY_MARKER}>\s*<arg_value{HY_MARKER}>(?P<v>.*?)</arg_value{HY_MARKER}>",
+    re.S,
 )
 
 
-def hy3_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads(closers=(f"</tool_call{HY_MARKER}>", f"<tool_call{HY_MARKER}>"))
+def hy3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<tool_call:opensource>NAME<tool_sep:opensource><arg_key:...>k</arg_key:...><arg_value:...>v...``."""
 
-    def one(s: str, fin: bool) -> list[_Call]:
-        head, found, body = s.partition(f"<tool_sep{_HY}>")
+    def one(s: str, fin: bool) -> list[ParsedCall]:
+        head, found, body = s.partition(f"<tool_sep{HY_MARKER}>")
         if not found:
-            return [_Call(None, None, s, error="no tool name" if fin else None, complete=fin)]
+            return [ParsedCall(None, None, s, error="no tool name" if fin else None, complete=fin)]
         return [_tagged_args(body, _HY_ARG, head.strip(), opts, s, fin, fin)]
 
-    return _split_calls(region, f"<tool_call{_HY}>", f"</tool_call{_HY}>", final, one)
+    return _split_calls(region, f"<tool_call{HY_MARKER}>", f"</tool_call{HY_MARKER}>", final, one)
 
 
-def solar_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads("json")
+def solar_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``ID<|tool_call:name|>NAME<|tool_call:args|>{json}`` (Solar Open)."""
     cid, _, rest = region.partition("<|tool_call:name|>")
     calls = _name_sep_json(rest, final, "<|tool_call:args|>")
@@ -572,37 +623,38 @@ def solar_body(region: str, final: bool, opts: Options) -> list[_Call]:
 # --------------------------------------------------------------------------- Mistral
 
 
-def _mistral_segment(region: str, final: bool) -> list[_Call]:
+def _mistral_segment(region: str, final: bool) -> list[ParsedCall]:
     """One ``[TOOL_CALLS]`` segment: a JSON list, or ``name[CALL_ID]id[ARGS]{...}``."""
     s = region.strip()
     if s.startswith("[") or s.startswith("{") or not final:
         if not final:
             return []
-        parsed = _json_prefix(s)
+        parsed = json_prefix(s)
         if parsed is None:
-            return [_Call(None, None, s, error="invalid JSON in [TOOL_CALLS]")]
+            return [ParsedCall(None, None, s, error="invalid JSON in [TOOL_CALLS]")]
         obj, _end = parsed
         items = obj if isinstance(obj, list) else [obj]
-        return [_call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
+        return [call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
     m = re.match(r"^([\w.\-]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\](.*)$", s, re.S)
     if not m:
-        return [_Call(None, None, s, error="cannot read [TOOL_CALLS] name[ARGS]{...}")]
-    args, err = _loads(m.group(3).strip())
+        return [ParsedCall(None, None, s, error="cannot read [TOOL_CALLS] name[ARGS]{...}")]
+    args, err = loads_lenient(m.group(3).strip())
     if err or not isinstance(args, dict):
-        return [_Call(m.group(1), None, s, error=err or "arguments are not a JSON object")]
-    return [_Call(m.group(1), args, s, id=m.group(2) or None)]
+        return [ParsedCall(m.group(1), None, s, error=err or "arguments are not a JSON object")]
+    return [ParsedCall(m.group(1), args, s, id=m.group(2) or None)]
 
 
-def mistral_body(region: str, final: bool, opts: Options) -> list[_Call]:
+@reads()
+def mistral_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """Everything after the first ``[TOOL_CALLS]``: a JSON list, or ``name[CALL_ID]id[ARGS]{...}`` segments."""
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     for seg in region.split("[TOOL_CALLS]"):
         if final:
             calls.extend(_mistral_segment(seg, True))
             continue
         m = re.match(r"\s*([\w.\-]+)(?:\[CALL_ID\]([^\[]*)\[ARGS\]|\[ARGS\])", seg)
         calls.append(
-            _Call(
+            ParsedCall(
                 m.group(1) if m else None, None, seg, id=m.group(2) if m else None, complete=False
             )
         )
@@ -613,7 +665,12 @@ def mistral_body(region: str, final: bool, opts: Options) -> list[_Call]:
 
 
 def rewrap(prefix: str, suffix: str, body: Body) -> Body:
-    """A body that gets its region back with the start (and, once closed, end) marker."""
-    return lambda region, final, opts: body(
-        prefix + region + (suffix if final else ""), final, opts
-    )
+    """A body that gets its region back with the start (and, once closed, end) marker.
+
+    It completes calls at the same markers; its region ends at the first closing marker.
+    """
+
+    def wrapped(region: str, final: bool, opts: Options) -> list[ParsedCall]:
+        return body(prefix + region + (suffix if final else ""), final, opts)
+
+    return reads(None, body.closers)(wrapped)  # type: ignore[attr-defined]

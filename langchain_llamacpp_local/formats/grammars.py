@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_llamacpp_local.formats.base import _schema_types
+from langchain_llamacpp_local.formats.base import schema_types
 from langchain_llamacpp_local.formats.registry import FAMILIES, JsonCalls, Markup, gbnf_literal
 from langchain_llamacpp_local.llama.json_grammar import (
     SchemaConverter as _Converter,
@@ -331,7 +331,7 @@ def markup_tool_call_grammar(
         keys = sorted(props) if syn.sorted_keys else list(props)
         items, req = [], []
         for j, key in enumerate(keys):
-            types = _schema_types(raw_props.get(key))  # what the parser types it as
+            types = schema_types(raw_props.get(key))  # what the parser types it as
             raw = types is not None and types <= {"string"}
             words = _string_enum(_deref(raw_props.get(key), raw_params))
             if raw or words is not None:

@@ -3,7 +3,8 @@
 A :class:`Family` says how llama.cpp picks the syntax for a chat template (its
 specialized handlers, or the markers its auto-parser route recognises), which markers
 are held back while streaming, how a call is read (a :class:`~.families.Spec` of
-markers and body readers, or the parse loop's own code for the classic formats), how
+markers and body readers, a classic :class:`~.classic.Reader`, or a message scanner
+from :mod:`.messages`), how
 a forced call is written (:class:`JsonCalls` or :class:`Markup`, built by
 :mod:`.grammars`), which markers switch a lazy grammar on, and whether plain chat
 output carries channel markup. :mod:`.detect`, :mod:`.parsers`, :mod:`.grammars` and
@@ -17,10 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from langchain_llamacpp_local.formats import classic, messages
+from langchain_llamacpp_local.formats.classic import Reader
 from langchain_llamacpp_local.formats.families import (
-    _DSML,
-    _HY,
-    _MM,
+    DSML_MARKER,
+    HY_MARKER,
+    MM_MARKER,
     Spec,
     apertus_body,
     command_r_body,
@@ -45,6 +48,7 @@ from langchain_llamacpp_local.formats.families import (
     seed_oss_body,
     solar_body,
 )
+from langchain_llamacpp_local.formats.messages import Scanner
 
 # --------------------------------------------------------------------------- grammar shapes
 
@@ -117,9 +121,13 @@ class Family:
     clues: tuple[Clue, ...] = ()
     #: markers of the classic formats held back while streaming (a spec adds its own)
     markers: tuple[str, ...] = ()
-    #: reasoning and call-region markers with their body readers; None: the parse loop
-    #: reads this format itself (the classic formats, gpt-oss harmony)
+    #: reasoning and call-region markers with their body readers (None: a classic
+    #: ``reader`` reads what follows the ``<think>`` block, or a ``scanner`` the output)
     spec: Spec | None = None
+    #: how a classic family (no spec) reads what follows its ``<think>`` block
+    reader: Reader | None = None
+    #: the whole output is addressed messages, read by this scanner (gpt-oss, Muse)
+    scanner: Scanner | None = None
     #: how a forced call is written; None: the generic JSON object instead
     grammar: JsonCalls | Markup | None = None
     #: markers that switch the grammar on under ``tool_choice="auto"`` (llama.cpp's lazy
@@ -152,7 +160,9 @@ class Family:
         )
 
 
-def _wrapped(opening: str, closing: str, shape: str = "list", **kw: str) -> dict[str, object]:
+def wrapped_between(
+    opening: str, closing: str, shape: str = "list", **kw: str
+) -> dict[str, object]:
     """``grammar`` and ``triggers`` of a family writing JSON after ``opening``."""
     return {"grammar": JsonCalls(opening, closing, shape, **kw), "triggers": (opening,)}  # type: ignore[arg-type]
 
@@ -174,6 +184,7 @@ _RECORDS: tuple[Family, ...] = (
         "hermes",
         clues=((170, ("<tool_call>",)),),
         markers=("<tool_call>", "<function="),
+        reader=classic.HERMES,
         grammar=JsonCalls("<tool_call>\n", "\n</tool_call>", "each", sep="\n"),
         triggers=("<tool_call>",),
     ),
@@ -211,6 +222,7 @@ _RECORDS: tuple[Family, ...] = (
             (240, ("<|start_header_id|>", "tools")),
         ),
         markers=("<|python_tag|>",),
+        reader=classic.LLAMA3_JSON,
         grammar=JsonCalls(shape="each", sep="; ", args_key="parameters"),
     ),
     Family(
@@ -230,15 +242,23 @@ _RECORDS: tuple[Family, ...] = (
             (230, ("func_name1(params_name1",)),
         ),
         markers=("<|tool_call_start|>",),
+        reader=classic.PYTHONIC,
     ),
     Family(
         "granite",
         clues=((50, ("<|tool_call|>",)),),
         markers=("<|tool_call|>", "<response>", "</response>"),
-        **_wrapped("<|tool_call|>", ""),
+        reader=classic.GRANITE,
+        **wrapped_between("<|tool_call|>", ""),
         turn_markup=True,
     ),
-    Family("functionary_v3_2", handlers=("functionary_v3_2",), markers=(">>>",), turn_markup=True),
+    Family(
+        "functionary_v3_2",
+        handlers=("functionary_v3_2",),
+        markers=(">>>",),
+        reader=classic.FUNCTIONARY_V3_2,
+        turn_markup=True,
+    ),
     Family(
         "deepseek_r1",
         clues=((20, ("tool▁calls▁begin",)),),
@@ -248,6 +268,7 @@ _RECORDS: tuple[Family, ...] = (
             "<｜tool▁calls▁end｜>",
             "<｜tool▁calls｜>",
         ),
+        reader=classic.DEEPSEEK_R1,
     ),
     Family(
         "command_r7b",
@@ -263,12 +284,15 @@ _RECORDS: tuple[Family, ...] = (
             regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
             strip=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
         ),
-        **_wrapped("<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"),
+        **wrapped_between(
+            "<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"
+        ),
         channel_markup=True,
     ),
     Family(
         "gpt_oss",
         handlers=("gpt_oss",),
+        scanner=messages.harmony,
         markers=(
             "<|channel|>",
             "<|start|>",
@@ -280,8 +304,8 @@ _RECORDS: tuple[Family, ...] = (
         ),
         channel_markup=True,
     ),
-    Family("generic", grammar=JsonCalls(shape="document")),
-    Family("content"),
+    Family("generic", reader=classic.GENERIC, grammar=JsonCalls(shape="document")),
+    Family("content", reader=classic.CONTENT),
     Family(
         "ministral_3",
         handlers=("ministral_3",),
@@ -319,6 +343,7 @@ _RECORDS: tuple[Family, ...] = (
             strip=("<|role_end|>",),
             # a call written before the think block is closed ends the reasoning (Ling 3.0)
             think_stops=("<tool_call>",),
+            rethinks=True,
         ),
         **_markup(
             "<tool_call>",
@@ -375,29 +400,29 @@ _RECORDS: tuple[Family, ...] = (
         handlers=("deepseek_v3_2",),
         spec=Spec(
             regions=(
-                (f"<{_DSML}function_calls>", f"</{_DSML}function_calls>", dsml_body),
-                (f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>", dsml_body),
+                (f"<{DSML_MARKER}function_calls>", f"</{DSML_MARKER}function_calls>", dsml_body),
+                (f"<{DSML_MARKER}tool_calls>", f"</{DSML_MARKER}tool_calls>", dsml_body),
             ),
-            think_stops=(f"<{_DSML}function_calls>", f"<{_DSML}tool_calls>"),
+            think_stops=(f"<{DSML_MARKER}function_calls>", f"<{DSML_MARKER}tool_calls>"),
         ),
         **_markup(
-            f"<{_DSML}function_calls>",
-            f"<{_DSML}tool_calls>",
+            f"<{DSML_MARKER}function_calls>",
+            f"<{DSML_MARKER}tool_calls>",
             # V3.2 writes function_calls, V4 tool_calls (same invoke syntax)
             block=lambda call, par: " | ".join(
-                f"({_lit(f'<{_DSML}{tag}>' + chr(10))} {_repeat(call, par)} {_lit(f'</{_DSML}{tag}>')})"
+                f"({_lit(f'<{DSML_MARKER}{tag}>' + chr(10))} {_repeat(call, par)} {_lit(f'</{DSML_MARKER}{tag}>')})"
                 for tag in ("function_calls", "tool_calls")
             ),
             call=lambda name, args: (
-                f"{_lit(f'<{_DSML}invoke name=' + chr(34))} {name} "
-                f"{_lit(chr(34) + '>' + chr(10))} {args} {_lit(f'</{_DSML}invoke>' + chr(10))}"
+                f"{_lit(f'<{DSML_MARKER}invoke name=' + chr(34))} {name} "
+                f"{_lit(chr(34) + '>' + chr(10))} {args} {_lit(f'</{DSML_MARKER}invoke>' + chr(10))}"
             ),
             arg=lambda k, v, raw: (
-                f"{_lit(f'<{_DSML}parameter name={json.dumps(k, ensure_ascii=False)} ')} "
+                f"{_lit(f'<{DSML_MARKER}parameter name={json.dumps(k, ensure_ascii=False)} ')} "
                 f'"string=\\"{"true" if raw else "false"}\\">" {v} '
-                f"{_lit(f'</{_DSML}parameter>' + chr(10))}"
+                f"{_lit(f'</{DSML_MARKER}parameter>' + chr(10))}"
             ),
-            closer=f"</{_DSML}parameter>",
+            closer=f"</{DSML_MARKER}parameter>",
             raw_unions=False,
         ),
     ),
@@ -427,7 +452,7 @@ _RECORDS: tuple[Family, ...] = (
         "nemotron_v2",
         clues=((100, ("<TOOLCALL>",)),),
         spec=Spec(regions=(("<TOOLCALL>", "</TOOLCALL>", json_list_body),)),
-        **_wrapped("<TOOLCALL>", "</TOOLCALL>"),
+        **wrapped_between("<TOOLCALL>", "</TOOLCALL>"),
     ),
     Family(
         "apertus",
@@ -436,7 +461,7 @@ _RECORDS: tuple[Family, ...] = (
             think=("<|inner_prefix|>", "<|inner_suffix|>"),
             regions=(("<|tools_prefix|>", "<|tools_suffix|>", apertus_body),),
         ),
-        **_wrapped("<|tools_prefix|>", "<|tools_suffix|>", call="name_key"),
+        **wrapped_between("<|tools_prefix|>", "<|tools_suffix|>", call="name_key"),
     ),
     Family(
         "apriel",
@@ -446,14 +471,14 @@ _RECORDS: tuple[Family, ...] = (
             reasoning_lead="Here are my reasoning steps:\n",
             regions=(("<tool_calls>", "</tool_calls>", json_list_body),),
         ),
-        **_wrapped("<tool_calls>", "</tool_calls>"),
+        **wrapped_between("<tool_calls>", "</tool_calls>"),
         channel_markup=True,
     ),
     Family(
         "firefunction_v2",
         clues=((180, (" functools[",)),),
         spec=Spec(think=None, regions=(("functools[", None, rewrap("[", "", json_list_body)),)),
-        **_wrapped("functools", ""),
+        **wrapped_between("functools", ""),
     ),
     Family(
         "functionary_v3_1",
@@ -461,8 +486,8 @@ _RECORDS: tuple[Family, ...] = (
         spec=Spec(
             think=None,
             regions=(("<function=", "</function>", functionary_v3_1_body),),
-            # Python code follows it to the end (read by the parse loop)
             held=("<|python_tag|>",),
+            code_tag="<|python_tag|>",
         ),
     ),
     Family(
@@ -473,7 +498,9 @@ _RECORDS: tuple[Family, ...] = (
             regions=(("<|START_ACTION|>", "<|END_ACTION|>", command_r_body),),
             strip=("<|START_TEXT|>", "<|END_TEXT|>"),
         ),
-        **_wrapped("<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"),
+        **wrapped_between(
+            "<|START_ACTION|>", "<|END_ACTION|>", call="cohere", args_key="parameters"
+        ),
         channel_markup=True,
     ),
     Family(
@@ -489,7 +516,7 @@ _RECORDS: tuple[Family, ...] = (
         "minimax_m1",
         clues=((150, ("<tool_calls>", "ai name=assistant")),),
         spec=Spec(regions=(("<tool_calls>", "</tool_calls>", json_lines_body),)),
-        **_wrapped("<tool_calls>\n", "\n</tool_calls>", "lines"),
+        **wrapped_between("<tool_calls>\n", "\n</tool_calls>", "lines"),
     ),
     Family(
         "gemma4",
@@ -523,8 +550,8 @@ _RECORDS: tuple[Family, ...] = (
         spec=Spec(
             think=("<mm:think>", "</mm:think>"),
             think_implicit=True,
-            regions=((_MM + "<tool_call>", _MM + "</tool_call>", minimax_m3_body),),
-            held=(_MM,),
+            regions=((MM_MARKER + "<tool_call>", MM_MARKER + "</tool_call>", minimax_m3_body),),
+            held=(MM_MARKER,),
         ),
     ),
     Family(
@@ -554,11 +581,12 @@ _RECORDS: tuple[Family, ...] = (
         "gigachat_v3_1",
         clues=((160, ("<|function_call|>", "<|role_sep|>")),),
         spec=Spec(think=None, regions=(("<|function_call|>", None, json_call_body),)),
-        **_wrapped("<|function_call|>", "", "object"),
+        **wrapped_between("<|function_call|>", "", "object"),
     ),
     Family(
         "muse_glimmer",
         handlers=("muse_glimmer",),
+        scanner=messages.muse,
         spec=Spec(
             think=(" to=self<|message|>", "<|eom|>"),
             regions=(("<atem:function_calls>", "</atem:function_calls>", muse_body),),
@@ -572,8 +600,8 @@ _RECORDS: tuple[Family, ...] = (
         "hy3",
         clues=((130, ("<tool_calls", "HYTK")),),
         spec=Spec(
-            think=(f"<think{_HY}>", f"</think{_HY}>"),
-            regions=((f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", hy3_body),),
+            think=(f"<think{HY_MARKER}>", f"</think{HY_MARKER}>"),
+            regions=((f"<tool_calls{HY_MARKER}>", f"</tool_calls{HY_MARKER}>", hy3_body),),
         ),
         **_markup(
             "<tool_calls:opensource>",

@@ -251,6 +251,25 @@ class Sampler:
         C.llama_sampler_accept(self._chain, tok)
         return tok
 
+    def force(self, tok: int) -> int:
+        """Take ``tok`` as if it had been sampled (a forced end of thinking): the chain
+        and the grammar accept it; a grammar that refuses it is an error, never an abort."""
+        if self._chain is None:
+            raise RuntimeError("sampler is closed")
+        if self._grammar is not None:
+            if not self._triggered:
+                _, self._triggered, text = self._trigger_check(tok)
+                self._tail = text[-self._longest_trigger :]
+            else:  # under the grammar: only a token it allows
+                one = np.zeros(1, dtype=_TOKEN_DATA)
+                one["id"], one["logit"] = tok, 0.0
+                C.llama_sampler_apply(self._grammar, ctypes.byref(_token_array(one)))
+                if not np.isfinite(one["logit"][0]):
+                    raise SamplingError("the grammar does not allow the forced end of thinking")
+            C.llama_sampler_accept(self._grammar, tok)
+        C.llama_sampler_accept(self._chain, tok)
+        return tok
+
     def _sample_before_trigger(self, logits: np.ndarray) -> int:
         """Free sampling while a lazy grammar waits for its trigger.
 

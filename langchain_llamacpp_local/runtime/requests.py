@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
 from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
 from langchain_llamacpp_local.runtime.channel import Channel
+from langchain_llamacpp_local.runtime.thinking import ThinkPlan
 
 
 @dataclass
@@ -42,6 +43,11 @@ class EngineRequest:
     speculative_max_draft: int = 16
     logprobs: bool = False
     top_logprobs: int = 0
+    #: send a :class:`PromptProgress` after each prompt piece (a caller with callbacks)
+    prompt_progress: bool = False
+    #: the family's thinking markers as token ids: thinking tokens are counted (and
+    #: bounded by its budget); None: the output has no thinking block we know
+    think: ThinkPlan | None = None
     #: the sampler chain, built by the front end (grammar compiled off the decode loop);
     #: None: the worker builds it from ``sampling``. The worker owns and closes it.
     sampler: Sampler | None = None
@@ -99,7 +105,24 @@ class Finished:
     logprobs: list[dict[str, Any]] | None = None
     speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
     lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
+    #: where the kept prefix came from and the cached candidate's next entries past the
+    #: point where the prompt left it: {"source", "mismatch"}; None when nothing was cached
+    cache: dict[str, Any] | None = None
+    #: generated tokens inside the thinking block (markers excluded); None: not counted
+    n_reasoning: int | None = None
     final: ClassVar[bool] = True
+
+
+@dataclass
+class PromptProgress:
+    """Prompt reading so far, sent after each prompt piece when the request asks
+    (llama.cpp's ``return_progress``): ``processed`` counts the tokens read this call,
+    ``cached`` those kept from the cache; ``cached + processed`` reaches ``total``."""
+
+    total: int
+    cached: int
+    processed: int
+    final: ClassVar[bool] = False
 
 
 @dataclass
@@ -110,4 +133,4 @@ class Failed:
     final: ClassVar[bool] = True
 
 
-ReplyItem = TextDelta | Finished | Failed
+ReplyItem = TextDelta | PromptProgress | Finished | Failed

@@ -47,6 +47,7 @@ from langchain_llamacpp_local.runtime.requests import (
     EngineRequest,
     Failed,
     Finished,
+    PromptProgress,
     TextDelta,
     cancel_error,
 )
@@ -59,6 +60,7 @@ from langchain_llamacpp_local.runtime.scheduler import (
     row_limit,
 )
 from langchain_llamacpp_local.runtime.speculative import DraftController, NgramProposer, Proposer
+from langchain_llamacpp_local.runtime.thinking import ThinkCounter
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +249,7 @@ class _Active:
     job: EngineRequest
     slot: Slot
     n_keep: int
+    cache: dict[str, Any] | None
     max_new: int
     targets: list[int]
     keep: frozenset[int]
@@ -262,6 +265,7 @@ class _Active:
     t_prefill: float = 0.0
     retried: bool = False
     spec: _Speculation | None = None
+    think: ThinkCounter | None = None
 
     @property
     def tokens(self) -> list[Any]:
@@ -483,6 +487,11 @@ class _WorkerState:
         except BaseException:
             sampler.close()
             raise
+        cache = {
+            "source": memory.last_source,
+            "mismatch": list(memory.last_mismatch),
+            "at": memory.last_mismatch_at,
+        }
         if n_keep == 0:
             for proposer in self.proposers.values():
                 proposer.forget(slot.seq_id)
@@ -490,6 +499,7 @@ class _WorkerState:
             job=job,
             slot=slot,
             n_keep=n_keep,
+            cache=cache,
             max_new=job.max_new,
             targets=targets,
             keep=frozenset(targets),
@@ -498,6 +508,7 @@ class _WorkerState:
             stopper=stopper,
             logprobs=[] if job.logprobs else None,
             spec=spec,
+            think=None if job.think is None else ThinkCounter(job.think),
         )
 
     def _speculation(self, job: EngineRequest) -> _Speculation | None:
@@ -633,8 +644,8 @@ class _WorkerState:
     def _draft(self, act: _Active) -> list[int]:
         """Draft tokens to verify after ``act``'s pending token this step ([]: none)."""
         sp = act.spec
-        if sp is None or sp.proposer is None:
-            return []
+        if sp is None or sp.proposer is None or (act.think is not None and act.think.forcing):
+            return []  # forced tokens are not sampled: nothing to verify
         eng = self.engine
         assert eng is not None
         # every verified row is a generated token and a KV position: stay within both
@@ -698,7 +709,7 @@ class _WorkerState:
                     sp.accepted += 1
                 if not self._take(act, i, tok):
                     break  # finished (end of generation, stop string, length)
-                if not match:
+                if not match or (act.think is not None and act.think.forcing):
                     act.pending = tok
                     break
         finally:
@@ -751,6 +762,8 @@ class _WorkerState:
             self._after_failed_decode([act], exc)
             return
         memory.record(slot, chunk, exact=True)
+        if job.prompt_progress:
+            job.channel.put(PromptProgress(n_prompt, act.n_keep, slot.n_past - act.n_keep))
         if act.prefilling:
             if act.targets and slot.n_past == act.targets[0]:
                 act.targets.pop(0)
@@ -845,7 +858,8 @@ class _WorkerState:
     def _sample(self, act: _Active, idx: int) -> None:
         eng = self.engine
         assert eng is not None
-        tok = act.sampler.sample(eng.ctx, idx)
+        forced = act.think.next_forced() if act.think is not None else None
+        tok = act.sampler.sample(eng.ctx, idx) if forced is None else act.sampler.force(forced)
         if self._take(act, idx, tok):
             act.pending = tok
 
@@ -860,6 +874,8 @@ class _WorkerState:
             self._finish(act, "stop")
             return False
         act.n_gen += 1
+        if act.think is not None:
+            act.think.feed(tok)
         if act.spec is not None:
             act.spec.history.append(tok)
         if self._emit(act, act.decoder.feed(eng.token_piece(tok))):
@@ -929,6 +945,8 @@ class _WorkerState:
                 logprobs=None if act.logprobs is None else act.logprobs[act.logprobs_sent :],
                 speculative=spec,
                 lora=None if act.job.lora is None else dict(act.job.lora),
+                cache=act.cache,
+                n_reasoning=None if act.think is None else act.think.n,
             )
         )
 

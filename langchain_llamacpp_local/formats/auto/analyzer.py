@@ -16,20 +16,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from langchain_llamacpp_local.formats.auto.diff import (
-    _MARKER,
-    _MARKER_RE,
+    MARKER,
+    MARKER_RE,
     DiffSplit,
-    _common_prefix_len,
-    _first_marker,
-    _last_marker,
-    _last_marker_tail,
-    _marker_at,
-    _prune_whitespace_segments,
-    _until_marker,
-    _wrapped,
     calculate_diff_split,
+    common_text_prefix_len,
+    first_marker,
+    last_marker_of,
+    last_marker_tail,
+    marker_at,
+    prune_whitespace_segments,
     segmentize_markers,
     until_common_prefix,
+    until_marker,
+    wrapped_between,
 )
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate, ChatTemplateError
 
@@ -416,11 +416,11 @@ def _reasoning_presence(st: _State, render: _Renderer) -> None:
             break
     else:
         return
-    w = _wrapped(cmp.b, THINKING_CONTENT)
+    w = wrapped_between(cmp.b, THINKING_CONTENT)
     if w and w[0] and w[1]:
         st.set(reasoning_mode="tag", reasoning_start=w[0], reasoning_end=w[1])
         return
-    m = re.search(rf"{re.escape(THINKING_CONTENT)}\s*(?:({_MARKER}\s*))?", cmp.b)
+    m = re.search(rf"{re.escape(THINKING_CONTENT)}\s*(?:({MARKER}\s*))?", cmp.b)
     if m and m.group(1):
         st.set(reasoning_mode="tag", reasoning_end=m.group(1))
 
@@ -438,7 +438,7 @@ def _thinking_enabled(st: _State, render: _Renderer) -> None:
             st.set(reasoning_start=d.right, reasoning_mode="tag")
     elif not rt and d.left:
         if lt and cmp.a.endswith(lt) and not st.reasoning_end:
-            seg = _prune_whitespace_segments(segmentize_markers(cmp.a))
+            seg = prune_whitespace_segments(segmentize_markers(cmp.a))
             if len(seg) >= 2 and seg[-1].value == lt and seg[-2].marker:
                 st.set(reasoning_start=seg[-2].value)
             st.set(reasoning_end=d.left, reasoning_mode="tag")
@@ -453,7 +453,7 @@ def _thinking_enabled(st: _State, render: _Renderer) -> None:
             extra = ext[pos + n :].strip()
             if not extra:
                 continue
-            seg = _prune_whitespace_segments(segmentize_markers(extra))
+            seg = prune_whitespace_segments(segmentize_markers(extra))
             if len(seg) == 2 and seg[0].marker and seg[1].marker:
                 if not st.reasoning_start:
                     st.set(reasoning_start=seg[0].value)
@@ -478,11 +478,11 @@ def _reasoning_scope(st: _State, render: _Renderer) -> None:
         return
     if THINKING_CONTENT not in cmp.a and THINKING_CONTENT in cmp.b:
         st.set(reasoning_mode="tools_only")
-        m = re.search(rf"({_MARKER}\s*){re.escape(THINKING_CONTENT)}\s*({_MARKER}\s*)", cmp.b)
+        m = re.search(rf"({MARKER}\s*){re.escape(THINKING_CONTENT)}\s*({MARKER}\s*)", cmp.b)
         if m:
             st.set(reasoning_start=m.group(1), reasoning_end=m.group(2))
             return
-        m = re.search(rf"{re.escape(THINKING_CONTENT)}\s*(?:({_MARKER}\s*))?", cmp.b)
+        m = re.search(rf"{re.escape(THINKING_CONTENT)}\s*(?:({MARKER}\s*))?", cmp.b)
         if m:
             st.set(reasoning_end=m.group(1) or "")
         else:
@@ -516,7 +516,7 @@ def _content(st: _State, render: _Renderer) -> None:
         if st.reasoning_end and st.reasoning_end in rdiff:
             rdiff = rdiff[rdiff.find(st.reasoning_end) + len(st.reasoning_end) :]
         pure = rdiff if len(rdiff) > len(dt.left) else dt.left
-        w = _wrapped(pure, ASSISTANT_MSG)
+        w = wrapped_between(pure, ASSISTANT_MSG)
         if w:
             start, end = w
     if start or end:
@@ -657,18 +657,18 @@ def _non_json(st: _State, clean: str) -> None:
     fun_marker, fun_pre = found if found else (FUN_FIRST, "")
     fm = re.escape(fun_marker)
     sec_start = call_start = call_end = sec_end = ""
-    m = re.search(rf"({_MARKER}\s*)({_MARKER}\s*)(.*?){fm}(.*)\Z", clean, re.S)
+    m = re.search(rf"({MARKER}\s*)({MARKER}\s*)(.*?){fm}(.*)\Z", clean, re.S)
     if m:
         sec_start, call_start, rest = m.group(1), m.group(2), m.group(4)
-        e = re.search(rf"({_MARKER}\s*)({_MARKER}\s*)\Z", rest)
+        e = re.search(rf"({MARKER}\s*)({MARKER}\s*)\Z", rest)
         if e:
             call_end, sec_end = e.group(1), e.group(2)
         st.set(name_prefix=fun_pre + st.name_prefix)
     else:
-        m = re.search(rf"({_MARKER}\s*){fm}(.*)\Z", clean, re.S)
+        m = re.search(rf"({MARKER}\s*){fm}(.*)\Z", clean, re.S)
         if m:
             sec_start, rest = m.group(1), m.group(2)
-            e = re.search(rf"({_MARKER}\s*)\Z", rest)
+            e = re.search(rf"({MARKER}\s*)\Z", rest)
             if e:
                 sec_end = e.group(1)
     st.set(
@@ -718,23 +718,23 @@ def _function_markers(st: _State, render: _Renderer) -> None:
     i = d.left.find(FUN_FIRST)
     after = i + len(FUN_FIRST)
     name_prefix += d.left[:i]
-    name_suffix = d.left[after : _until_marker(d.left, after)]
+    name_suffix = d.left[after : until_marker(d.left, after)]
     if st.tool_format == "tag_json":
         s, pos = d.suffix, 0
         while pos < len(s):
-            mk = _marker_at(s, pos)
+            mk = marker_at(s, pos)
             if mk:
                 pos = mk.end()
             elif s[pos] not in "{[":
                 pos += 1
             else:
                 break
-        if _MARKER_RE.search(s, pos):
+        if MARKER_RE.search(s, pos):
             name_suffix += s[:pos]
     else:
-        ext = d.suffix[: _until_marker(d.suffix)]
+        ext = d.suffix[: until_marker(d.suffix)]
         name_suffix += ext
-        m = re.search(rf"{_MARKER}\s*(?:{ARG_FIRST}|{ARG_SECOND})", d.suffix[len(ext) :])
+        m = re.search(rf"{MARKER}\s*(?:{ARG_FIRST}|{ARG_SECOND})", d.suffix[len(ext) :])
         if m:
             args_sep = d.suffix[len(ext) :][: m.start()].strip()
     suffix_marker = st.per_call_end or st.section_end
@@ -748,7 +748,7 @@ def _function_markers(st: _State, render: _Renderer) -> None:
         closer = d.suffix if k < 0 else d.suffix[:k]
     if closer:
         if st.tool_format == "tag_tagged":
-            m = re.match(rf"(?s).*?YYYY\s*{_MARKER}\s*(.*)\Z", closer)
+            m = re.match(rf"(?s).*?YYYY\s*{MARKER}\s*(.*)\Z", closer)
             if m:
                 close = m.group(1)
         elif st.tool_format == "tag_json" and "YYYY" in closer:
@@ -779,10 +779,10 @@ def _argument_names(st: _State, render: _Renderer) -> None:
     if lm and rm and lm.group(1) and lm.group(1) == rm.group(1) and lm.group(2) == rm.group(2):
         st.set(arg_name_prefix=lm.group(1), arg_name_suffix=lm.group(2))
     elif d.left.startswith(ARG_FIRST) and d.right.startswith(ARG_SECOND):
-        tail = _last_marker_tail(d.prefix)
+        tail = last_marker_tail(d.prefix)
         st.set(arg_name_prefix=tail if tail is not None else d.prefix)
         after_first = d.left[len(ARG_FIRST) :] + d.suffix
-        m = re.match(rf"(?s)((?:(?!{_MARKER}).)*{_MARKER}\s*)", after_first)
+        m = re.match(rf"(?s)((?:(?!{MARKER}).)*{MARKER}\s*)", after_first)
         if m:
             st.set(arg_name_suffix=m.group(1))
 
@@ -802,7 +802,7 @@ def _argument_values(st: _State, render: _Renderer) -> None:
     if ending in prefix:
         prefix = prefix[prefix.rfind(ending) + len(ending) :]
     if prefix:
-        tail = _last_marker_tail(prefix)
+        tail = last_marker_tail(prefix)
         st.set(arg_value_prefix=tail if tail is not None else prefix)
     value_suffix = d.suffix
     end_marker = st.function_close or st.per_call_end or st.section_end
@@ -832,7 +832,7 @@ def _call_ids(st: _State, render: _Renderer) -> None:
     d = cmp.diff
     if not d.left and not d.right:
         return
-    common_id = CALL_ID_001[: _common_prefix_len(CALL_ID_001, CALL_ID_999)]
+    common_id = CALL_ID_001[: common_text_prefix_len(CALL_ID_001, CALL_ID_999)]
     # Unlike llama.cpp, ignore the tool definitions before the user message: they
     # hold the function name too and would hide a call id written before the name.
     u = d.prefix.rfind(USER_MSG)
@@ -846,12 +846,12 @@ def _call_ids(st: _State, render: _Renderer) -> None:
             pos = "between_func_and_args"
             after_func = d.prefix[in_prefix + len(FUN_FIRST) :]
             m = re.search(
-                rf"({_MARKER})(?:(?!{_MARKER})(?!{re.escape(common_id)}).)*{re.escape(common_id)}",
+                rf"({MARKER})(?:(?!{MARKER})(?!{re.escape(common_id)}).)*{re.escape(common_id)}",
                 after_func,
                 re.S,
             )
-            id_prefix = m.group(1) if m else _last_marker(after_func)
-            m = re.match(rf"(?s)(?:(?!{_MARKER})[^{{])*({_MARKER})", d.suffix)
+            id_prefix = m.group(1) if m else last_marker_of(after_func)
+            m = re.match(rf"(?s)(?:(?!{MARKER})[^{{])*({MARKER})", d.suffix)
             if m:
                 id_suffix = m.group(1)
         elif args_in_prefix >= 0:
@@ -859,12 +859,12 @@ def _call_ids(st: _State, render: _Renderer) -> None:
             after_args = d.prefix[args_in_prefix:]
             brace = after_args.rfind("}")
             if brace >= 0:
-                id_prefix = _last_marker(after_args[brace + 1 :])
-            id_suffix = _first_marker(d.suffix)
+                id_prefix = last_marker_of(after_args[brace + 1 :])
+            id_suffix = first_marker(d.suffix)
     elif in_suffix >= 0 and in_prefix < 0:
         pos = "pre_func_name"
-        id_prefix = _last_marker(d.prefix)
-        id_suffix = _first_marker(d.suffix[:in_suffix])
+        id_prefix = last_marker_of(d.prefix)
+        id_suffix = first_marker(d.suffix[:in_suffix])
     if id_prefix == st.args_end:
         id_prefix = ""
     if id_suffix == st.args_start:

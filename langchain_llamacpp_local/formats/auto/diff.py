@@ -44,11 +44,11 @@ def segmentize_markers(text: str) -> list[Segment]:
     return out
 
 
-def _prune_whitespace_segments(segments: list[Segment]) -> list[Segment]:
+def prune_whitespace_segments(segments: list[Segment]) -> list[Segment]:
     return [s for s in segments if s.value.strip()]
 
 
-def _common_prefix_len(a: str, b: str) -> int:
+def common_text_prefix_len(a: str, b: str) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -138,7 +138,7 @@ def calculate_diff_split(left: str, right: str) -> DiffSplit:
     rem_r = "".join(s.value for s in rs[r0 : (r1 if r_done else r1 + 1)])
     suf_len = _common_suffix_len(rem_l, rem_r) if text_suffix_ok else 0
     pre_len = (
-        _common_prefix_len(rem_l[: len(rem_l) - suf_len], rem_r[: len(rem_r) - suf_len])
+        common_text_prefix_len(rem_l[: len(rem_l) - suf_len], rem_r[: len(rem_r) - suf_len])
         if text_prefix_ok
         else 0
     )
@@ -155,7 +155,7 @@ def calculate_diff_split(left: str, right: str) -> DiffSplit:
 
 def until_common_prefix(full: str, left: str, right: str) -> str:
     """``full`` up to the first occurrence of the common prefix of ``left`` and ``right``."""
-    n = _common_prefix_len(left, right)
+    n = common_text_prefix_len(left, right)
     if n == 0:
         return ""
     pos = full.find(left[:n])
@@ -176,41 +176,41 @@ def after_common_suffix(full: str, left: str, right: str) -> str:
 # llama.cpp matches these shapes with small PEG parsers; plain regexes suffice
 # because every repetition there is possessive and markers are unambiguous.
 
-_MARKER = r"(?:<[^>]*>|\[[^\]]*\])"
-_MARKER_RE = re.compile(_MARKER)
+MARKER = r"(?:<[^>]*>|\[[^\]]*\])"
+MARKER_RE = re.compile(MARKER)
 
 
-def _marker_at(text: str, pos: int) -> re.Match[str] | None:
-    return _MARKER_RE.match(text, pos)
+def marker_at(text: str, pos: int) -> re.Match[str] | None:
+    return MARKER_RE.match(text, pos)
 
 
-def _until_marker(text: str, start: int = 0) -> int:
+def until_marker(text: str, start: int = 0) -> int:
     """Index of the first complete marker at or after ``start`` (len(text) if none)."""
-    m = _MARKER_RE.search(text, start)
+    m = MARKER_RE.search(text, start)
     return m.start() if m else len(text)
 
 
-def _last_marker_tail(text: str) -> str | None:
+def last_marker_tail(text: str) -> str | None:
     """The last marker of ``text`` and everything after it (llama.cpp's ``last_marker``)."""
     last = None
-    for m in _MARKER_RE.finditer(text):
+    for m in MARKER_RE.finditer(text):
         last = m
     return text[last.start() :] if last else None
 
 
-def _last_marker(text: str) -> str:
+def last_marker_of(text: str) -> str:
     last = None
-    for m in _MARKER_RE.finditer(text):
+    for m in MARKER_RE.finditer(text):
         last = m
     return last.group(0) if last else ""
 
 
-def _first_marker(text: str) -> str:
-    m = _MARKER_RE.search(text)
+def first_marker(text: str) -> str:
+    m = MARKER_RE.search(text)
     return m.group(0) if m else ""
 
 
-def _wrapped(text: str, needle: str) -> tuple[str, str] | None:
+def wrapped_between(text: str, needle: str) -> tuple[str, str] | None:
     """``marker + space + needle + space + marker + space`` anywhere: (pre, post)."""
-    m = re.search(rf"({_MARKER}\s*){re.escape(needle)}(\s*{_MARKER}\s*)", text)
+    m = re.search(rf"({MARKER}\s*){re.escape(needle)}(\s*{MARKER}\s*)", text)
     return (m.group(1), m.group(2)) if m else None

@@ -17,10 +17,10 @@ from typing import Any
 
 from langchain_llamacpp_local.formats.auto.analyzer import TemplateAnalysis
 from langchain_llamacpp_local.formats.base import (
-    _Call,
-    _held_suffix,
-    _json_args,
-    _schema_types,
+    ParsedCall,
+    held_suffix,
+    json_arguments,
+    schema_types,
     think_body_start,
     tool_schemas,
     typed_value,
@@ -42,7 +42,7 @@ class AnalysisParse:
 
     content: str
     reasoning: str | None = None
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[ParsedCall] = field(default_factory=list)
     held: int = 0
     reasoning_held: int = 0
     settled: bool = True
@@ -224,7 +224,7 @@ class _CallScanner:
             if not self.final:
                 raise _Incomplete(name) from None
             raise _Malformed("arguments are not valid JSON") from None
-        args = _json_args(val)
+        args = json_arguments(val)
         if args is None:
             raise _Malformed("arguments are not a JSON object")
         end = self._need(end, a.args_end, "after the arguments", name)
@@ -281,10 +281,10 @@ class _CallScanner:
                 raw = raw[1:]
             if a.arg_value_suffix.startswith("\n") and raw.endswith("\n"):
                 raw = raw[:-1]
-            args[key] = typed_value(raw, _schema_types(schema.get(key)) if has_schema else None)
+            args[key] = typed_value(raw, schema_types(schema.get(key)) if has_schema else None)
             pos = ve.end()
 
-    def call(self, pos: int) -> tuple[_Call, int]:
+    def call(self, pos: int) -> tuple[ParsedCall, int]:
         a = self.a
         start = pos
         cid: str | None = None
@@ -329,28 +329,28 @@ class _CallScanner:
                     raise _Malformed(f"unterminated call (no {a.function_close.strip()!r})")
             else:
                 pos = end
-        return _Call(name, args, self.text[start:pos].strip(), id=cid), pos
+        return ParsedCall(name, args, self.text[start:pos].strip(), id=cid), pos
 
     def _eol(self, pos: int) -> int:
         m = re.compile(r"[\s<\[{]").search(self.text, pos)
         return m.start() if m else len(self.text)
 
 
-def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[_Call]:
+def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[ParsedCall]:
     """Calls from one decoded JSON value of a JSON_NATIVE template."""
     items = obj if isinstance(obj, list) else [obj]
     out = []
     for o in items:
         r = json.dumps(o, ensure_ascii=False) if isinstance(obj, list) else raw
         if not isinstance(o, dict):
-            out.append(_Call(None, None, r, error="tool call is not a JSON object"))
+            out.append(ParsedCall(None, None, r, error="tool call is not a JSON object"))
             continue
         if a.fun_name_is_key:
             if len(o) == 1:
                 ((name, args_val),) = o.items()
-                args = _json_args(args_val)
+                args = json_arguments(args_val)
                 out.append(
-                    _Call(
+                    ParsedCall(
                         name,
                         args,
                         r,
@@ -358,7 +358,7 @@ def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[_Call]:
                     )
                 )
             else:
-                out.append(_Call(None, None, r, error="expected one {name: arguments} pair"))
+                out.append(ParsedCall(None, None, r, error="expected one {name: arguments} pair"))
             continue
         name_field, args_field = a.name_field, a.args_field
         if a.function_field and a.function_field != "function" and "." not in name_field:
@@ -376,17 +376,19 @@ def _json_call(a: TemplateAnalysis, obj: Any, raw: str) -> list[_Call]:
         if cid is None and a.gen_id_field:
             cid = _get_path(o, a.gen_id_field)
         if not isinstance(name, str) or not name:
-            out.append(_Call(None, None, r, error="tool call has no name"))
+            out.append(ParsedCall(None, None, r, error="tool call has no name"))
             continue
-        args = _json_args(args_val)
+        args = json_arguments(args_val)
         err = None if args is not None else "arguments are not a JSON object"
-        out.append(_Call(name, args, r, id=str(cid) if cid is not None else None, error=err))
+        out.append(ParsedCall(name, args, r, id=str(cid) if cid is not None else None, error=err))
     return out
 
 
-def _scan_json_native(a: TemplateAnalysis, text: str, final: bool) -> tuple[list[_Call], int, bool]:
+def _scan_json_native(
+    a: TemplateAnalysis, text: str, final: bool
+) -> tuple[list[ParsedCall], int, bool]:
     """(calls, end of the tool region, complete) for JSON calls starting at 0."""
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     pos = 0
     dec = json.JSONDecoder()
     sec_s, sec_e = _flex(a.section_start), _flex(a.section_end)
@@ -415,12 +417,16 @@ def _scan_json_native(a: TemplateAnalysis, text: str, final: bool) -> tuple[list
             if not final:  # the stream ends inside the tool region: more may come
                 return calls, pos, False
             if call_s and final and p > pos:
-                calls.append(_Call(None, None, text[pos:].strip(), error="unterminated tool call"))
+                calls.append(
+                    ParsedCall(None, None, text[pos:].strip(), error="unterminated tool call")
+                )
                 return calls, len(text), True
             break
         if text[p] not in "{[":
             if call_s and p > pos:
-                calls.append(_Call(None, None, text[p:].strip(), error="tool call is not JSON"))
+                calls.append(
+                    ParsedCall(None, None, text[p:].strip(), error="tool call is not JSON")
+                )
                 return calls, len(text), True
             break
         try:
@@ -431,7 +437,7 @@ def _scan_json_native(a: TemplateAnalysis, text: str, final: bool) -> tuple[list
             raw = text[p:]
             stop = re.compile(call_e or sec_e).search(raw) if (call_e or sec_e) else None
             raw = raw[: stop.start()] if stop else raw
-            calls.append(_Call(None, None, raw.strip(), error="invalid JSON in tool call"))
+            calls.append(ParsedCall(None, None, raw.strip(), error="invalid JSON in tool call"))
             return calls, len(text), True
         calls.extend(_json_call(a, obj, text[p:end]))
         pos = end
@@ -462,10 +468,10 @@ def _scan_json_native(a: TemplateAnalysis, text: str, final: bool) -> tuple[list
 
 def _scan_tagged(
     a: TemplateAnalysis, text: str, final: bool, tools: Sequence[Mapping[str, Any]] | None
-) -> tuple[list[_Call], int, bool]:
+) -> tuple[list[ParsedCall], int, bool]:
     """(calls, end of the tool region, complete) for tag formats starting at 0."""
     sc = _CallScanner(a, text, final, tools)
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     pos = 0
     bare = _bare_call_prefix(a)
 
@@ -506,7 +512,7 @@ def _scan_tagged(
         try:
             call, end = sc.call(p)
         except _Incomplete as inc:
-            calls.append(_Call(inc.name, None, text[p:].strip(), complete=False))
+            calls.append(ParsedCall(inc.name, None, text[p:].strip(), complete=False))
             return calls, pos, False
         except _Malformed as exc:
             stop = (
@@ -515,7 +521,7 @@ def _scan_tagged(
                 else None
             )
             raw_end = stop.start() if stop else len(text)
-            calls.append(_Call(None, None, text[p:raw_end].strip(), error=str(exc)))
+            calls.append(ParsedCall(None, None, text[p:raw_end].strip(), error=str(exc)))
             pos = stop.end() if stop else len(text)
             if not stop:
                 return calls, pos, True
@@ -635,14 +641,14 @@ def _parse(
     r_held = 0
     if r is not None and not r_done and not final:
         # the end marker, or a call the model writes straight from its thoughts
-        r_held = _held_suffix(
+        r_held = held_suffix(
             r, [m for m in (a.reasoning_end.strip(), a.trigger, _bare_call_prefix(a)) if m]
         )
     if not r_done and not final:
         return AnalysisParse("", r, [], 0, r_held, settled=False)
     if r is not None and not r.strip() and r_done:
         r = None if not r else ""  # an empty think block (e.g. prefilled ``<think></think>``)
-    calls: list[_Call] = []
+    calls: list[ParsedCall] = []
     trigger = a.trigger
     settled = True
     content = rest
@@ -676,7 +682,7 @@ def _parse(
     if turn_end and content.rstrip().endswith(turn_end):
         content = content.rstrip()[: -len(turn_end)]
     hold = (*markers, trigger, turn_end) if trigger else (*markers, turn_end)
-    held = 0 if final else _held_suffix(content, [m for m in hold if m])
+    held = 0 if final else held_suffix(content, [m for m in hold if m])
     return AnalysisParse(content, r, calls, held, r_held, settled)
 
 

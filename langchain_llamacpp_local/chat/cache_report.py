@@ -1,0 +1,276 @@
+"""Why a prompt stopped matching the cache: a pure, model-free decision.
+
+The worker knows *where* (a token position) the prompt left the best cached prefix and
+which store held it; the front end, which rendered the prompt, knows *what* sits at that
+point. This module maps a character offset of the rendered prompt to the message it
+falls in and names a likely cause. The rules are data (``CAUSE_RULES``), so a reader can
+see every decision in one table and a test can check each one without a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+Cause = Literal[
+    "system prompt changed",
+    "tool list or order changed",
+    "template kwargs changed",
+    "an image changed",
+    "history edited",
+]
+
+#: characters of each side shown in a report
+EXCERPT_CHARS = 40
+
+
+@dataclass(frozen=True)
+class Span:
+    """A region ``[start, end)`` of the rendered prompt's characters."""
+
+    start: int
+    end: int
+
+    def __contains__(self, offset: object) -> bool:
+        return isinstance(offset, int) and self.start <= offset < self.end
+
+
+@dataclass(frozen=True)
+class MessageSpan:
+    """Where one message's rendering lies in the prompt text.
+
+    ``span`` covers the message's whole rendering (its role header included);
+    ``images`` the image placeholders inside it.
+    """
+
+    index: int
+    role: str
+    span: Span
+    images: tuple[Span, ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """The rendered prompt's regions, kept by the front end when it renders.
+
+    ``tools`` is where the tool declarations were rendered (None without tools);
+    ``kwargs_changed`` says the template keyword arguments differ from the last call of
+    this conversation (the front end compares a hash; no rendering is repeated).
+    """
+
+    text: str
+    messages: tuple[MessageSpan, ...]
+    tools: Span | None = None
+    kwargs_changed: bool = False
+
+
+@dataclass(frozen=True)
+class MissPoint:
+    """Where the prompt left the cached prefix, in the rendered prompt's terms."""
+
+    message_index: int | None  # None: in text the template wrote outside any message
+    role: str | None
+    offset: int  # characters into that message (into the prompt when message_index is None)
+    prompt_offset: int  # characters into the whole prompt
+    in_tools: bool
+    in_image: bool
+    last_message: int  # index of the prompt's last message
+
+
+def locate(layout: PromptLayout, offset: int) -> MissPoint:
+    """The message (and region) holding character ``offset`` of the rendered prompt."""
+    last = layout.messages[-1].index if layout.messages else -1
+    in_tools = layout.tools is not None and offset in layout.tools
+    for message in layout.messages:
+        if offset in message.span:
+            return MissPoint(
+                message_index=message.index,
+                role=message.role,
+                offset=offset - message.span.start,
+                prompt_offset=offset,
+                in_tools=in_tools,
+                in_image=any(offset in image for image in message.images),
+                last_message=last,
+            )
+    return MissPoint(None, None, offset, offset, in_tools, False, last)
+
+
+#: (test, cause), first match wins; each test reads only the located point and layout
+CAUSE_RULES: tuple[tuple[Callable[[MissPoint, PromptLayout], bool], Cause], ...] = (
+    (lambda p, _: p.in_image, "an image changed"),
+    (lambda p, _: p.in_tools, "tool list or order changed"),
+    (lambda _, layout: layout.kwargs_changed, "template kwargs changed"),
+    (lambda p, _: p.role in ("system", "developer"), "system prompt changed"),
+    (lambda p, _: p.message_index is None, "template kwargs changed"),
+    (
+        lambda p, _: p.message_index is not None and p.message_index < p.last_message,
+        "history edited",
+    ),
+)
+
+
+def likely_cause(point: MissPoint, layout: PromptLayout) -> Cause | None:
+    """The first rule of ``CAUSE_RULES`` that holds, or None (a new turn: no miss)."""
+    for test, cause in CAUSE_RULES:
+        if test(point, layout):
+            return cause
+    return None
+
+
+def excerpt(text: str, offset: int, chars: int = EXCERPT_CHARS) -> str:
+    """A short window of ``text`` from ``offset``, for a human to compare both sides."""
+    return text[offset : offset + chars]
+
+
+def miss_report(
+    layout: PromptLayout,
+    offset: int,
+    cached_text: str,
+    *,
+    source: str,
+    cached_tokens: int,
+    prompt_tokens: int,
+) -> dict[str, object]:
+    """The ``response_metadata["cache"]`` entry for a prompt that left the cache at
+    character ``offset``; ``cached_text`` is the cached candidate's text from there."""
+    point = locate(layout, offset)
+    return {
+        "cached_tokens": cached_tokens,
+        "prompt_tokens": prompt_tokens,
+        "source": source,
+        "miss": {
+            "message_index": point.message_index,
+            "role": point.role,
+            "offset": point.offset,
+            "prompt_offset": point.prompt_offset,
+            "cached": excerpt(cached_text, 0),
+            "prompt": excerpt(layout.text, offset),
+            "cause": likely_cause(point, layout),
+        },
+    }
+
+
+def common_prefix_chars(a: str, b: str) -> int:
+    """How many leading characters two strings share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def spans_from_renders(prefixes: Sequence[str]) -> tuple[Span, ...]:
+    """Message spans from the lengths of the prompt rendered with 0, 1, ... n messages:
+    message ``i`` runs from where prefix ``i`` ends to where prefix ``i+1`` ends."""
+    return tuple(Span(len(prefixes[i]), len(prefixes[i + 1])) for i in range(len(prefixes) - 1))
+
+
+MEDIA = "<__media__>"  # how an image shows in the rendered prompt (mtmd's marker)
+
+
+def _content_texts(message: dict[str, Any]) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content] if content else []
+    out: list[str] = []
+    for part in content or ():
+        if isinstance(part, dict) and part.get("type") == "text" and part.get("text"):
+            out.append(str(part["text"]))
+        elif isinstance(part, str) and part:
+            out.append(part)
+    return out
+
+
+def message_layout(
+    text: str, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()
+) -> PromptLayout:
+    """Each message's span in the rendered ``text``, found by its content in order: a
+    message runs from the start of its content to the start of the next one's (what
+    the template writes after a content, tool declarations in a system block included,
+    belongs to that message); text before the first content is the template's. Tool
+    declarations span from the first to the last tool name found before the last
+    message."""
+    starts: list[tuple[int, int, str]] = []  # (message index, content start, role)
+    pos = 0
+    for i, message in enumerate(messages):
+        first = -1
+        for piece in _content_texts(message):
+            at = text.find(piece, pos)
+            if at < 0:
+                continue
+            if first < 0:
+                first = at
+            pos = at + len(piece)
+        if first >= 0:
+            starts.append((i, first, str(message.get("role", ""))))
+    spans: list[MessageSpan] = []
+    for k, (i, start, role) in enumerate(starts):
+        end = starts[k + 1][1] if k + 1 < len(starts) else len(text)
+        images, at = [], text.find(MEDIA, start)
+        while 0 <= at < end:
+            images.append(Span(at, at + len(MEDIA)))
+            at = text.find(MEDIA, at + 1)
+        spans.append(MessageSpan(i, role, Span(start, end), tuple(images)))
+    tool_span = None
+    limit = spans[-1].span.start if spans else len(text)
+    hits = []
+    for tool in tools:
+        fn = tool.get("function", tool)
+        name = str(fn.get("name", "")) if isinstance(fn, dict) else ""
+        at = text.find(name, 0, limit) if name else -1
+        if at >= 0:
+            hits.append((at, at + len(name)))
+    if hits:
+        tool_span = Span(min(a for a, _ in hits), max(b for _, b in hits))
+    return PromptLayout(text, tuple(spans), tools=tool_span)
+
+
+def _is_media(entry: object) -> bool:
+    return isinstance(entry, tuple) and bool(entry) and entry[0] == "media"
+
+
+def _text_of(entries: Sequence[Any], piece: Callable[[int], bytes]) -> str:
+    out = bytearray()
+    for e in entries:
+        if _is_media(e):
+            if e[2] == 0:
+                out += MEDIA.encode()
+        elif isinstance(e, int):
+            out += piece(e)
+    return out.decode("utf-8", errors="replace")
+
+
+def explain_miss(
+    prepared_text: str,
+    tokens: Sequence[Any],
+    at: int,
+    cached_window: Sequence[Any],
+    piece: Callable[[int], bytes],
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The miss part of the report: the prompt left its cached candidate at token
+    ``at``; ``cached_window`` is the candidate's next entries, ``piece`` the vocabulary's
+    detokenizer. Runs on a miss only: it detokenizes the prompt up to ``at``."""
+    full = _text_of(tokens, piece)
+    # a token the renderer did not write (a BOS added by the tokenizer) shifts offsets
+    shift = max(0, len(full) - len(prepared_text))
+    offset = min(max(0, len(_text_of(tokens[:at], piece)) - shift), len(prepared_text))
+    layout = message_layout(prepared_text, messages, tools)
+    point = locate(layout, offset)
+    media = (at < len(tokens) and _is_media(tokens[at])) or (
+        bool(cached_window) and _is_media(cached_window[0])
+    )
+    if media:
+        point = replace(point, in_image=True)
+    return {
+        "message_index": point.message_index,
+        "role": point.role,
+        "offset": point.offset,
+        "prompt_offset": point.prompt_offset,
+        "token": at,
+        "cached": excerpt(_text_of(cached_window, piece), 0),
+        "prompt": excerpt(prepared_text, offset),
+        "cause": likely_cause(point, layout),
+    }

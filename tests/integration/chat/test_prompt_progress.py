@@ -1,0 +1,94 @@
+"""Prompt-reading progress reaches LangChain callbacks as custom events, sync and async,
+as llama.cpp's ``return_progress`` reports it: one event per prompt piece, the processed
+count rising until cached + processed is the whole prompt."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.chat.progress import PROGRESS_EVENT
+from tests.compare import GREEDY
+
+SETTINGS: dict[str, Any] = {**GREEDY, "max_tokens": 4, "n_batch": 64}
+PROMPT = [SystemMessage("A long system prompt, read in several pieces. " * 12), HumanMessage("hi")]
+
+
+class Collect(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.events: list[dict[str, int]] = []
+
+    def on_custom_event(
+        self,
+        name: str,
+        data: Any,
+        *,
+        run_id: UUID,
+        tags: Any = None,
+        metadata: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if name == PROGRESS_EVENT:
+            self.events.append(data)
+
+
+class ACollect(AsyncCallbackHandler):
+    def __init__(self) -> None:
+        self.events: list[dict[str, int]] = []
+
+    async def on_custom_event(
+        self,
+        name: str,
+        data: Any,
+        *,
+        run_id: UUID,
+        tags: Any = None,
+        metadata: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if name == PROGRESS_EVENT:
+            self.events.append(data)
+
+
+def _check(events: list[dict[str, int]], n_prompt: int, n_cached: int) -> None:
+    assert len(events) >= 3  # several pieces of at most n_batch tokens
+    processed = [e["processed"] for e in events]
+    assert processed == sorted(set(processed))  # strictly rising
+    assert all(e["total"] == n_prompt and e["cached"] == n_cached for e in events)
+    assert events[-1]["cached"] + events[-1]["processed"] == n_prompt
+
+
+def test_progress_events_sync(tiny_llama: str) -> None:
+    llm = ChatLlamaCpp(model_path=tiny_llama, **SETTINGS)
+    seen = Collect()
+    first = llm.invoke(PROMPT, config={"callbacks": [seen]})
+    usage = first.usage_metadata
+    assert usage is not None
+    _check(seen.events, usage["input_tokens"], usage["input_token_details"]["cache_read"])
+    # a second, longer call reads only the new part: cached counts the kept prefix
+    seen2 = Collect()
+    longer = [*PROMPT[:1], HumanMessage("hi, and a longer question " * 8)]
+    msg = llm.invoke(longer, config={"callbacks": [seen2]})
+    assert msg.usage_metadata is not None
+    cached = msg.usage_metadata["input_token_details"]["cache_read"]
+    assert cached > 0
+    _check(seen2.events, msg.usage_metadata["input_tokens"], cached)
+
+
+def test_progress_events_async(tiny_llama: str) -> None:
+    llm = ChatLlamaCpp(model_path=tiny_llama, **SETTINGS)
+    seen = ACollect()
+
+    msg = asyncio.run(llm.ainvoke(PROMPT, config={"callbacks": [seen]}))
+    _check(seen.events, msg.usage_metadata["input_tokens"], 0)
+
+
+def test_no_progress_without_callbacks(tiny_llama: str) -> None:
+    """Without a callback the worker sends nothing extra (the flag stays off)."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, **SETTINGS)
+    assert [c for c in llm.stream(PROMPT) if c.content or c.usage_metadata]

@@ -1,0 +1,561 @@
+"""Hostile or unlucky inputs give clear errors; the process and the worker live.
+
+Each test drives the real request path (llama.cpp on generated GGUFs). Cases that
+used to kill the process run in a subprocess, so a regression shows as a failed
+test instead of taking pytest down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.errors import ModelLoadError
+from tests.gguf_models import write_scripted_llama, write_tiny_llama
+
+ROOT = Path(__file__).resolve().parents[3]
+TEMPLATES = ROOT / "tests" / "data" / "llama_cpp_templates"
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> None:
+    """Collect cycles between tests: a worker collected while another model loads can
+    deadlock the registry."""
+    gc.collect()
+
+
+def _run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (an abort there cannot kill pytest)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def _patch_u32(path: Path, key: str, value: int) -> None:
+    """Overwrite the uint32 value of header key ``key`` in place."""
+    data = bytearray(path.read_bytes())
+    name = key.encode()
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    assert struct.unpack_from("<I", data, at)[0] == 4, "not a uint32 key"
+    struct.pack_into("<I", data, at + 4, value)
+    path.write_bytes(bytes(data))
+
+
+# --------------------------------------------------------------------------- crafted GGUF
+
+
+@pytest.mark.parametrize(
+    ("patch", "extra", "message"),
+    [
+        ({"llama.block_count": 100000}, {}, "block_count=100000"),
+        ({"llama.block_count": 0}, {}, "block_count=0"),
+        ({}, {"llama.expert_count": 5000, "llama.expert_used_count": 2}, "expert_count=5000"),
+        ({}, {"llama.expert_count": 4, "llama.expert_used_count": 9}, "expert_used_count=9"),
+        ({}, {"llama.expert_used_count": 2}, "expert_used_count=2"),
+        ({}, {"llama.nextn_predict_layers": 7}, "nextn_predict_layers=7"),
+        ({}, {"llama.rope.scaling.type": "bogus"}, "rope.scaling.type"),
+    ],
+)
+def test_crafted_gguf_header_is_a_load_error_not_an_abort(
+    tmp_path: Path, patch: dict[str, int], extra: dict[str, Any], message: str
+) -> None:
+    path = write_tiny_llama(tmp_path / "crafted.gguf", extra_kv=extra)
+    for key, value in patch.items():
+        _patch_u32(path, key, value)
+    proc = _run_isolated(
+        f"""
+        from langchain_llamacpp_local import ChatLlamaCpp
+        from langchain_llamacpp_local.errors import ModelLoadError
+        try:
+            ChatLlamaCpp(model_path={str(path)!r}).load()
+        except ModelLoadError as exc:
+            print("MODEL_LOAD_ERROR", exc)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "MODEL_LOAD_ERROR" in proc.stdout and message in proc.stdout, proc.stdout
+
+
+# --------------------------------------------------------------------------- FIFO model path
+
+
+def _finishes(fn: Any, timeout: float = 20) -> Any:
+    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it blocks."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "the call blocked"
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_or_device_model_path_does_not_hang(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        out = _finishes(lambda p=path: ChatLlamaCpp(model_path=p))
+        assert "value" in out, out
+        llm = out["value"]
+        assert "max_input_tokens" not in (llm.profile or {})
+        out = _finishes(llm.load)
+        assert isinstance(out.get("error"), ModelLoadError), out
+        assert "not a file" in str(out["error"])
+
+
+# --------------------------------------------------------------------------- grammar size
+
+
+class _Long(BaseModel):
+    text: str = Field(max_length=20000)
+    code: str = Field(min_length=2, max_length=6, pattern=r"^[a-z]{2,6}$")
+    tags: list[str] = Field(min_length=1, max_length=5000)
+
+
+def test_huge_schema_bounds_never_crash_the_process(tiny_llama: str) -> None:
+    """MaxLength 20 000 (and friends) used to overflow llama.cpp's grammar parser stack."""
+    proc = _run_isolated(
+        f"""
+        from pydantic import BaseModel, Field
+        from langchain_llamacpp_local import ChatLlamaCpp
+
+        class Long(BaseModel):
+            text: str = Field(max_length=20000)
+            more: str = Field(min_length=3000, max_length=3000)
+            tags: list[str] = Field(min_length=1, max_length=5000)
+
+        llm = ChatLlamaCpp(model_path={tiny_llama!r}, temperature=0, max_tokens=8, n_ctx=2048)
+        raw = llm.with_structured_output(Long, include_raw=True).invoke("hi")
+        print("RESULT", repr(raw["raw"].content[:40]))
+        forced = llm.with_structured_output(Long, method="function_calling", include_raw=True)
+        print("FORCED", forced.invoke("hi")["raw"].response_metadata["finish_reason"])
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RESULT" in proc.stdout and "FORCED length" in proc.stdout, proc.stdout
+
+
+def test_unenforceable_bound_is_a_clear_error_naming_the_field(tiny_llama: str) -> None:
+    class TooLong(BaseModel):
+        essay: str = Field(max_length=5_000_000)
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=4, n_ctx=2048)
+    with pytest.raises(ValueError, match="essay"):
+        llm.with_structured_output(TooLong).invoke("hi")
+    with pytest.raises(ValueError, match="essay"):
+        llm.bind_tools([TooLong], tool_choice="TooLong").invoke("hi")
+    assert llm.invoke("hi").response_metadata["finish_reason"] in ("stop", "length")
+
+
+# --------------------------------------------------------------------------- lazy grammar
+
+
+def test_lazy_tool_grammar_survives_many_overrunning_tokens(tmp_path: Path) -> None:
+    """100 tokens complete ``<tool_call>`` and run past it, each likelier than the one
+    that stops exactly at it: the sampler used to give up after 64 bans and kill the
+    worker; now it bans them all and the grammar takes over at the trigger."""
+    over = [f"ll>x{i}" for i in range(100)]
+    path = write_scripted_llama(
+        tmp_path / "overrun.gguf",
+        extra_tokens=("<tool_ca", "ll>", *over),
+        transitions={
+            "\n": {"<tool_ca": 10.0},
+            "<tool_ca": {**{o: 9.0 - i * 0.01 for i, o in enumerate(over)}, "ll>": 5.0},
+        },
+        chat_template=(TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(),
+    )
+
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        return city
+
+    llm = ChatLlamaCpp(model_path=str(path), temperature=0, n_ctx=2048, max_tokens=12)
+    assert llm.invoke("hi").content.startswith("<tool_call>x0")  # unconstrained: overruns
+    msg = llm.bind_tools([get_weather]).invoke("hi")
+    assert msg.response_metadata["finish_reason"] == "length"
+    # the grammar took over right at the trigger: what follows is the forced call's JSON
+    assert msg.invalid_tool_calls and msg.invalid_tool_calls[0]["args"].startswith("<tool_call>{")
+    assert llm.invoke("hi").content.startswith("<tool_call>x0")  # the worker still serves
+
+
+# --------------------------------------------------------------------------- penalty_last_n
+
+
+@pytest.mark.parametrize("n", [-1, 0, 1, 2**31 - 1])
+def test_penalty_last_n_maps_to_llama_cpp(tiny_llama: str, n: int) -> None:
+    """-1 is the whole context, huge windows clamp to it (no 8 GB ring buffer)."""
+    llm = ChatLlamaCpp(
+        model_path=tiny_llama,
+        temperature=0,
+        max_tokens=6,
+        n_ctx=256,
+        repeat_penalty=1.3,
+        penalty_last_n=n,
+    )
+    t0 = time.perf_counter()
+    assert llm.invoke("hello").response_metadata["finish_reason"] in ("stop", "length")
+    assert time.perf_counter() - t0 < 30
+
+
+def test_penalty_whole_context_differs_from_off(tmp_path: Path) -> None:
+    """With penalties on, -1 must penalize (it used to silently mean 'off')."""
+    path = write_scripted_llama(
+        tmp_path / "repeat.gguf",
+        transitions={"a": {"a": 3.0, "b": 2.0}, "b": {"a": 3.0, "b": 2.0}},
+    )
+    base = {"model_path": str(path), "temperature": 0, "max_tokens": 6, "n_ctx": 256}
+    plain = ChatLlamaCpp(**base, chat_template="{{ messages[0].content }}")
+    assert plain.invoke("a").content == "aaaaaa"
+    off = ChatLlamaCpp(
+        **base, chat_template="{{ messages[0].content }}", penalty_last_n=0, presence_penalty=2.0
+    )
+    assert off.invoke("a").content == "aaaaaa"
+    whole = ChatLlamaCpp(
+        **base, chat_template="{{ messages[0].content }}", penalty_last_n=-1, presence_penalty=2.0
+    )
+    assert whole.invoke("a").content != "aaaaaa"
+
+
+# --------------------------------------------------------------------------- config aborts
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"n_batch": 2},
+        {"n_ctx": 1},
+        {"n_ctx": 3},
+        {"n_ctx": 2**32 + 1},
+        {"n_ubatch": 2},
+        {"n_threads": 0},
+        {"n_threads_batch": -3},
+        {"n_slots": 0},
+        {"n_gpu_layers": -2},
+    ],
+)
+def test_config_values_that_abort_llama_cpp_are_refused(tiny_llama: str, kwargs: dict) -> None:
+    with pytest.raises((ValueError, TypeError)) as info:
+        ChatLlamaCpp(model_path=tiny_llama, **kwargs)
+    assert next(iter(kwargs)) in str(info.value)
+
+
+def test_smallest_valid_configs_load_and_run(tiny_llama: str) -> None:
+    """The lower limits are real: the smallest accepted settings work (in a subprocess,
+    so an abort would be a failure, not a dead pytest)."""
+    proc = _run_isolated(
+        f"""
+        from langchain_llamacpp_local import ChatLlamaCpp
+        for kw in ({{"n_ctx": 4, "n_batch": 4}}, {{"n_batch": 4, "n_ubatch": 4}},
+                   {{"n_slots": 1, "n_ctx": 1, "n_batch": 1}}, {{"n_threads": 1}}):
+            llm = ChatLlamaCpp(model_path={tiny_llama!r}, temperature=0, max_tokens=2, **kw)
+            try:
+                llm.invoke("a")
+            except ValueError as exc:  # the prompt may not fit a tiny context: fine
+                assert "context" in str(exc), exc
+            print("OK", kw)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("OK") == 4
+
+
+# --------------------------------------------------------------------------- event loop
+
+
+def test_first_ainvoke_does_not_block_the_event_loop(gemma: str) -> None:
+    """Loading (and image decoding) run in worker threads: a ticker on the loop keeps
+    ticking while the first ``ainvoke`` loads Gemma."""
+
+    async def main() -> float:
+        llm = ChatLlamaCpp(model_path=gemma, temperature=0, max_tokens=2, n_ctx=512)
+        worst = 0.0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal worst
+            last = time.perf_counter()
+            while not done:
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                worst = max(worst, now - last)
+                last = now
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0.05)
+        await llm.ainvoke("hi")
+        done = True
+        await task
+        return worst
+
+    # generous on a loaded 2-core machine; the load itself takes far longer
+    assert asyncio.run(main()) < 0.25
+
+
+def test_mtmd_clip_log_goes_through_logging(tmp_path: Path) -> None:
+    """Mtmd/clip have their own logger in llama.cpp; it used to print to stderr."""
+    proc = _run_isolated(
+        f"""
+        import logging
+        from pathlib import Path
+        from tests.gguf_models import write_tiny_llama, write_tiny_mmproj
+        from langchain_llamacpp_local import ChatLlamaCpp
+
+        seen = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                seen.append(record.getMessage())
+        log = logging.getLogger("langchain_llamacpp_local.llama_cpp")
+        log.addHandler(Keep())
+        log.setLevel(logging.DEBUG)
+        text = write_tiny_llama(Path({str(tmp_path / "t.gguf")!r}))
+        proj = write_tiny_mmproj(Path({str(tmp_path / "p.gguf")!r}))
+        ChatLlamaCpp(model_path=str(text), mmproj_path=str(proj)).load()
+        print("CLIP_RECORDS", sum("clip" in m for m in seen))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "clip" not in proc.stderr  # nothing printed behind logging's back
+    n = int(proc.stdout.split("CLIP_RECORDS")[1].split()[0])
+    assert n > 0
+
+
+def test_image_decoding_does_not_block_the_event_loop(tmp_path: Path, tiny_llama: str) -> None:
+    """A large image is decoded (pillow) in a worker thread, not on the event loop."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.gguf_models import write_tiny_mmproj
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4000, 4000), (10, 200, 30)).save(buf, format="PNG")
+    data = base64.b64encode(buf.getvalue()).decode()
+    mmproj = str(write_tiny_mmproj(tmp_path / "mmproj.gguf"))
+    llm = ChatLlamaCpp(
+        model_path=tiny_llama,
+        mmproj_path=mmproj,
+        temperature=0,
+        max_tokens=2,
+        n_ctx=512,
+        n_slots=1,
+    )
+    llm.load()
+    msg = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "what is it?"},
+            {"type": "image", "base64": data, "mime_type": "image/png"},
+        ],
+    }
+
+    async def main() -> tuple[float, float]:
+        worst = 0.0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal worst
+            last = time.perf_counter()
+            while not done:
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                worst = max(worst, now - last)
+                last = now
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        await llm.ainvoke([msg])
+        took = time.perf_counter() - t0
+        done = True
+        await task
+        return worst, took
+
+    worst, took = asyncio.run(main())
+    assert worst < 0.25 and worst < took / 2, (worst, took)
+
+
+def test_close_during_embed_rerank_and_chat_never_kills_the_process(
+    tmp_path: Path, tiny_llama: str
+) -> None:
+    """Close() on one thread while others embed, rerank and chat: every call ends with a
+    result or a clear RequestCancelledError, and nothing is freed under a running call
+    (a crash or abort kills the child, which fails the test)."""
+    proc = _run_isolated(
+        f"""
+        import random, threading, time
+        from pathlib import Path
+        from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
+        from langchain_llamacpp_local.errors import RequestCancelledError
+        from tests.gguf_models import write_tiny_bert
+
+        d = Path({str(tmp_path)!r})
+        emb = LlamaCppEmbeddings(model_path=str(write_tiny_bert(d / "e.gguf")), truncate=True)
+        rr = LlamaCppRerank(
+            model_path=str(write_tiny_bert(d / "r.gguf", rerank=True)), truncate=True
+        )
+        chat = ChatLlamaCpp(model_path={tiny_llama!r}, max_tokens=4, temperature=0)
+        texts = ["hello world " * random.randint(1, 3000) for _ in range(24)]
+        stop = time.monotonic() + 4.0
+        ok, cancelled, other = [0], [0], []
+
+        def hammer(call):
+            while time.monotonic() < stop:
+                try:
+                    call()
+                    ok[0] += 1
+                except RequestCancelledError:
+                    cancelled[0] += 1
+                except Exception as exc:
+                    other.append(repr(exc))
+
+        calls = [
+            lambda: emb.embed_documents(texts),
+            lambda: emb.embed_query("q " * 50),
+            lambda: rr.rerank("query", texts),
+            lambda: chat.invoke("hi"),
+        ]
+        threads = [threading.Thread(target=hammer, args=(c,)) for c in calls * 2]
+        for t in threads:
+            t.start()
+        while time.monotonic() < stop:
+            for model in (emb, rr, chat):
+                model.close()
+            time.sleep(random.random() * 0.003)
+        for t in threads:
+            t.join()
+        print("OK", ok[0], "CANCELLED", cancelled[0], "OTHER", other[:3])
+        """,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OTHER []" in proc.stdout, proc.stdout
+    assert int(proc.stdout.split()[1]) > 0, proc.stdout
+
+
+@pytest.mark.parametrize("length", [2**62, 2**64 - 1, 10**9])
+def test_a_crafted_key_length_is_a_load_error_naming_the_file(tmp_path: Path, length: int) -> None:
+    path = write_tiny_llama(tmp_path / "huge-key.gguf")
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<Q", data, 24, length)  # the first key's length
+    path.write_bytes(bytes(data))
+    proc = _run_isolated(
+        f"""
+        from langchain_llamacpp_local import ChatLlamaCpp
+        from langchain_llamacpp_local.errors import ModelLoadError
+        try:
+            ChatLlamaCpp(model_path={str(path)!r}, max_tokens=2).invoke("hi")
+        except ModelLoadError as exc:
+            print("MODEL_LOAD_ERROR", exc)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "MODEL_LOAD_ERROR" in out and str(path) in out and f"{length} bytes" in out, out
+
+
+def test_unclear_inputs_get_errors_naming_the_problem(tmp_path: Path) -> None:
+    from langchain_llamacpp_local import LlamaCppEmbeddings, LlamaCppRerank
+    from langchain_llamacpp_local.errors import ContextOverflowError
+    from langchain_llamacpp_local.resolution.model_resolution import ModelNotFoundError
+    from tests.gguf_models import write_tiny_bert
+
+    # a model name too long for the file system: a not-found report, not an OSError
+    with pytest.raises(ModelNotFoundError, match=r"\(5000 characters\) not found") as info:
+        ChatLlamaCpp(model="a" * 5000).invoke("hi")
+    assert "File name too long" in str(info.value) and len(str(info.value)) < 1000
+    # a port that str.isdigit() accepts but int() does not
+    with pytest.raises(ValueError, match=r"port must be a number in 1\.\.65535, not '²'"):
+        ChatLlamaCpp(model_path=str(tmp_path / "m.gguf"), rpc_servers=["h:²"])
+    # a lone surrogate: the text and the character are named
+    emb = LlamaCppEmbeddings(model_path=str(write_tiny_bert(tmp_path / "e.gguf")))
+    with pytest.raises(ValueError, match=r"text 1 is not valid Unicode: character 2 is '\\ud800'"):
+        emb.embed_documents(["fine", "ab\ud800c"])
+    assert len(emb.embed_documents(["still serving"])) == 1
+    # truncate=True with a query too long by itself: no advice to pass truncate=True
+    rr = LlamaCppRerank(
+        model_path=str(write_tiny_bert(tmp_path / "r.gguf", rerank=True)),
+        n_ctx=32,
+        truncate=True,
+        flash_attn=False,
+    )
+    with pytest.raises(ContextOverflowError, match="shorten the query") as info:
+        rr.rerank("q " * 100, ["doc"])
+    assert "pass truncate=True" not in str(info.value)
+    with pytest.raises(ValueError, match="document 0 is not valid Unicode"):
+        rr.rerank("q", ["\udfff"])
+
+
+def test_a_slow_template_stops_at_the_callers_timeout(tiny_llama: str) -> None:
+    """The template's time is the request's: it ends at the caller's timeout, so a
+    bystander on the same model is served within its own."""
+    slow = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    llm = ChatLlamaCpp(model_path=tiny_llama, max_tokens=2, temperature=0, n_slots=1)
+    llm.load()
+    start = time.monotonic()
+    with pytest.raises((TimeoutError, ValueError)):
+        llm.invoke("hi", chat_template=slow, timeout=0.5)
+    assert time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert llm.invoke("hi", timeout=3).content is not None
+    assert time.monotonic() - start < 2.0
+
+
+def test_a_tool_schema_nested_too_deep_is_refused_naming_its_depth(tiny_llama: str) -> None:
+    """1,000 schema levels on a template that cannot show tools (their description is
+    written into the prompt): a ValueError naming the depth, and the worker serves on."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(1000):
+        schema = {"type": "object", "properties": {"a": schema}}
+    deep = {"type": "function", "function": {"name": "deep", "parameters": schema}}
+    llm = ChatLlamaCpp(
+        model_path=tiny_llama,
+        max_tokens=2,
+        chat_template="{% for m in messages %}{{ m.content }}\n{% endfor %}",
+    )
+    with pytest.raises(ValueError, match=r"tools\[0\] \('deep'\) nests 2001 objects/arrays deep"):
+        llm.bind_tools([deep]).invoke("hi")
+    with pytest.raises(ValueError, match="nests 2001"):
+        llm.invoke("hi", tools=[deep])
+    shallow = {"type": "function", "function": {"name": "ok", "parameters": {"type": "object"}}}
+    assert isinstance(llm.bind_tools([shallow]).invoke("hi").content, str)
+    assert isinstance(llm.invoke("still serving").content, str)
+
+
+def test_a_prompt_cache_dir_that_cannot_be_expanded_names_the_setting(
+    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langchain_llamacpp_local.cache.disk import ENV_DIR
+
+    with pytest.raises(ValueError, match=r"prompt_cache_dir='~nosuchuser/x': cannot expand '~'"):
+        ChatLlamaCpp(model_path=tiny_llama, prompt_cache_dir="~nosuchuser/x").invoke("hi")
+    monkeypatch.setenv(ENV_DIR, "~nosuchuser/y")
+    with pytest.raises(ValueError, match=rf"{ENV_DIR}='~nosuchuser/y': cannot expand '~'"):
+        ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi")
+    monkeypatch.delenv(ENV_DIR)
+    assert isinstance(ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi").content, str)

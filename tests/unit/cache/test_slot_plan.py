@@ -1,0 +1,135 @@
+"""The slot decision without a model: plain numbers in, a plan out.
+
+The mechanism that applies the plans (``cache.slot_memory.SlotMemory``) is tested on
+real llama.cpp in ``tests/integration/cache/test_slots.py`` and ``test_checkpoints.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from langchain_llamacpp_local.cache.slot_plan import (
+    DISK_MIN_ENTRIES,
+    FillPlan,
+    SlotChoice,
+    SlotState,
+    choose_slot,
+    disk_beats,
+    plan_fill,
+    usable_cached,
+)
+
+
+def slot(seq_id: int, n_past: int = 0, last_used: int = 0, reusable: int = 0) -> SlotState:
+    return SlotState(seq_id, n_past, last_used, reusable)
+
+
+# --------------------------------------------------------------------------- choice
+
+
+def test_the_slot_sharing_the_longest_prefix_wins() -> None:
+    slots = [slot(0, 100, 1, 10), slot(1, 100, 2, 90), slot(2, 100, 3, 50)]
+    assert choose_slot(slots, set(), 120, can_copy=True) == SlotChoice(1, park_first=False)
+
+
+def test_ties_go_to_the_least_recently_used() -> None:
+    slots = [slot(0, 40, 5, 40), slot(1, 40, 2, 40)]
+    assert choose_slot(slots, set(), 50, can_copy=False).target == 1
+
+
+def test_busy_slots_are_never_chosen() -> None:
+    slots = [slot(0, 100, 1, 90), slot(1, 0, 0, 0)]
+    assert choose_slot(slots, {0}, 100, can_copy=True).target == 1
+    with pytest.raises(ValueError, match="no free slot"):
+        choose_slot(slots, {0, 1}, 100, can_copy=True)
+
+
+def test_a_prefix_shorter_than_the_slot_forks_into_an_empty_slot() -> None:
+    """A sub-agent sharing only the system prompt must not cut the main conversation
+    short: it takes an empty slot (and the prefix is copied there by the fill)."""
+    slots = [slot(0, 500, 1, 30), slot(1)]
+    assert choose_slot(slots, set(), 60, can_copy=True) == SlotChoice(1, park_first=False)
+
+
+def test_without_copies_the_similar_slot_is_reused_and_parked_first() -> None:
+    """Recurrent memory cannot copy a prefix: the similar slot is taken, and as most of
+    it will be trimmed its conversation is parked in host RAM first."""
+    slots = [slot(0, 500, 1, 30), slot(1)]
+    assert choose_slot(slots, set(), 60, can_copy=False) == SlotChoice(0, park_first=True)
+
+
+def test_similarity_below_one_tenth_takes_an_empty_or_lru_slot() -> None:
+    slots = [slot(0, 20, 9, 5), slot(1, 300, 1, 0), slot(2, 300, 4, 0)]
+    assert choose_slot(slots, set(), 200, can_copy=False).target == 1  # LRU
+    slots.append(slot(3))
+    assert choose_slot(slots, set(), 200, can_copy=False).target == 3  # empty first
+
+
+def test_the_only_free_slot_is_taken_however_little_it_shares() -> None:
+    slots = [slot(0, 300, 1, 2), slot(1, 300, 2, 280)]
+    assert choose_slot(slots, {1}, 400, can_copy=False) == SlotChoice(0, park_first=True)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 50), st.integers(0, 9), st.integers(0, 50)), min_size=1, max_size=6
+    ),
+    st.integers(1, 60),
+    st.booleans(),
+    st.data(),
+)
+def test_the_choice_is_always_a_free_slot(
+    raw: list[tuple[int, int, int]], n_tokens: int, can_copy: bool, data: st.DataObject
+) -> None:
+    slots = [slot(i, n, lu, min(r, n)) for i, (n, lu, r) in enumerate(raw)]
+    busy = set(data.draw(st.sets(st.integers(0, len(slots) - 1), max_size=len(slots) - 1)))
+    choice = choose_slot(slots, busy, n_tokens, can_copy=can_copy)
+    assert choice.target not in busy
+    chosen = slots[choice.target]
+    assert not choice.park_first or chosen.reusable * 2 < chosen.n_past
+
+
+# --------------------------------------------------------------------------- fill
+
+
+def test_a_parked_conversation_that_gives_more_is_restored() -> None:
+    slots = [slot(0, 100, 1, 10), slot(1, 50, 2, 40)]
+    assert plan_fill(slots, 0, 80, can_copy=True) == FillPlan("restore")
+
+
+def test_a_longer_prefix_in_another_slot_is_copied() -> None:
+    slots = [slot(0, 500, 1, 300), slot(1)]
+    assert plan_fill(slots, 1, 0, can_copy=True) == FillPlan("copy", source=0, n_copy=300)
+    # a cached conversation giving less than the copy loses to it
+    assert plan_fill(slots, 1, 250, can_copy=True).action == "copy"
+
+
+def test_no_copy_between_sequences_of_recurrent_memory() -> None:
+    slots = [slot(0, 500, 1, 300), slot(1)]
+    assert plan_fill(slots, 1, 0, can_copy=False) == FillPlan("keep")
+
+
+def test_a_slot_about_to_lose_most_of_its_conversation_is_parked() -> None:
+    slots = [slot(0, 400, 1, 100)]
+    assert plan_fill(slots, 0, 0, can_copy=True) == FillPlan("park")
+    slots = [slot(0, 400, 1, 300)]
+    assert plan_fill(slots, 0, 0, can_copy=True) == FillPlan("keep")
+
+
+# --------------------------------------------------------------------------- cached entries
+
+
+def test_usable_cached_entries() -> None:
+    assert usable_cached(90, 200, 100, 100) == 90
+    assert usable_cached(100, 200, 100, 100) == 99  # the last prompt token is decoded again
+    assert usable_cached(90, 64, 100, 100) == 64  # only its exact part in deterministic mode
+    assert usable_cached(20, 200, 100, 100) == 0  # most of it would be trimmed
+
+
+def test_a_disk_record_must_beat_what_is_at_hand_and_be_long_enough() -> None:
+    assert disk_beats(DISK_MIN_ENTRIES, 0)
+    assert not disk_beats(DISK_MIN_ENTRIES - 1, 0)
+    assert not disk_beats(100, 100)
+    assert disk_beats(101, 100)

@@ -1,0 +1,115 @@
+"""The cache report's cause function, without a model: each recognised cause is named
+with the message and the offset inside it, and a new turn is no miss."""
+
+from __future__ import annotations
+
+import pytest
+
+from langchain_llamacpp_local.chat.cache_report import (
+    CAUSE_RULES,
+    MessageSpan,
+    PromptLayout,
+    Span,
+    likely_cause,
+    locate,
+    miss_report,
+    spans_from_renders,
+)
+
+SYSTEM = "<|sys|>You are helpful. Today is 2026-11-26.<|end|>"
+TOOLS = "<tools>[get_weather, search]</tools>"
+USER1 = "<|user|>Hello there<|end|>"
+ASSIST = "<|assistant|>Hi! <img>@@@@</img> How can I help?<|end|>"
+USER2 = "<|user|>Weather in Paris?<|end|><|assistant|>"
+
+
+def _layout(kwargs_changed: bool = False) -> PromptLayout:
+    parts = [SYSTEM + TOOLS, USER1, ASSIST, USER2]
+    prefixes = ["".join(parts[:i]) for i in range(len(parts) + 1)]
+    spans = spans_from_renders(prefixes)
+    text = prefixes[-1]
+    img_start = text.index("<img>")
+    messages = (
+        MessageSpan(0, "system", spans[0]),
+        MessageSpan(1, "user", spans[1]),
+        MessageSpan(2, "assistant", spans[2], images=(Span(img_start, img_start + 15),)),
+        MessageSpan(3, "user", spans[3]),
+    )
+    tools = Span(len(SYSTEM), len(SYSTEM) + len(TOOLS))
+    return PromptLayout(text, messages, tools=tools, kwargs_changed=kwargs_changed)
+
+
+def test_changed_system_prompt_names_message_0_and_offset() -> None:
+    layout = _layout()
+    offset = layout.text.index("2026")
+    report = miss_report(
+        layout, offset, "2025-01-01.<|end|>", source="slot", cached_tokens=7, prompt_tokens=40
+    )
+    miss = report["miss"]
+    assert isinstance(miss, dict)
+    assert miss["message_index"] == 0 and miss["role"] == "system"
+    assert miss["offset"] == SYSTEM.index("2026")
+    assert miss["cause"] == "system prompt changed"
+    assert miss["cached"].startswith("2025") and miss["prompt"].startswith("2026")
+    assert report["source"] == "slot"
+
+
+def test_reordered_tools() -> None:
+    layout = _layout()
+    offset = layout.text.index("get_weather")
+    point = locate(layout, offset)
+    assert point.message_index == 0 and point.offset == len(SYSTEM) + len("<tools>[")
+    assert likely_cause(point, layout) == "tool list or order changed"
+
+
+def test_edited_earlier_message() -> None:
+    layout = _layout()
+    offset = layout.text.index("there")
+    point = locate(layout, offset)
+    assert (point.message_index, point.offset) == (1, USER1.index("there"))
+    assert likely_cause(point, layout) == "history edited"
+
+
+def test_changed_image() -> None:
+    layout = _layout()
+    offset = layout.text.index("@@")
+    point = locate(layout, offset)
+    assert (point.message_index, point.offset) == (2, ASSIST.index("@@"))
+    assert likely_cause(point, layout) == "an image changed"
+
+
+def test_changed_template_kwargs() -> None:
+    layout = _layout(kwargs_changed=True)
+    offset = layout.text.index("Paris")
+    assert likely_cause(locate(layout, offset), layout) == "template kwargs changed"
+
+
+def test_text_outside_messages_is_the_template() -> None:
+    layout = PromptLayout("<bos>" + USER1, (MessageSpan(0, "user", Span(5, 5 + len(USER1))),))
+    point = locate(layout, 2)
+    assert point.message_index is None and point.offset == 2
+    assert likely_cause(point, layout) == "template kwargs changed"
+
+
+def test_new_turn_is_no_miss() -> None:
+    layout = _layout()
+    offset = layout.text.index("Weather")
+    point = locate(layout, offset)
+    assert point.message_index == 3
+    assert likely_cause(point, layout) is None
+
+
+@pytest.mark.parametrize("rule", CAUSE_RULES)
+def test_every_rule_is_reachable(rule: object) -> None:
+    """Each rule decides at least one of the cases above (no dead row in the table)."""
+    layout, kw = _layout(), _layout(kwargs_changed=True)
+    cases = [
+        (layout, layout.text.index("2026")),
+        (layout, layout.text.index("get_weather")),
+        (layout, layout.text.index("there")),
+        (layout, layout.text.index("@@")),
+        (kw, kw.text.index("Paris")),
+    ]
+    bare = PromptLayout("<bos>" + USER1, (MessageSpan(0, "user", Span(5, 5 + len(USER1))),))
+    cases.append((bare, 2))
+    assert any(likely_cause(locate(lay, off), lay) == rule[1] for lay, off in cases)  # type: ignore[index]

@@ -1,0 +1,144 @@
+"""The decision model's pure parts: label probabilities, prompts, state rendering, answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langchain_core.decisions import Box, Choice, Noul, NoulCriteria, Score
+from langchain_core.messages import AIMessage, HumanMessage
+
+from langchain_llamacpp_local.decisions import answer, ask, question_message, render_state
+from langchain_llamacpp_local.errors import ImageInputError, InvalidRequestError
+from langchain_llamacpp_local.runtime.scoring import (
+    label_distribution,
+    log_softmax,
+    logsumexp,
+    prefix_free,
+)
+
+
+def test_log_softmax_matches_the_definition_and_survives_huge_logits() -> None:
+    row = np.array([1000.0, 999.0, -1000.0], dtype=np.float32)
+    out = log_softmax(row)
+    assert np.all(np.isfinite(out))
+    assert math.isclose(float(np.exp(out).sum()), 1.0, rel_tol=1e-12)
+    assert math.isclose(out[0] - out[1], 1.0, rel_tol=1e-9)
+
+
+def test_log_softmax_refuses_non_finite_logits() -> None:
+    with pytest.raises(Exception, match="non-finite"):
+        log_softmax(np.array([0.0, np.nan]))
+
+
+def test_logsumexp_of_nothing_is_minus_infinity() -> None:
+    assert logsumexp([]) == -math.inf
+    assert logsumexp([-math.inf, -math.inf]) == -math.inf
+    assert math.isclose(logsumexp([0.0, 0.0]), math.log(2.0))
+
+
+@settings(derandomize=True, max_examples=200)
+@given(
+    st.lists(
+        st.one_of(st.floats(min_value=-1e6, max_value=0.0), st.just(-math.inf)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_label_distribution_is_finite_and_sums_to_one(logprobs: list[float]) -> None:
+    probs = label_distribution(logprobs)
+    assert len(probs) == len(logprobs)
+    assert all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in probs)
+    assert math.isclose(sum(probs), 1.0, rel_tol=1e-9)
+
+
+def test_label_distribution_renormalises_over_the_allowed_answers() -> None:
+    # P(yes)=0.3, P(no)=0.1 of the vocabulary: 0.75 / 0.25 among the two answers
+    probs = label_distribution([math.log(0.3), math.log(0.1)])
+    assert probs == pytest.approx([0.75, 0.25])
+
+
+def test_prefix_free() -> None:
+    assert prefix_free([[1], [2], [3]])
+    assert prefix_free([[1, 2], [1, 3]])
+    assert not prefix_free([[1], [1, 0]])  # "1" and "10" split into digits
+    assert not prefix_free([[5, 6], [5, 6]])
+
+
+def test_noul_asks_yes_or_no_with_its_criteria() -> None:
+    asked = ask("q", Noul(instructions="Is it risky?", criteria=NoulCriteria(true="T", false="F")))
+    assert asked.labels == ("yes", "no")
+    assert 'Answer "yes" if: T' in asked.text and 'Answer "no" if: F' in asked.text
+
+
+def test_choice_labels_are_its_keys_and_score_labels_its_levels() -> None:
+    c = ask("c", Choice(instructions="Team?", criteria={"billing": "pay", "tech": None}))
+    assert c.labels == ("billing", "tech")
+    s = ask("s", Score(instructions="How bad?", criteria=["low", "mid", "high"]))
+    assert s.labels == ("0", "1", "2")
+
+
+@pytest.mark.parametrize(
+    ("question", "match"),
+    [
+        (Box(instructions="the cat"), "Box questions are not supported"),
+        (Noul(instructions="   "), "instructions are empty"),
+        (Choice.model_construct(instructions="x", criteria={}), "criteria are empty"),
+        (Choice(instructions="x", criteria={" ": None}), "label is empty"),
+        (
+            Noul(instructions=[{"type": "image", "url": "http://x/y.png"}]),
+            "media blocks in questions",
+        ),
+    ],
+)
+def test_bad_questions_name_the_problem(question: object, match: str) -> None:
+    with pytest.raises(InvalidRequestError, match=match):
+        ask("q", question)  # type: ignore[arg-type]
+
+
+def test_state_renders_text_json_messages_and_images() -> None:
+    assert render_state("plain text") == ("plain text", [])
+    image = {"type": "image", "base64": "AAAA", "mime_type": "image/png"}
+    text, media = render_state(
+        {
+            "messages": [HumanMessage("hi"), AIMessage("", tool_calls=[_call()])],
+            "shot": image,
+            "n": 3,
+        }
+    )
+    assert media == [image]
+    assert '"role": "human"' in text and '"name": "rm"' in text and "[image 1]" in text
+
+
+def test_state_refuses_audio() -> None:
+    with pytest.raises(ImageInputError, match="'audio'"):
+        render_state({"clip": {"type": "audio", "base64": "AAAA", "mime_type": "audio/wav"}})
+
+
+def test_every_question_starts_with_the_same_state_text() -> None:
+    a = question_message("STATE", [], "question one").content
+    b = question_message("STATE", [], "question two").content
+    assert isinstance(a, str) and isinstance(b, str)
+    cut = a.index("question one")
+    assert a[:cut] == b[:cut] and "STATE" in a[:cut]
+
+
+def test_answers() -> None:
+    noul = answer(ask("q", Noul(instructions="x")), [0.8, 0.2])
+    assert noul.noul == 0.8  # type: ignore[union-attr]
+    choice = answer(ask("c", Choice(instructions="x", criteria={"a": None, "b": None})), [0.3, 0.7])
+    assert choice.choice == "b" and choice.confidence == 0.7  # type: ignore[union-attr]
+    score = ask("s", Score(instructions="x", criteria=["l", "m", "h"]))
+    sure = answer(score, [0.0, 0.0, 1.0])
+    assert sure.score == 2.0 and sure.confidence == 1.0  # type: ignore[union-attr]
+    unsure = answer(score, [1 / 3, 1 / 3, 1 / 3])
+    assert unsure.score == pytest.approx(1.0)  # type: ignore[union-attr]
+    assert unsure.confidence == pytest.approx(0.0, abs=1e-12)  # type: ignore[union-attr]
+    assert unsure.legend == {0: "l", 1: "m", 2: "h"}  # type: ignore[union-attr]
+
+
+def _call() -> dict[str, object]:
+    return {"name": "rm", "args": {"path": "/"}, "id": "c1", "type": "tool_call"}

@@ -1,0 +1,175 @@
+"""The package's layers, read from its source (docs/architecture.md).
+
+Each subpackage may import only the layers below it, type-only imports (under
+``if TYPE_CHECKING:``) included; ``llama/`` is the only code that imports ``llama_cpp``;
+no two modules import each other, not even through an import inside a function; each
+subpackage imports on its own in a fresh interpreter. The engine core (``runtime/``)
+sits below the front end (``templates/``, ``formats/``, ``chat/``): the worker decodes
+tokens and knows nothing of chat messages, templates or output formats.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import langchain_llamacpp_local
+
+PKG = "langchain_llamacpp_local"
+ROOT = Path(langchain_llamacpp_local.__file__).parent
+
+# lowest first; a module may import its own layer and the ones before it
+LAYERS = ("errors", "resolution", "llama", "cache", "runtime", "templates", "formats", "chat", "")
+SUBPACKAGES = ("resolution", "llama", "cache", "runtime", "templates", "formats", "chat")
+#: what the engine core's worker may never import (the front end's layers)
+FRONT_END = ("chat", "templates", "formats")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join([PKG, *parts])] = path
+    return out
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    """Lines under ``if TYPE_CHECKING:``: annotations only, never executed."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def _imports(name: str, path: Path, *, type_only: bool = True) -> Iterator[tuple[str, int]]:
+    """Every module ``name`` imports (function bodies included); with ``type_only``
+    False, only those that run (not the ones under ``if TYPE_CHECKING:``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = set() if type_only else _type_checking_lines(tree)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Import | ast.ImportFrom) or node.lineno in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            yield mod, node.lineno
+            for alias in node.names:  # `from pkg import module`
+                yield f"{mod}.{alias.name}", node.lineno
+
+
+def _graph(*, type_only: bool = True) -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        for target, _ in _imports(name, path, type_only=type_only):
+            if target in mods and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    return LAYERS.index(top) if top in LAYERS else LAYERS.index("")
+
+
+def test_only_llama_imports_llama_cpp() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT.parent)}:{line}"
+        for name, path in _modules().items()
+        if not name.startswith(f"{PKG}.llama.") and name != f"{PKG}.llama"
+        for target, line in _imports(name, path)
+        if target == "llama_cpp" or target.startswith("llama_cpp.")
+    ]
+    assert offenders == []
+
+
+def test_layers_import_only_downwards() -> None:
+    upward = [
+        f"{src} -> {dst}"
+        for src, targets in _graph().items()
+        for dst in targets
+        if _layer(dst) > _layer(src)
+    ]
+    assert upward == []
+
+
+def test_the_worker_imports_nothing_of_the_front_end() -> None:
+    """The engine core decodes token requests: no template, format or chat module, not
+    even for a type, is imported by the worker."""
+    name = f"{PKG}.runtime.worker"
+    path = _modules()[name]
+    front = [
+        f"{target} (line {line})"
+        for target, line in _imports(name, path)
+        if any(target == f"{PKG}.{sub}" or target.startswith(f"{PKG}.{sub}.") for sub in FRONT_END)
+    ]
+    assert front == []
+
+
+def test_no_import_circles() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            # a package's __init__ re-exporting its own modules is not a circle
+            if node.startswith(nxt + "."):
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+@pytest.fixture(scope="module")
+def alone_imports() -> dict[str, subprocess.Popen[str]]:
+    """Every subpackage imported in its own fresh interpreter, all started at once."""
+    procs = {}
+    for sub in SUBPACKAGES:
+        code = (
+            f"import importlib, pkgutil, {PKG}.{sub} as p\n"
+            "for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.'):\n"
+            "    importlib.import_module(m.name)\n"
+        )
+        procs[sub] = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT.parent,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    return procs
+
+
+@pytest.mark.parametrize("sub", SUBPACKAGES)
+def test_each_subpackage_imports_alone(
+    sub: str, alone_imports: dict[str, subprocess.Popen[str]]
+) -> None:
+    _, stderr = alone_imports[sub].communicate(timeout=300)
+    assert alone_imports[sub].returncode == 0, stderr
