@@ -16,6 +16,7 @@ from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResp
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from langchain_llamacpp_local.errors import InvalidToolCallError
+from langchain_llamacpp_local.validation import check_retry_options
 
 __all__ = ["InvalidToolCallError", "RetryInvalidToolCalls"]
 
@@ -33,10 +34,7 @@ class RetryInvalidToolCalls(AgentMiddleware):
 
     def __init__(self, max_retries: int = 2, on_failure: Literal["error", "end"] = "error") -> None:
         super().__init__()
-        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
-            raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
-        if on_failure not in ("error", "end"):
-            raise ValueError(f"on_failure must be 'error' or 'end', got {on_failure!r}")
+        check_retry_options(max_retries, on_failure)
         self.max_retries = max_retries
         self.on_failure = on_failure
 

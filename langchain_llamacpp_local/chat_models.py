@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import os
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,112 +20,51 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    PrivateAttr,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 from typing_extensions import Self
 
+from langchain_llamacpp_local.cache.slot_memory import CacheOptions
 from langchain_llamacpp_local.chat.frontend import frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
+from langchain_llamacpp_local.chat.leases import asubmit, hold, hold_off_loop, submit
 from langchain_llamacpp_local.chat.messages import aggregate, chunk_of, text_of
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
 from langchain_llamacpp_local.chat.progress import aemit_progress, emit_progress, progress_only
-from langchain_llamacpp_local.chat.reply import Reply
+from langchain_llamacpp_local.chat.request_options import (
+    SAMPLING_OPTIONS,
+    build_job,
+    has_images,
+    sampling_params,
+)
 from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
-from langchain_llamacpp_local.errors import (
-    model_errors,
-)
+from langchain_llamacpp_local.errors import model_errors
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX, check_load_settings
-from langchain_llamacpp_local.model_selection import duration_seconds
+from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX
 from langchain_llamacpp_local.resolution.model_resolution import (
     MMPROJ_AUTO,
     MMPROJ_NONE,
     ModelEntry,
     ResolvedModel,
+    list_models,
     models_dir_from,
-    resolve_model,
 )
-from langchain_llamacpp_local.resolution.model_resolution import list_models as _list_models
 from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key, resolve_adapter_path
-from langchain_llamacpp_local.runtime.requests import EngineRequest
-from langchain_llamacpp_local.runtime.worker import CacheOptions, ModelInfo, ModelWorker
-from langchain_llamacpp_local.settings_base import ModelSettings
-from langchain_llamacpp_local.templates.messages import convert_messages
+from langchain_llamacpp_local.runtime.lora import parse_adapters, resolve_adapter_path
+from langchain_llamacpp_local.runtime.worker import ModelInfo, ModelWorker
+from langchain_llamacpp_local.settings_base import ModelSettings, settings_from
 from langchain_llamacpp_local.validation import (
-    check_call_options,
+    check_call,
+    check_chat_settings,
     check_constructor_arguments,
-    check_max_loaded_models,
-    check_max_tokens,
-    check_placement,
-    check_speculative,
-    check_timeout,
-    normalize_stop,
-    unknown_names_error,
+    check_keep_alive_option,
+    check_prompt_cache_dir,
 )
 
 logger = logging.getLogger(__name__)
-
-#: the sampler settings a caller chooses (the grammar is the request's, not a setting):
-#: named once, by :class:`SamplingParams`
-_SAMPLING_FIELDS = tuple(
-    f.name for f in dataclasses.fields(SamplingParams) if not f.name.startswith("grammar")
-)
-_CALL_KWARGS = {
-    *_SAMPLING_FIELDS,
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "response_format",
-    "reasoning",
-    "reasoning_effort",
-    "reasoning_budget",
-    "reasoning_budget_message",
-    "max_tokens",
-    "chat_template",
-    "chat_template_kwargs",
-    "logprobs",
-    "top_logprobs",
-    "cache_prompt",
-    "speculative",
-    "speculative_max_draft",
-    "lora",
-    "timeout",
-    "model",
-    "keep_alive",
-    "strict",
-    "ls_structured_output_format",
-}
-
-
-_LOAD_FIELDS = (
-    "n_ctx",
-    "n_batch",
-    "n_ubatch",
-    "n_threads",
-    "n_threads_batch",
-    "n_gpu_layers",
-    "type_k",
-    "type_v",
-    "rope_freq_base",
-    "rope_freq_scale",
-    "image_min_tokens",
-    "image_max_tokens",
-    "n_slots",
-    "prompt_cache_bytes",
-    "prompt_cache_dir_bytes",
-    "checkpoint_max_count",
-    "checkpoint_max_bytes",
-    "checkpoint_min_step",
-)
 
 
 class ChatLlamaCpp(ModelSettings, BaseChatModel):
@@ -349,16 +285,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
 
     @model_validator(mode="after")
     def _check_settings(self) -> Self:
-        check_load_settings({name: getattr(self, name) for name in _LOAD_FIELDS})
-        check_max_tokens(self.max_tokens)
-        check_timeout(self.timeout)
-        check_call_options({"top_logprobs": self.top_logprobs, "logprobs": self.logprobs})
-        check_speculative(
-            self.speculative, self.speculative_max_draft, draft_model=self.draft_model_path
-        )
-        self._check_placement()
-        request_key(parse_adapters(self.lora_adapters), self.lora)  # names and scales
-        self._sampling()  # validates the sampling fields
+        check_chat_settings(self)
         return self
 
     def _validate_model(self) -> None:
@@ -367,19 +294,6 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         if self.mmproj_path not in (None, MMPROJ_AUTO, MMPROJ_NONE):
             assert self.mmproj_path is not None
             check_gguf_file(str(Path(self.mmproj_path).expanduser()))
-
-    @model_validator(mode="after")
-    def _check_loaded_models(self) -> Self:
-        check_max_loaded_models(self.max_loaded_models)
-        return self
-
-    def _check_placement(self) -> None:
-        """Fail at construction on RPC/split settings llama.cpp would ignore or abort on."""
-        check_placement(
-            self.rpc_servers,
-            self.tensor_split,
-            no_gpu_layers_asked="n_gpu_layers" in self.model_fields_set and self.n_gpu_layers == 0,
-        )
 
     def _resolve_model_profile(self) -> ModelProfile | None:
         n_ctx = self.n_ctx
@@ -417,7 +331,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             "model_path": self.model_path,
             "model": self.model,
             "n_ctx": self.n_ctx,
-            **{k: getattr(self, k) for k in _SAMPLING_FIELDS},
+            **{k: getattr(self, k) for k in SAMPLING_OPTIONS},
             "max_tokens": self.max_tokens,
         }
 
@@ -447,36 +361,22 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _load_config(self, resolved: ResolvedModel | None = None) -> Any:
+    def _load_config(self, resolved: ResolvedModel | None = None) -> LoadConfig:
+        """The load settings: the fields of LoadConfig's names, and those that differ."""
         if resolved is None:
             resolved = self._resolve(None)
-        return LoadConfig(
+        return settings_from(
+            self,
+            LoadConfig,
             model_path=model_file(resolved.model_path),
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_ubatch=self.n_ubatch,
-            n_threads=self.n_threads,
-            n_threads_batch=self.n_threads_batch,
             n_gpu_layers=(
                 -1
                 if self.rpc_servers and "n_gpu_layers" not in self.model_fields_set
                 else self.n_gpu_layers
             ),
-            flash_attn=self.flash_attn,
-            type_k=self.type_k,
-            type_v=self.type_v,
-            swa_full=self.swa_full,
             n_seq_max=self.n_slots,
             kv_unified=(not self.deterministic) if self.kv_unified is None else self.kv_unified,
-            deterministic=self.deterministic,
-            use_mmap=self.use_mmap,
-            use_mlock=self.use_mlock,
-            cpu_amx=self.cpu_amx,
-            rope_freq_base=self.rope_freq_base,
-            rope_freq_scale=self.rope_freq_scale,
             mmproj_path=(model_file(resolved.mmproj_path) if resolved.mmproj_path else None),
-            image_min_tokens=self.image_min_tokens,
-            image_max_tokens=self.image_max_tokens,
             rpc_servers=tuple(self.rpc_servers or ()),
             tensor_split=tuple(self.tensor_split) if self.tensor_split is not None else None,
             draft_model_path=(model_file(self.draft_model_path) if self.draft_model_path else None),
@@ -497,66 +397,28 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     # -- model selection (docs/models.md): resolution, leases, unload, listing
 
     def _cache_options(self) -> CacheOptions:
-        return CacheOptions(
-            checkpoint_max_count=self.checkpoint_max_count,
-            checkpoint_max_bytes=self.checkpoint_max_bytes,
-            checkpoint_min_step=self.checkpoint_min_step,
-            prompt_cache_bytes=self.prompt_cache_bytes,
-            prompt_cache_dir=self._prompt_cache_dir(),
-            prompt_cache_dir_bytes=self.prompt_cache_dir_bytes,
+        return settings_from(
+            self, CacheOptions, prompt_cache_dir=check_prompt_cache_dir(self.prompt_cache_dir)
         )
-
-    def _prompt_cache_dir(self) -> str | None:
-        from langchain_llamacpp_local.cache.disk import ENV_DIR
-
-        raw = self.prompt_cache_dir or os.environ.get(ENV_DIR) or None
-        if raw is None:
-            return None
-        setting = "prompt_cache_dir" if self.prompt_cache_dir else ENV_DIR
-        try:
-            path = Path(raw).expanduser()
-        except RuntimeError as exc:  # "~user" of no such user, or no home directory
-            raise ValueError(f"{setting}={str(raw)!r}: cannot expand '~': {exc}") from None
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{setting}={str(raw)!r} exists and is not a directory")
-        return str(path.absolute())
 
     def _resolve(self, spec: str | None = None, mmproj: str | None = None) -> ResolvedModel:
         """The files for ``spec`` (a per-call ``model=``) or, if None, this instance's
         model, with this instance's projector setting."""
         return super()._resolve(spec, self.mmproj_path if mmproj is None else mmproj)
 
-    def _local_model_file(self) -> str | None:
-        """This instance's model file if it can be found without a download (or None)."""
-        if self.model is None:
-            return self.model_path
-        try:
-            return resolve_model(
-                self.model, models_dir=self.models_dir, mmproj="none", offline=True
-            ).model_path
-        except Exception:  # not resolvable offline (yet): no profile figures
-            return None
-
     def _lease(
         self, spec: str | None, deadline: float | None, keep_alive: float | None = None
     ) -> tuple[registry.Lease, ResolvedModel]:
         """Hold the model for one request, loading it (or waiting for room) if needed."""
         resolved = self._resolve(spec)
-        if self.verbose:
-            _enable_native_log()
-        lease = registry.acquire(
+        lease = hold(
             self._load_config(resolved),
             self._cache_options(),
-            _log_progress(resolved.model_path) if self.verbose else None,
             keep_alive=self.keep_alive if keep_alive is None else keep_alive,
             max_loaded_models=self.max_loaded_models,
             deadline=deadline,
+            verbose_name=resolved.model_path if self.verbose else None,
         )
-        try:  # the model's format, resolved once per loaded model on the caller's side
-            frontend_for(lease.worker)
-        except BaseException:
-            lease.release()
-            raise
         if spec is None:
             self._worker = lease.worker
         return lease, resolved
@@ -565,23 +427,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         self, spec: str | None, deadline: float | None, keep_alive: float | None = None
     ) -> tuple[registry.Lease, ResolvedModel]:
         """:meth:`_lease` off the event loop; a cancelled task never strands a lease."""
-        box: list[Any] = []
-        abandoned: list[bool] = []
-
-        def get() -> tuple[registry.Lease, ResolvedModel]:
-            got = self._lease(spec, deadline, keep_alive)
-            box.append(got)
-            if abandoned:
-                got[0].release()
-            return got
-
-        try:
-            return await anyio.to_thread.run_sync(get, abandon_on_cancel=True)
-        except BaseException:
-            abandoned.append(True)
-            for lease, _ in box:
-                lease.release()
-            raise
+        return await hold_off_loop(functools.partial(self._lease, spec, deadline, keep_alive))
 
     def _reported_name(self, spec: str | None, resolved: ResolvedModel) -> str | None:
         """``response_metadata["model_name"]``: ``model_name``, else a per-call ``model=``
@@ -608,7 +454,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         and in the Hugging Face cache; each entry's ``name`` works as ``model=``."""
         if models_dir is None and isinstance(self_or_cls, ChatLlamaCpp):
             models_dir = self_or_cls.models_dir
-        return _list_models(models_dir)
+        return list_models(models_dir)
 
     @property
     def model_info(self) -> ModelInfo:
@@ -654,7 +500,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         msgs = self._convert_input(messages).to_messages()
         job = self._make_job(msgs, stop, call)
         spec = call.get("model")
-        if not _has_images(job.messages):
+        if not has_images(job.messages):
             path = self._resolve(spec).model_path
             return prompt_preview.prepare_without_weights(path, job)
         lease, _ = self._lease(spec, job.deadline)
@@ -699,103 +545,12 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     # ------------------------------------------------------------------ requests
 
     def _sampling(self, overrides: dict[str, Any] | None = None) -> SamplingParams:
-        values = {k: getattr(self, k) for k in _SAMPLING_FIELDS}
-        if overrides:
-            values.update({k: v for k, v in overrides.items() if k in _SAMPLING_FIELDS})
-        return SamplingParams(**values)
+        return sampling_params(self, overrides)
 
     def _make_job(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> ChatJob:
-        unknown = set(kwargs) - _CALL_KWARGS
-        if unknown:
-            raise unknown_names_error(unknown, _CALL_KWARGS, "keyword arguments for ChatLlamaCpp")
-        kwargs.pop("ls_structured_output_format", None)
-        check_call_options(kwargs)
-        if kwargs.get("tool_choice") is not None:
-            from langchain_llamacpp_local.chat.prompts import check_tool_choice
-
-            check_tool_choice(kwargs["tool_choice"], kwargs.get("tools"))
-        stops = normalize_stop(stop if stop is not None else self.stop)
-        template_kwargs = dict(self.chat_template_kwargs or {})
-        template_kwargs.update(kwargs.get("chat_template_kwargs") or {})
-        timeout = check_timeout(kwargs.get("timeout", self.timeout))
-        max_tokens = check_max_tokens(kwargs.get("max_tokens", self.max_tokens))
-        speculative = kwargs.get("speculative", self.speculative)
-        if speculative is None and "speculative" not in kwargs and self.draft_model_path:
-            speculative = "draft"
-        max_draft = kwargs.get("speculative_max_draft", self.speculative_max_draft)
-        check_speculative(speculative, max_draft, draft_model=self.draft_model_path)
-        specs = parse_adapters(self.lora_adapters)
-        requested = kwargs.get("lora", self.lora)
-        # before anything runs: unknown names and bad scales are the caller's error
-        lora = request_key(specs, requested) if specs or requested else None
-        return ChatJob(
-            messages=self._decode_images(convert_messages(messages)),
-            sampling=self._sampling(kwargs),
-            max_tokens=max_tokens,
-            max_tokens_default="max_tokens" not in kwargs
-            and "max_tokens" not in self.model_fields_set,
-            stop=stops,
-            tools=kwargs.get("tools"),
-            tool_choice=kwargs.get("tool_choice"),
-            parallel_tool_calls=kwargs.get("parallel_tool_calls"),
-            response_format=kwargs.get("response_format"),
-            chat_template=kwargs.get("chat_template", self.chat_template),
-            chat_template_kwargs=template_kwargs,
-            reasoning=kwargs.get("reasoning", self.reasoning),
-            reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
-            reasoning_budget=kwargs.get("reasoning_budget", self.reasoning_budget),
-            reasoning_budget_message=kwargs.get(
-                "reasoning_budget_message", self.reasoning_budget_message
-            ),
-            logprobs=bool(kwargs.get("logprobs", self.logprobs)),
-            top_logprobs=int(kwargs.get("top_logprobs", self.top_logprobs) or 0),
-            cache_prompt=bool(kwargs.get("cache_prompt", True)),
-            speculative=speculative,
-            speculative_max_draft=max_draft,
-            lora=lora,
-            deadline=None if timeout is None else time.monotonic() + timeout,
-        )
-
-    def _decode_images(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Decode image parts here, in the caller's thread, so the worker never waits on
-        pillow (or a permitted download); refused forms raise ``ImageInputError``."""
-        for m in messages:
-            content = m.get("content")
-            if not isinstance(content, list):
-                continue
-            for part in content:
-                if isinstance(part, dict) and part.get("type") == "image":
-                    from langchain_llamacpp_local.chat.images import load_image
-
-                    part["image"] = load_image(
-                        part["image"],
-                        allow_local_files=self.allow_local_image_files,
-                        allow_remote_urls=self.allow_remote_image_urls,
-                    )
-        return messages
-
-    def _submit(self, job: ChatJob, lease: registry.Lease, *, progress: bool = False) -> Reply:
-        """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it;
-        ``progress``: the worker reports prompt reading (a caller with callbacks)."""
-        self._inflight.add(job.cancel)
-        frontend = frontend_for(lease.worker)
-        request, prepared = frontend.prepare(job)
-        request.prompt_progress = progress
-        return self._queue(request, prepared, frontend.info.model_name, lease)
-
-    @staticmethod
-    def _queue(
-        request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease
-    ) -> Reply:
-        reply = Reply(request, prepared, model_name)
-        reply.explain_miss = frontend_for(lease.worker).explain_miss
-        # the model is free for others (keep-alive, max_loaded_models) once the reply is
-        # complete, even if the caller never reads it to the end
-        request.channel.on_final(lease.release)
-        lease.worker.submit(request)
-        return reply
+        return build_job(self, messages, check_call(kwargs, stop, self))
 
     def _stream(
         self,
@@ -807,9 +562,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         with model_errors():
             job = self._make_job(messages, stop, kwargs)
             spec = kwargs.get("model")
-            lease, resolved = self._lease(spec, job.deadline, _keep_alive_kwarg(kwargs))
+            lease, resolved = self._lease(spec, job.deadline, check_keep_alive_option(kwargs))
             try:
-                reply = self._submit(job, lease, progress=run_manager is not None)
+                reply = submit(job, lease, self._inflight, progress=run_manager is not None)
                 name = self._reported_name(spec, resolved)
                 for kind, value in reply.items():
                     if kind == "progress":  # prompt reading, as custom callback events
@@ -836,25 +591,11 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         with model_errors():
             job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
             spec = kwargs.get("model")
-            lease, resolved = await self._alease(spec, job.deadline, _keep_alive_kwarg(kwargs))
+            lease, resolved = await self._alease(
+                spec, job.deadline, check_keep_alive_option(kwargs)
+            )
             try:
-                self._inflight.add(job.cancel)
-                frontend = frontend_for(lease.worker)
-                made: list[Any] = []
-
-                def prepare() -> Any:
-                    made.append(frontend.prepare(job))
-                    return made[-1]
-
-                try:
-                    request, prepared = await anyio.to_thread.run_sync(prepare)
-                except BaseException:  # cancelled while it ran: free what it built
-                    for req, _ in made:
-                        req.close_sampler()
-                    raise
-                request.channel.bind_loop()
-                request.prompt_progress = run_manager is not None
-                reply = self._queue(request, prepared, frontend.info.model_name, lease)
+                reply = await asubmit(job, lease, self._inflight, progress=run_manager is not None)
                 name = self._reported_name(spec, resolved)
                 async for kind, value in reply.aitems():
                     if kind == "progress":  # prompt reading, as custom callback events
@@ -969,47 +710,3 @@ class _ClassOrInstanceMethod:
 
 
 ChatLlamaCpp.list_models = _ClassOrInstanceMethod(ChatLlamaCpp._list_models)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _has_images(messages: list[dict[str, Any]]) -> bool:
-    return any(
-        isinstance(part, dict) and part.get("type") == "image"
-        for m in messages
-        if isinstance(m.get("content"), list)
-        for part in m["content"]
-    )
-
-
-def _keep_alive_kwarg(kwargs: dict[str, Any]) -> float | None:
-    if "keep_alive" not in kwargs or kwargs["keep_alive"] is None:
-        return None
-    value = duration_seconds(kwargs["keep_alive"])
-    if not isinstance(value, (int, float)):
-        raise TypeError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
-    return float(value)
-
-
-def _log_progress(path: str) -> Callable[[float], None]:
-    state = {"last": -1}
-
-    def report(p: float) -> None:
-        pct = int(p * 100)
-        if pct // 10 != state["last"] // 10 or pct == 100:
-            state["last"] = pct
-            logger.info("loading %s: %d%%", path, pct)
-
-    return report
-
-
-def _enable_native_log() -> None:
-    """``verbose=True``: show llama.cpp's own log and load progress on stderr."""
-    for name in ("langchain_llamacpp_local",):
-        lg = logging.getLogger(name)
-        if not lg.handlers:
-            h = logging.StreamHandler()
-            h.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-            lg.addHandler(h)
-        lg.setLevel(logging.DEBUG)

@@ -26,8 +26,13 @@ from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.resolution.model_resolution import MMPROJ_NONE
 from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.settings_base import ModelSettings
-from langchain_llamacpp_local.validation import check_encodable, check_texts
+from langchain_llamacpp_local.settings_base import ModelSettings, settings_from
+from langchain_llamacpp_local.validation import (
+    check_dimensions,
+    check_encodable,
+    check_text,
+    check_texts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -126,20 +131,7 @@ class EngineUser(ModelSettings):
         raise NotImplementedError
 
     def _engine_config(self, model_path: str) -> EmbeddingConfig:
-        return EmbeddingConfig(
-            model_path=model_path,
-            pooling=self._pooling(),
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_seq_max=self.n_seq_max,
-            n_threads=self.n_threads,
-            n_gpu_layers=self.n_gpu_layers,
-            use_mmap=self.use_mmap,
-            use_mlock=self.use_mlock,
-            cpu_amx=self.cpu_amx,
-            flash_attn=self.flash_attn,
-            deterministic=self.deterministic,
-        )
+        return settings_from(self, EmbeddingConfig, model_path=model_path, pooling=self._pooling())
 
     def _unusable(self, eng: EmbeddingEngine) -> str | None:
         """Why this class can never use the context (a reranker for embeddings...), or
@@ -275,10 +267,7 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
         return None
 
     def _check_engine(self, eng: EmbeddingEngine) -> None:
-        if self.dimensions is not None and self.dimensions > eng.n_embd:
-            raise ValueError(
-                f"dimensions={self.dimensions} exceeds the model's {eng.n_embd} dimensions"
-            )
+        check_dimensions(self.dimensions, eng.n_embd)
 
     # ------------------------------------------------------------------ embedding
 
@@ -309,9 +298,7 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
     def embed_query(self, text: str) -> list[float]:
         """The vector of one query (``query_prefix`` is put before it)."""
         with model_errors():
-            if not isinstance(text, str):
-                raise TypeError(f"text must be a string, got {type(text).__name__}")
-            return self._embed([text], self.query_prefix)[0]
+            return self._embed([check_text(text)], self.query_prefix)[0]
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         """:meth:`embed_documents` on a worker thread; the event loop keeps running."""

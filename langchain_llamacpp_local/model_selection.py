@@ -8,7 +8,6 @@ the model's files, so the three classes resolve a name the same way.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +23,7 @@ from langchain_llamacpp_local.resolution.model_resolution import (
     resolve_path,
 )
 from langchain_llamacpp_local.runtime import registry
-
-_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def duration_seconds(value: Any) -> Any:
-    """``keep_alive`` as seconds: a number, or an Ollama-style ``"30s"``/``"5m"``/``"1h"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
-    if isinstance(value, str):
-        m = _DURATION.match(value)
-        if m is None:
-            raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
-        return registry.keep_alive_seconds(float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
-    if isinstance(value, (int, float)):
-        return registry.keep_alive_seconds(value)  # nan refused; inf or past ten years: forever
-    return value
+from langchain_llamacpp_local.validation import check_model_choice, duration_seconds
 
 
 class ModelSelection(BaseModel):
@@ -70,20 +53,9 @@ class ModelSelection(BaseModel):
 
     @model_validator(mode="after")
     def _check_model_selection(self) -> Self:
-        if self.model is None and self.model_path is None:
-            raise ValueError(
-                "pass model= (a GGUF path, a name in models_dir or a Hugging Face "
-                "owner/repo[:QUANT]) or model_path="
-            )
-        if self.model is not None and self.model_path is not None:
-            raise ValueError(
-                "pass model= or model_path=, not both"
-                + (
-                    " (model_name= sets the reported name)"
-                    if "model_name" in type(self).model_fields
-                    else ""
-                )
-            )
+        check_model_choice(
+            self.model, self.model_path, has_model_name="model_name" in type(self).model_fields
+        )
         if self.validate_model_on_init:
             self._validate_model()
         return self
@@ -111,3 +83,14 @@ class ModelSelection(BaseModel):
             models_dir=self.models_dir,
             mmproj=mmproj,
         )
+
+    def _local_model_file(self) -> str | None:
+        """The model's file if it can be found without a download (or None)."""
+        if self.model is None:
+            return self.model_path
+        try:
+            return resolve_model(
+                self.model, models_dir=self.models_dir, mmproj=MMPROJ_NONE, offline=True
+            ).model_path
+        except Exception:  # not resolvable offline (yet)
+            return None

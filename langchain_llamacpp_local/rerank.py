@@ -21,7 +21,7 @@ from pydantic import Field
 from langchain_llamacpp_local.embeddings import EngineUser
 from langchain_llamacpp_local.errors import ContextOverflowError, model_errors
 from langchain_llamacpp_local.llama.embedding import EmbeddingEngine
-from langchain_llamacpp_local.validation import check_encodable, check_texts
+from langchain_llamacpp_local.validation import check_encodable, check_text, check_texts
 
 _PLACEHOLDER = re.compile(r"(\{query\}|\{document\})")
 
@@ -117,8 +117,7 @@ class LlamaCppRerank(EngineUser, BaseDocumentCompressor):
             return self._rerank(query, documents)
 
     def _rerank(self, query: str, documents: Sequence[str]) -> list[float]:
-        if not isinstance(query, str):
-            raise TypeError(f"query must be a string, got {type(query).__name__}")
+        check_text(query, "query")
         docs = check_texts(documents, "documents")
         if not docs:
             return []

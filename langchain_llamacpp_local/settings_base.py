@@ -3,12 +3,14 @@ they run (:class:`~.model_selection.ModelSelection`), the load settings that dec
 its weights load, and the lifecycle (``load``, ``close``, ``with``).
 
 The defaults come from :class:`~.llama.loading.LoadConfig`, the one place they are
-written: a field and the config it fills cannot disagree.
+written: a field and the config it fills cannot disagree; :func:`settings_from` fills a
+settings dataclass from the fields of the same names, so no class lists them again.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, TypeVar
 
 from pydantic import ConfigDict, StrictBool, model_validator
 from typing_extensions import Self
@@ -17,6 +19,22 @@ from langchain_llamacpp_local.copies import ConfigOnlyCopies
 from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.model_selection import ModelSelection
 from langchain_llamacpp_local.validation import check_argument_names
+
+C = TypeVar("C")
+
+
+def settings_from(model: Any, config: type[C], **overrides: Any) -> C:
+    """The settings dataclass ``config`` filled from ``model``'s fields of the same
+    names; ``overrides`` for the ones whose value differs from the field's (a renamed
+    field, a resolved path, a default that depends on other fields). A config field that
+    is neither keeps its own default."""
+    fields = type(model).model_fields
+    values = {
+        f.name: getattr(model, f.name)
+        for f in dataclasses.fields(config)  # type: ignore[arg-type]
+        if f.init and f.name in fields and f.name not in overrides
+    }
+    return config(**values, **overrides)
 
 
 class ModelSettings(ConfigOnlyCopies, ModelSelection):

@@ -8,25 +8,49 @@ so it is testable without a model.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from langchain_llamacpp_local.cache.slot_memory import CacheOptions
+from langchain_llamacpp_local.chat.request_options import (
+    CALL_OPTIONS,
+    ChatDefaults,
+    CheckedCall,
+    sampling_params,
+    speculative_of,
+)
 from langchain_llamacpp_local.llama.json_grammar import MAX_SCHEMA_NESTING, nesting_depth
-from langchain_llamacpp_local.llama.settings import check_int
+from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.llama.settings import check_int, check_load_settings
+from langchain_llamacpp_local.runtime import registry
+from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key
 
 __all__ = [
+    "check_call",
     "check_call_options",
+    "check_chat_settings",
     "check_constructor_arguments",
+    "check_dimensions",
     "check_encodable",
+    "check_keep_alive_option",
     "check_max_loaded_models",
+    "check_model_choice",
     "check_placement",
+    "check_prompt_cache_dir",
+    "check_retry_options",
+    "check_text",
     "check_texts",
     "check_tool_nesting",
     "check_speculative",
     "check_timeout",
     "closest_name",
+    "duration_seconds",
     "normalize_stop",
     "unknown_names_error",
 ]
@@ -193,6 +217,40 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
         raise TypeError(f"chat_template must be a string, got {type(tmpl).__name__}")
 
 
+def check_call(
+    kwargs: dict[str, Any], stop: list[str] | None, defaults: ChatDefaults
+) -> CheckedCall:
+    """Every check of one chat call's options, before anything runs: unknown names,
+    types, ``tool_choice``, stop strings, limits, speculation and LoRA names and scales
+    (the caller's errors, raised in that order). The model's fields fill what the call
+    leaves out; they were checked at construction."""
+    unknown = set(kwargs) - CALL_OPTIONS
+    if unknown:
+        raise unknown_names_error(unknown, CALL_OPTIONS, "keyword arguments for ChatLlamaCpp")
+    options = {k: v for k, v in kwargs.items() if k != "ls_structured_output_format"}
+    check_call_options(options)
+    if options.get("tool_choice") is not None:
+        from langchain_llamacpp_local.chat.prompts import check_tool_choice
+
+        check_tool_choice(options["tool_choice"], options.get("tools"))
+    stops = normalize_stop(stop if stop is not None else defaults.stop)
+    timeout = check_timeout(options.get("timeout", defaults.timeout))
+    max_tokens = check_max_tokens(options.get("max_tokens", defaults.max_tokens))
+    speculative, max_draft = speculative_of(defaults, options)
+    check_speculative(speculative, max_draft, draft_model=defaults.draft_model_path)
+    specs = parse_adapters(defaults.lora_adapters)
+    requested = options.get("lora", defaults.lora)
+    return CheckedCall(
+        options=options,
+        stop=stops,
+        timeout=timeout,
+        max_tokens=max_tokens,
+        speculative=speculative,
+        speculative_max_draft=max_draft,
+        lora=request_key(specs, requested) if specs or requested else None,
+    )
+
+
 #: Speculative decoding kinds (``ChatLlamaCpp.speculative``).
 SPECULATIVE_KINDS = ("ngram", "draft")
 #: Most draft tokens one verify step may carry (llama.cpp's server allows 16 by default).
@@ -290,3 +348,123 @@ def check_texts(texts: object, what: str = "texts") -> list[str]:
         if not isinstance(t, str):
             raise TypeError(f"{what}[{i}] must be a string, got {type(t).__name__}")
     return list(texts)
+
+
+def check_text(value: object, what: str = "text") -> str:
+    """``value`` if it is a string, else a ``TypeError`` naming it."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string, got {type(value).__name__}")
+    return value
+
+
+def check_dimensions(dimensions: int | None, n_embd: int) -> None:
+    """``dimensions`` (Matryoshka truncation; pydantic checked it is > 0) within the
+    loaded model's ``n_embd`` values."""
+    if dimensions is not None and dimensions > n_embd:
+        raise ValueError(f"dimensions={dimensions} exceeds the model's {n_embd} dimensions")
+
+
+def check_retry_options(max_retries: Any, on_failure: Any) -> None:
+    """``RetryInvalidToolCalls``' arguments."""
+    if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
+        raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
+    if on_failure not in ("error", "end"):
+        raise ValueError(f"on_failure must be 'error' or 'end', got {on_failure!r}")
+
+
+# --------------------------------------------------------------------------- models
+
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def duration_seconds(value: Any) -> Any:
+    """``keep_alive`` as seconds: a number, or an Ollama-style ``"30s"``/``"5m"``/``"1h"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m is None:
+            raise ValueError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
+        return registry.keep_alive_seconds(float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    if isinstance(value, (int, float)):
+        return registry.keep_alive_seconds(value)  # nan refused; inf or past ten years: forever
+    return value
+
+
+def check_keep_alive_option(kwargs: Mapping[str, Any]) -> float | None:
+    """A call's ``keep_alive=`` in seconds (None: the model's field)."""
+    if "keep_alive" not in kwargs or kwargs["keep_alive"] is None:
+        return None
+    value = duration_seconds(kwargs["keep_alive"])
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"keep_alive must be seconds or a duration like '5m', not {value!r}")
+    return float(value)
+
+
+def check_model_choice(model: str | None, model_path: str | None, *, has_model_name: bool) -> None:
+    """Exactly one of ``model=`` and ``model_path=`` (``has_model_name``: the class has
+    ``model_name=``, which is what a caller passing both usually meant)."""
+    if model is None and model_path is None:
+        raise ValueError(
+            "pass model= (a GGUF path, a name in models_dir or a Hugging Face "
+            "owner/repo[:QUANT]) or model_path="
+        )
+    if model is not None and model_path is not None:
+        raise ValueError(
+            "pass model= or model_path=, not both"
+            + (" (model_name= sets the reported name)" if has_model_name else "")
+        )
+
+
+def check_prompt_cache_dir(value: str | None) -> str | None:
+    """The prompt cache's directory as an absolute path: ``value``, else the
+    ``LLAMACPP_PROMPT_CACHE_DIR`` environment variable, else None (off); a path that
+    cannot be expanded or is no directory is an error naming where it came from."""
+    from langchain_llamacpp_local.cache.disk import ENV_DIR
+
+    raw = value or os.environ.get(ENV_DIR) or None
+    if raw is None:
+        return None
+    setting = "prompt_cache_dir" if value else ENV_DIR
+    try:
+        path = Path(raw).expanduser()
+    except RuntimeError as exc:  # "~user" of no such user, or no home directory
+        raise ValueError(f"{setting}={str(raw)!r}: cannot expand '~': {exc}") from None
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{setting}={str(raw)!r} exists and is not a directory")
+    return str(path.absolute())
+
+
+def load_settings(model: Any) -> dict[str, Any]:
+    """A chat model's load and cache settings by name (the fields named as
+    :class:`LoadConfig`'s and :class:`CacheOptions`' fields, and ``n_slots``)."""
+    fields = type(model).model_fields
+    names = [
+        f.name
+        for config in (LoadConfig, CacheOptions)
+        for f in dataclasses.fields(config)
+        if f.name in fields
+    ]
+    return {**{name: getattr(model, name) for name in names}, "n_slots": model.n_slots}
+
+
+def check_chat_settings(model: Any) -> None:
+    """Every check of a ``ChatLlamaCpp``'s fields that pydantic's types do not make:
+    load settings, limits, logprobs, speculation, placement, LoRA names and scales,
+    sampling and the loaded-model limit."""
+    check_load_settings(load_settings(model))
+    check_max_tokens(model.max_tokens)
+    check_timeout(model.timeout)
+    check_call_options({"top_logprobs": model.top_logprobs, "logprobs": model.logprobs})
+    check_speculative(
+        model.speculative, model.speculative_max_draft, draft_model=model.draft_model_path
+    )
+    check_placement(
+        model.rpc_servers,
+        model.tensor_split,
+        no_gpu_layers_asked="n_gpu_layers" in model.model_fields_set and model.n_gpu_layers == 0,
+    )
+    request_key(parse_adapters(model.lora_adapters), model.lora)  # names and scales
+    sampling_params(model)  # SamplingParams checks its values
+    check_max_loaded_models(model.max_loaded_models)

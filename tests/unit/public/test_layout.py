@@ -173,3 +173,33 @@ def test_each_subpackage_imports_alone(
 ) -> None:
     _, stderr = alone_imports[sub].communicate(timeout=300)
     assert alone_imports[sub].returncode == 0, stderr
+
+
+def _private_imports(path: Path, importer: str) -> Iterator[str]:
+    """``module.name`` for each private name of the package that ``path`` imports."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+            continue
+        if node.module != PKG and not node.module.startswith(f"{PKG}."):
+            continue
+        for alias in node.names:
+            private = alias.name.startswith("_") and not alias.name.startswith("__")
+            # formats/ shares its scanners among its own modules
+            inside_formats = all(
+                m.startswith(f"{PKG}.formats.") or m == f"{PKG}.formats"
+                for m in (node.module, importer)
+            )
+            if private and not inside_formats:
+                yield f"{importer}:{node.lineno} imports {node.module}.{alias.name}"
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    """A name a module keeps to itself (``_x``) is no other module's to import, nor a
+    test's: what another module or a test needs is public (the tests then test the
+    package through names it owns up to)."""
+    offenders = [hit for name, path in _modules().items() for hit in _private_imports(path, name)]
+    tests_root = Path(__file__).resolve().parents[2]
+    for path in sorted(tests_root.rglob("*.py")):
+        offenders += _private_imports(path, str(path.relative_to(tests_root.parent)))
+    assert offenders == []

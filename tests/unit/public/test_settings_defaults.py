@@ -10,10 +10,11 @@ import pytest
 from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
 from langchain_llamacpp_local.chat.jobs import ChatJob
+from langchain_llamacpp_local.chat.request_options import CALL_OPTIONS, SAMPLING_OPTIONS
 from langchain_llamacpp_local.llama.embedding import EmbeddingConfig
 from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-from langchain_llamacpp_local.settings_base import ModelSettings
+from langchain_llamacpp_local.settings_base import ModelSettings, settings_from
 
 #: Fields whose public meaning differs from the config field of the same name.
 _DIFFERENT = {
@@ -65,3 +66,43 @@ def test_public_defaults_are_the_settings_dataclasses_defaults(
             assert cls.model_fields[f.name].default == f.default, f"{cls.__name__}.{f.name}"
             checked += 1
     assert checked >= 5
+
+
+def test_call_options_are_named_by_the_settings_they_fill() -> None:
+    """What a call may override is what the sampler and the job take: a new
+    SamplingParams or ChatJob field is a call option without being listed again, and
+    each sampling field is a model field under the same name."""
+    sampling = {f.name for f in dataclasses.fields(SamplingParams)} - {
+        "grammar",  # the prompt's (structured output, forced calls), never a setting
+        "grammar_lazy_triggers",
+    }
+    assert set(SAMPLING_OPTIONS) == sampling
+    assert sampling <= set(ChatLlamaCpp.model_fields)
+    job_state = {"messages", "sampling", "max_tokens_default", "stop", "deadline", "cancel"}
+    job_options = {f.name for f in dataclasses.fields(ChatJob)} - job_state
+    assert sampling | job_options <= CALL_OPTIONS
+    # identifying params carry the sampling fields, whatever their order
+    llm = ChatLlamaCpp(model_path="m.gguf", temperature=0.25, top_k=7)
+    params = llm._identifying_params
+    assert {k: params[k] for k in sampling} == {k: getattr(llm, k) for k in sampling}
+
+
+def test_the_chat_model_takes_its_lifecycle_from_the_base() -> None:
+    for name in ("__enter__", "__exit__"):
+        assert name not in vars(ChatLlamaCpp), name
+        assert getattr(ChatLlamaCpp, name) is getattr(ModelSettings, name)
+
+
+def test_settings_from_fills_a_dataclass_from_the_fields_of_its_names() -> None:
+    llm = ChatLlamaCpp(
+        model_path="m.gguf", n_ctx=64, n_batch=32, flash_attn=True, checkpoint_min_step=9
+    )
+    load = settings_from(llm, LoadConfig, model_path="/m.gguf", n_seq_max=llm.n_slots)
+    assert (load.model_path, load.n_seq_max) == ("/m.gguf", llm.n_slots)  # overrides win
+    assert (load.n_ctx, load.n_batch, load.flash_attn) == (64, 32, True)
+    assert settings_from(llm, CacheOptions).checkpoint_min_step == 9
+    emb = LlamaCppEmbeddings(model_path="e.gguf", n_ctx=128, pooling="cls")
+    config = settings_from(emb, EmbeddingConfig, model_path="e.gguf", pooling="mean")
+    assert (config.n_ctx, config.pooling) == (128, "mean")
+    # a config field that is no model field keeps the config's own default
+    assert config.fast_pooling == EmbeddingConfig.fast_pooling
