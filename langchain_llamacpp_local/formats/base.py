@@ -370,6 +370,18 @@ Body = Callable[[str, bool], list[ParsedCall]]
 # --------------------------------------------------------------------------- scanning
 
 
+@dataclass(frozen=True)
+class OpenRegion:
+    """The call region a scan's text ends inside (streaming): its body is the last
+    ``tail`` characters of the text, read by ``body``; ``before`` calls of the scan come
+    before it (``name``: the call's name where the scanner knows it from a header)."""
+
+    tail: int
+    body: Any
+    before: int
+    name: str | None = None
+
+
 @dataclass
 class RegionScan:
     reasoning: str | None
@@ -394,6 +406,8 @@ class RegionScan:
     resume: str = ""
     #: what may change how an open call reads (None: the family's call regions say)
     wake: tuple[tuple[str, ...], frozenset[str]] | None = None
+    #: the call region the text ends inside (None: none, or not known to the scanner)
+    open_region: OpenRegion | None = None
 
 
 @dataclass(frozen=True)
@@ -437,13 +451,18 @@ def _find_end(text: str, end: str, start: int, syntax: str | None, final: bool) 
 
 
 def scan_multi(
-    text: str, regions: tuple[tuple[str, str | None, Any], ...], opts: Options, final: bool
+    text: str,
+    regions: tuple[tuple[str, str | None, Any], ...],
+    opts: Options,
+    final: bool,
+    found_open: list[OpenRegion] | None = None,
 ) -> tuple[list[str], list[ParsedCall], int]:
     """Split ``text`` at the tool-call regions ``(start, end, body)`` (earliest start first).
 
     Returns the content pieces, the calls and how much of ``text`` is settled (the rest
     is an unfinished region, held back while streaming). A region's end marker inside
-    one of its quoted values does not end it.
+    one of its quoted values does not end it. ``found_open`` collects the region the
+    text ends inside (streaming), for a stream of its arguments.
     """
     content: list[str] = []
     calls: list[ParsedCall] = []
@@ -473,6 +492,8 @@ def scan_multi(
         if j < 0:
             region = text[i + len(start) :]
             if not final:
+                if found_open is not None:
+                    found_open.append(OpenRegion(len(region), body, len(calls)))
                 add(body(region, False, opts), start)
                 return content, calls, i
             found = body(region, True, opts)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_llamacpp_local.formats.base import (
+    OpenRegion,
     Options,
     ParseContext,
     ParsedCall,
@@ -373,7 +374,8 @@ class Reader:
 
 
 def hermes_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
-    pieces, calls, settled_at = scan_multi(rest, _HERMES_REGIONS, opts, final)
+    found_open: list[OpenRegion] = []
+    pieces, calls, settled_at = scan_multi(rest, _HERMES_REGIONS, opts, final, found_open)
     content = "".join(pieces)
     if calls or ctx.had_calls:  # a call in a ```xml / ```json fence leaves no empty fence
         content = _EMPTY_FENCE.sub("", content)
@@ -391,7 +393,14 @@ def hermes_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> Reg
             return RegionScan(None, "", bare, True, stage="rest")
     settled = settled_at >= len(rest)
     return RegionScan(
-        None, content, calls, settled, stage="rest", open=not settled, trimmed=trimmed
+        None,
+        content,
+        calls,
+        settled,
+        stage="rest",
+        open=not settled,
+        trimmed=trimmed,
+        open_region=found_open[-1] if found_open else None,
     )
 
 

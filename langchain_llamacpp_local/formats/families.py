@@ -673,4 +673,6 @@ def rewrap(prefix: str, suffix: str, body: Body) -> Body:
     def wrapped(region: str, final: bool, opts: Options) -> list[ParsedCall]:
         return body(prefix + region + (suffix if final else ""), final, opts)
 
+    wrapped.inner = body  # type: ignore[attr-defined]  # (a stream of arguments reads
+    wrapped.prefix = prefix  # type: ignore[attr-defined]  # the region as the body does)
     return reads(None, body.closers)(wrapped)  # type: ignore[attr-defined]

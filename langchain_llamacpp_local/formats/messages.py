@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 
 from langchain_llamacpp_local.formats.base import (
+    OpenRegion,
     Options,
     ParsedCall,
     RegionScan,
@@ -122,6 +123,7 @@ def harmony(
     settled = True
     resume: str | None = None
     wake: tuple[str, ...] | None = None
+    opened: OpenRegion | None = None  # a call's arguments the text ends inside
     pos = 0
     n = len(text)
     while pos < n:
@@ -163,6 +165,7 @@ def harmony(
             if recipient.startswith("functions."):
                 name = recipient[len("functions.") :]
                 if not m and not final:
+                    opened = OpenRegion(len(body), "arguments", len(calls), name)
                     calls.append(ParsedCall(name, None, body, complete=False))
                     settled = False
                 else:
@@ -200,4 +203,5 @@ def harmony(
         sc.stage, sc.resume = "rest", resume
     elif wake is not None:
         sc.stage, sc.open, sc.wake = "rest", True, (wake, frozenset())
+        sc.open_region = opened
     return sc

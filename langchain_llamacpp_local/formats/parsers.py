@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call
 
+from langchain_llamacpp_local.formats.arg_stream import Fragment, Tracked, arg_stream, spoiler
 from langchain_llamacpp_local.formats.auto.parser import parse_with_analysis
 from langchain_llamacpp_local.formats.base import (
     THINK,
+    OpenRegion,
     Options,
     ParseContext,
     ParsedCall,
@@ -169,9 +171,10 @@ def _split_reasoning(text: str, fmt: str, opts: Options, final: bool) -> _Reason
 
 
 def _scan_spec(
-    rest: str, fmt: str, opts: Options, final: bool
+    rest: str, fmt: str, opts: Options, final: bool, found_open: list[OpenRegion] | None = None
 ) -> tuple[str, list[ParsedCall], bool, bool]:
-    """(content, calls, settled, whether the content's end is held back while streaming)."""
+    """(content, calls, settled, whether the content's end is held back while streaming);
+    ``found_open`` collects the call region the text ends inside."""
     spec = FAMILIES[fmt].spec
     assert spec is not None
     calls: list[ParsedCall] = []
@@ -183,7 +186,7 @@ def _scan_spec(
     # no tools bound: call markup is content, only turn and channel markup goes
     regions = spec.regions if opts.calls else ()
     strip = (*spec.strip, *spec.section) if opts.calls else spec.strip
-    pieces, found, settled_at = scan_multi(rest, regions, opts, final)
+    pieces, found, settled_at = scan_multi(rest, regions, opts, final, found_open)
     content = "".join(pieces)
     trimmed = False
     if not final and strip:
@@ -324,7 +327,8 @@ def _scan_rest(
         sc.rest_blank = not sc.content.strip()
         sc.settled = sc.settled and all(c.complete for c in sc.calls)
         return sc
-    content, calls, settled, trimmed = _scan_spec(rest, fmt, opts, final)
+    found_open: list[OpenRegion] = []
+    content, calls, settled, trimmed = _scan_spec(rest, fmt, opts, final, found_open)
     rest_blank = not content.strip()
     more: str | None = None
     region = not settled
@@ -342,6 +346,7 @@ def _scan_rest(
         open=region,
         rest_blank=rest_blank,
         trimmed=trimmed,
+        open_region=found_open[-1] if found_open else None,
     )
 
 
@@ -589,9 +594,18 @@ class StreamParser:
         tools: Sequence[Mapping[str, Any]] | None = None,
         prefill: str = "",
         analysis: TemplateAnalysis | None = None,
+        stream_args: bool = False,
     ) -> None:
         _check_fmt(fmt, analysis)
         self._analysis = analysis
+        #: send argument fragments while a call is written (:mod:`.arg_stream`)
+        self.stream_args = stream_args
+        self._n = 0  # characters fed
+        self._track: Tracked | None = None  # the open call region whose arguments stream
+        self._streamed: dict[int, list[str]] = {}  # call index -> argument text sent
+        self._stream_names: dict[int, str] = {}
+        #: call index -> merged arguments of a streamed call that ended invalid
+        self._spoiled: dict[int, str] = {}
         self.fmt = fmt
         self.reasoning = reasoning
         self.think_open = think_open
@@ -649,6 +663,17 @@ class StreamParser:
 
     def feed(self, delta: str) -> list[StreamDelta]:
         self._parts.append(delta)
+        self._n += len(delta)
+        early: list[StreamDelta] = []
+        if self._track is not None:
+            try:
+                early = self._args_deltas(self._track.stream.feed(delta))
+            except Exception:  # model output must never crash a request: sent whole
+                logger.exception("argument stream failed on partial model output")
+                self._track = None
+        return early + self._read(delta)
+
+    def _read(self, delta: str) -> list[StreamDelta]:
         if self._wait is not None:
             # the held text is joined only when it is read again (an open call may be long)
             self._waiting.append(delta)
@@ -708,9 +733,110 @@ class StreamParser:
         if self._whole and not sc.settled:
             keep = min(keep, self._content.epoch)
         out += self._content.send(keep, "content")
-        out += self._send_calls(sc.calls, self._calls_base, final=False)
+        base = self._calls_base
+        out += self._send_calls(sc.calls, base, final=False)
         self._settle(sc)
+        if self.stream_args:
+            out += self._follow(sc, base)
         return out
+
+    # -- arguments streamed as written (stream_args)
+
+    def _follow(self, sc: RegionScan, base: int) -> list[StreamDelta]:
+        """Start a stream of arguments over the call region the text now ends inside
+        (its text so far read once; later deltas fed as they come)."""
+        region = sc.open_region
+        if region is None or self._wait is None or region.tail > len(self._tail):
+            self._track = None
+            return []
+        start = self._n - region.tail
+        if self._track is not None and self._track.start == start:
+            return []  # the same region, read on
+        made = arg_stream(region, self._opts)
+        if made is None:
+            self._track = None
+            return []
+        stream, prefix = made
+        self._track = Tracked(start, base + region.before, stream)
+        return self._args_deltas(stream.feed(prefix + self._tail[len(self._tail) - region.tail :]))
+
+    def _args_deltas(self, frags: list[Fragment]) -> list[StreamDelta]:
+        out: list[StreamDelta] = []
+        assert self._track is not None
+        for f in frags:
+            n = self._track.base + f.k
+            if f.name is not None:
+                # a call starts streaming only after every earlier one has been sent or
+                # started (merged chunks list calls in the order their indexes first came)
+                if n in self._streamed or any(
+                    m not in self._streamed for m in range(self._calls_done, n)
+                ):
+                    continue
+                self._streamed[n], self._stream_names[n] = [f.args], f.name
+                cid = self._id(n, f.id)
+                out.append(StreamDelta("tool_call", index=n, id=cid, name=f.name, args=f.args))
+            elif n in self._streamed and n >= self._calls_done:
+                self._streamed[n].append(f.args)
+                out.append(StreamDelta("tool_call", index=n, args=f.args))
+        return out
+
+    def _seal(self, n: int, c: ParsedCall) -> list[StreamDelta]:
+        """A streamed call is complete: nothing to add when what was sent reads as its
+        arguments, else the fragment that makes the merged arguments unreadable."""
+        sent = "".join(self._streamed[n])
+        valid = c.error is None and c.name and c.args is not None
+        if valid and c.name == self._stream_names[n]:
+            try:
+                if json.loads(sent) == c.args:
+                    return []
+            except ValueError:
+                pass
+        if valid:
+            logger.warning(
+                "the streamed arguments of tool call %r read otherwise once complete; "
+                "the call is reported invalid",
+                c.name,
+            )
+        tail = spoiler(sent)
+        self._streamed[n].append(tail)
+        self._spoiled[n] = sent + tail
+        return [StreamDelta("tool_call", index=n, args=tail)]
+
+    def _streamed_result(
+        self, calls: list[ParsedCall], ids: list[str]
+    ) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+        """The final calls as the merged stream reads them: a streamed call that ended
+        invalid keeps the arguments it was streamed with (and is invalid even where the
+        parse reads the call otherwise)."""
+        good: list[ToolCall] = []
+        bad: list[InvalidToolCall] = []
+        for n, c in enumerate(calls):
+            g, b = _finish_calls([c], [ids[n]])
+            if n in self._spoiled:
+                error = b[0]["error"] if b else "read otherwise than its arguments were streamed"
+                g, b = (
+                    [],
+                    [
+                        invalid_tool_call(
+                            name=self._stream_names[n],
+                            args=self._spoiled[n],
+                            id=ids[n],
+                            error=error,
+                        )
+                    ],
+                )
+            good += g
+            bad += b
+        for n in sorted(k for k in self._spoiled if k >= len(calls)):
+            bad.append(
+                invalid_tool_call(
+                    name=self._stream_names[n],
+                    args=self._spoiled[n],
+                    id=self._id(n, None),
+                    error="streamed as a call the finished output does not hold",
+                )
+            )
+        return good, bad
 
     def _settle(self, sc: RegionScan) -> None:
         """Forget the text read so far when nothing in it can change any more."""
@@ -762,6 +888,10 @@ class StreamParser:
             if n > self._calls_done:  # an earlier call is still being written
                 break
             checked(c)
+            if n in self._streamed:
+                out += self._seal(n, c)
+                self._calls_done = n + 1
+                continue
             valid = c.error is None and c.name and c.args is not None
             args = json.dumps(c.args, ensure_ascii=False) if valid else invalid_args(c)
             out.append(
@@ -802,6 +932,8 @@ class StreamParser:
         """End of generation: settle everything still held back."""
         # its own counters: a copy of a stream may be finished while the stream goes on
         self._content, self._thought = copy.copy(self._content), copy.copy(self._thought)
+        self._streamed = {n: list(v) for n, v in self._streamed.items()}
+        self._spoiled = dict(self._spoiled)
         text = "".join(self._parts)
         try:
             sc = _scan(text, self.fmt, self._opts, final=True, analysis=self._analysis)
@@ -813,8 +945,14 @@ class StreamParser:
         except Exception:
             logger.exception("tool-call parser failed to emit its result")
             sc, out = RegionScan(None, text, [], True), []
+        for n in sorted(self._streamed):
+            if n >= max(self._calls_done, len(sc.calls)):  # a call the parse does not hold
+                out += self._seal(n, ParsedCall(None, None, "", error="not a call"))
         ids = [self._id(n, c.id) for n, c in enumerate(sc.calls)]
-        good, bad = _finish_calls(sc.calls, ids)
+        if self._streamed:
+            good, bad = self._streamed_result(sc.calls, ids)
+        else:
+            good, bad = _finish_calls(sc.calls, ids)
         self._result = ParsedOutput(
             content=sc.content.strip(),
             reasoning=sc.reasoning.strip() if sc.reasoning is not None else None,

@@ -1,0 +1,694 @@
+"""Tool-call arguments streamed while the model writes them (``stream_tool_args``).
+
+By default a :class:`~.parsers.StreamParser` sends a call whole once it can no longer
+change. With ``stream_args=True`` it also runs an :class:`ArgStream` over the call region
+the output ends inside: each character of the region is read once, and each call's id
+and name go out with the first fragment of its arguments, then further fragments, as
+LangChain's ``tool_call_chunks`` carry them (merged by ``index``, ``args`` joined).
+
+What is sent is JSON text of the arguments as written: an argument object copied with
+the whitespace outside its strings dropped (:class:`JsonCopy`), or markup parameters
+(``<parameter=k>v</parameter>``) as ``{"k":"v",...}`` with each text value escaped as it
+comes; a value the tool's schema may read as something other than text (a number, a
+list, a CDATA block) is sent once closed, as the parse types it. A suffix that may be
+the start of the marker that closes a text value is held back.
+
+The parse of the finished call stays the reference: when the call is complete the
+stream checks that the text sent reads as the parse's arguments; a call that ends
+invalid (cut off by ``max_tokens``, malformed, or read otherwise than it was streamed)
+gets a last fragment (:func:`spoiler`) after which LangChain's ``parse_partial_json``
+reads the merged arguments as nothing, so the merged message lists the call in
+``invalid_tool_calls``. A call whose syntax the stream does not follow (a fenced body,
+a Python literal list, a whole-output call) is sent whole, as without the option.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_llamacpp_local.formats.base import (
+    OpenRegion,
+    Options,
+    held_suffix,
+    read_as_arguments,
+    typed_value,
+)
+from langchain_llamacpp_local.formats.classic import _hermes_fn, _hermes_json
+from langchain_llamacpp_local.formats.families import (
+    DSML_MARKER,
+    command_r_body,
+    deepseek_v3_1_body,
+    dsml_body,
+    functionary_v3_1_body,
+    json_call_body,
+    json_lines_body,
+    json_list_body,
+    kimi_k2_body,
+    minicpm5_body,
+    minimax_body,
+    mistral_body,
+    qwen3_coder_body,
+    seed_oss_body,
+    solar_body,
+)
+
+
+@dataclass
+class Fragment:
+    """Argument text of the ``k``-th call of a region (its first carries name and id)."""
+
+    k: int
+    parts: list[str]
+    name: str | None = None
+    id: str | None = None
+
+    @property
+    def args(self) -> str:
+        return "".join(self.parts)
+
+
+class JsonCopy:
+    """One JSON value as written, whitespace outside its strings dropped (so the copy
+    reads as the original wherever the original is JSON); ``done`` once its outermost
+    bracket closes. An escape is copied whole, so the copy never ends inside one."""
+
+    __slots__ = ("depth", "done", "esc", "in_str")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_str = False
+        self.esc = False
+        self.done = False
+
+    def feed(self, ch: str) -> str:
+        if self.in_str:
+            if self.esc:
+                self.esc = False
+                return "\\" + ch
+            if ch == "\\":
+                self.esc = True
+                return ""
+            if ch == '"':
+                self.in_str = False
+            return ch
+        if ch in " \t\r\n":
+            return ""
+        if ch == '"':
+            self.in_str = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            if self.depth <= 0:
+                self.done = True
+        return ch
+
+
+def spoiler(sent: str) -> str:
+    """The text that, appended to ``sent``, makes LangChain read the merged arguments as
+    no call: ``parse_partial_json`` (``langchain_core.utils.json``) returns None at a
+    closing bracket that matches no open one (and ``json.loads`` fails on it first), so
+    an open string is closed and the bracket that does not close the innermost open
+    one is written."""
+    stack: list[str] = []
+    in_str = esc = False
+    for ch in sent:  # parse_partial_json's own reading of the text
+        if in_str:
+            if ch == '"' and not esc:
+                in_str = False
+            elif ch == "\\":
+                esc = not esc
+            else:
+                esc = False
+        elif ch == '"':
+            in_str, esc = True, False
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if stack and stack[-1] == ch:
+                stack.pop()
+            else:
+                stack = ["?"]  # already unreadable: one more stray bracket changes nothing
+                break
+    tail = ("n" if in_str and esc else "") + ('"' if in_str else "")
+    tail += "]" if stack and stack[-1] == "}" else "}"
+    while read_as_arguments(sent + tail):  # (never: the bracket matches nothing)
+        tail += "]}"
+    return tail
+
+
+def _escaped(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+class ArgStream:
+    """Reads one call region's text as it is written; :meth:`feed` returns fragments."""
+
+    def __init__(self, opts: Options, markers: tuple[str, ...]) -> None:
+        self.opts = opts
+        self.k = -1  # the call being read (its number in the region)
+        self._out: list[Fragment] = []
+        self._size = max((len(m) for m in markers if m), default=1)
+        self.win = ""  # the last characters read (a marker completes at its end)
+
+    def feed(self, text: str) -> list[Fragment]:
+        size = self._size
+        for ch in text:
+            win = self.win + ch
+            self.win = win[-size:] if len(win) > size else win
+            self.step(ch)
+        out, self._out = self._out, []
+        return out
+
+    def step(self, ch: str) -> None:
+        raise NotImplementedError
+
+    def emit(self, text: str, name: str | None = None, cid: str | None = None) -> None:
+        out = self._out
+        if name is None and out and out[-1].k == self.k:
+            out[-1].parts.append(text)
+        else:
+            out.append(Fragment(self.k, [text], name, cid))
+
+
+# --------------------------------------------------------------------------- NAME sep {json}
+
+
+Header = Callable[[str], "tuple[str, str | None] | None"]
+
+
+class SepJson(ArgStream):
+    """Calls written ``[begin] HEADER sep {json} [end]``: ``header`` reads the text
+    before ``sep`` as (name, id), or None (not a call the stream follows). ``begin``
+    starts every call (``first``: the region's start was the first one); without it
+    the region is one call. ``name``: the header is already read (the arguments are
+    the region)."""
+
+    def __init__(
+        self,
+        opts: Options,
+        header: Header,
+        sep: str,
+        begin: str | None = None,
+        end: str | None = None,
+        first: bool = False,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(opts, (sep, begin or "", end or ""))
+        self.header, self.sep, self.begin, self.end = header, sep, begin, end
+        self.state = "head" if begin is None or first else "seek"
+        self.k = 0 if self.state == "head" else -1
+        self.head: list[str] = []
+        self.name: str | None = name
+        self.id: str | None = None
+        self.copy = JsonCopy()
+        if name is not None:
+            self.state = "open"
+
+    def step(self, ch: str) -> None:
+        win = self.win
+        if self.begin and win.endswith(self.begin):
+            self.k += 1
+            self.state, self.head = "head", []
+            return
+        if self.end and win.endswith(self.end):
+            self.state = "seek"
+            return
+        state = self.state
+        if state == "args":
+            piece = self.copy.feed(ch)
+            if piece:
+                self.emit(piece)
+            if self.copy.done:
+                self.state = "after"
+        elif state == "head":
+            self.head.append(ch)
+            if len(self.head) >= len(self.sep) and win.endswith(self.sep):
+                got = self.header("".join(self.head)[: -len(self.sep)])
+                self.state = "skip" if got is None else "open"
+                if got is not None:
+                    self.name, self.id = got
+        elif state == "open" and ch not in " \t\r\n":
+            if ch != "{" or not self.name:
+                self.state = "skip"  # not an object: sent whole once the parse has it
+                return
+            self.copy = JsonCopy()
+            self.copy.feed(ch)
+            self.emit("{", self.name, self.id)
+            self.state = "args"
+
+
+def _plain_name(head: str) -> tuple[str, str | None] | None:
+    name = head.strip()
+    return (name, None) if name else None
+
+
+def _kimi_name(head: str) -> tuple[str, str | None] | None:
+    full = head.strip()
+    name = full.split(":", 1)[0]
+    name = name[len("functions.") :] if name.startswith("functions.") else name
+    return (name, full) if name else None
+
+
+_MISTRAL_HEAD = re.compile(r"\s*([\w.\-]+)(?:\[CALL_ID\]([^\[]*))?")
+
+
+def _mistral_name(head: str) -> tuple[str, str | None] | None:
+    m = _MISTRAL_HEAD.fullmatch(head)
+    return (m.group(1), m.group(2) or None) if m else None
+
+
+def _solar_name(head: str) -> tuple[str, str | None] | None:
+    cid, found, rest = head.partition("<|tool_call:name|>")
+    name = rest.strip()
+    return (name, cid.strip() or None) if found and name else None
+
+
+_HERMES_FN = re.compile(r'=([^>\s]+)|\s+name="([^"]*)"')
+
+
+def _hermes_fn_name(head: str) -> tuple[str, str | None] | None:
+    m = _HERMES_FN.fullmatch(head)
+    name = m and (m.group(1) or m.group(2))
+    return (name, None) if name else None
+
+
+# --------------------------------------------------------------------------- JSON call objects
+
+
+class JsonObjects(ArgStream):
+    """Calls written as JSON objects (``{"name": ..., "arguments": {...}}``): one, a list
+    of them, or (``lines``) one after another. A call streams when its name comes
+    before its arguments and they are an object; any other value is sent whole."""
+
+    def __init__(
+        self,
+        opts: Options,
+        names: tuple[str, ...] = ("name",),
+        args: tuple[str, ...] = ("arguments", "parameters"),
+        ids: tuple[str, ...] = ("id", "tool_call_id"),
+        lines: bool = False,
+    ) -> None:
+        super().__init__(opts, ())
+        self.names, self.args, self.ids, self.lines = names, args, ids, lines
+        self.level: int | None = None  # depth at which calls start (0, or 1 in a list)
+        self.off = False
+        self.depth = 0
+        self.in_str = self.esc = False
+        self.cap: list[str] | None = None  # a key or a name being read
+        self.expect = ""  # at a call's members: "key", "colon", "value", "comma"
+        self.elem = "value"  # where calls start: "value" (one may start) or "comma"
+        self.key: str | None = None
+        self.call: dict[str, Any] = {}
+        self.copy: JsonCopy | None = None
+
+    def step(self, ch: str) -> None:
+        copy = self.copy
+        if copy is not None:  # inside the arguments being streamed
+            piece = copy.feed(ch)
+            if piece:
+                self.emit(piece)
+            if copy.done:
+                self.copy, self.expect = None, "comma"
+            return
+        if self.in_str:
+            if self.esc:
+                self.esc = False
+            elif ch == "\\":
+                self.esc = True
+            elif ch == '"':
+                self.in_str = False
+                self._string_end()
+                return
+            if self.cap is not None:
+                self.cap.append(ch)
+            return
+        if ch in " \t\r\n" or self.off:
+            return
+        if self.level is None:  # the region's first character
+            if ch == "[" and not self.lines:
+                self.level = 1
+            elif ch == "{":
+                self.level = 0
+            else:
+                self.off = True  # not JSON (fenced, markup): the parse's calls go whole
+                return
+        depth = self.depth
+        if depth == self.level and ch not in ",]}":
+            if self.elem == "value" or self.lines and ch == "{":  # a call starts
+                self.k += 1
+                self.call, self.expect, self.elem = {}, "key", "comma"
+                if ch != "{":
+                    self.call["off"] = True
+            elif not self.lines or ch != "{":
+                self.off = self.level == 0  # more after the one call: the parse decides
+        at_call = depth == self.level + 1 and not self.call.get("off")
+        if ch == '"':
+            self.in_str = True
+            self.cap = [] if at_call and self.expect in ("key", "value") else None
+            return
+        if ch in "{[":
+            if at_call and self.expect == "value":
+                self.expect = "comma"
+                if self._starts_args(ch):
+                    return
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            if self.depth == self.level:
+                self.elem = "comma"
+            if self.depth < (self.level or 0):
+                self.off = True
+        elif depth == self.level and ch == ",":
+            self.elem = "value"
+        elif at_call:
+            if ch == ":" and self.expect == "colon":
+                self.expect = "value"
+            elif ch == "," and self.expect == "comma":
+                self.expect = "key"
+            elif self.expect == "value":
+                self.expect = "comma"  # a number or literal
+
+    def _string_end(self) -> None:
+        cap, self.cap = self.cap, None
+        if cap is None:
+            if self.expect == "value" and self.depth == (self.level or 0) + 1:
+                self.expect = "comma"
+            return
+        try:
+            text = json.loads('"' + "".join(cap) + '"')
+        except ValueError:
+            text = None
+        call = self.call
+        if self.expect == "key":
+            self.key, self.expect = text, "colon"
+            if text == "function":
+                call["off"] = True  # {"function": {...}}: read by the parse, sent whole
+            return
+        self.expect = "comma"
+        if self.key in self.names and "name" not in call and isinstance(text, str):
+            call["name"] = text
+        elif self.key in self.ids and "id" not in call and text:
+            call["id"] = text
+
+    def _starts_args(self, ch: str) -> bool:
+        call = self.call
+        if ch != "{" or self.key not in self.args or call.get("streamed") or "args" in call:
+            if self.key in self.args:
+                call["args"] = True
+            return False
+        call["args"] = True
+        if not call.get("name"):
+            return False
+        call["streamed"] = True
+        self.copy = JsonCopy()
+        self.copy.feed(ch)
+        self.emit("{", call["name"], call.get("id"))
+        return True
+
+
+# --------------------------------------------------------------------------- markup parameters
+
+
+@dataclass(frozen=True)
+class Tags:
+    """A markup family's call and parameter tags: ``call_open NAME name_stop``, then one
+    of ``name_tails``; ``param_open KEY key_stop`` then one of ``key_tails`` (its
+    number: the value's mode, for DSML's ``string="true|false"``); a name or key cannot
+    hold a character of ``bad``; ``framed``: one newline after the key's tag and one
+    before the closing tag are framing, not value."""
+
+    call_open: str
+    call_close: str
+    param_open: str
+    param_close: str
+    name_stop: str = ">"
+    name_tails: tuple[str, ...] = ("",)
+    key_stop: str = ">"
+    key_tails: tuple[str, ...] = ("",)
+    bad: str = "\n"
+    framed: bool = False
+    #: key_tails' meaning (DSML): "raw" text, "json" (read as JSON), or the schema's type
+    modes: tuple[str, ...] = ("schema",)
+    prefix: str = ""  # what the body reader puts back before the region's text
+
+
+_CDATA = "<![CDATA["
+#: how a value the parse may read as JSON or a Python literal can start
+_JSONISH = frozenset('{["-0123456789tfnNITF')
+
+
+class Markup(ArgStream):
+    """Calls written in a markup family's tags (Qwen3-Coder, Seed-OSS, MiniMax M2,
+    DeepSeek DSML, MiniCPM5), read as :func:`~.families._xml_function_calls` reads them."""
+
+    def __init__(self, opts: Options, tags: Tags) -> None:
+        t = tags
+        markers = (t.call_open, t.call_close, t.param_open, t.param_close)
+        super().__init__(opts, markers)
+        self.t = tags
+        self.state = "seek"
+        self.acc: list[str] = []
+        self.tail: str | None = None
+        self.name = ""
+        self.streaming = False
+        self.n_params = 0
+        self.key = ""
+        self.mode = "schema"
+        self.val: list[str] = []
+        self.sent = 0
+        self.decided: str | None = None
+        holds = [t.param_close] + (["\n" + t.param_close] if t.framed else [])
+        self.holds = tuple(holds)
+        self.hold_len = max(len(h) for h in holds)
+
+    def _header(self, ch: str, stop: str, tails: tuple[str, ...]) -> bool | int | None:
+        """Reads a name or key: None while under way, False when the tag is not one
+        the parse reads, else the number of the tail it ended with."""
+        if self.tail is None:
+            if ch == stop:
+                self.tail = ""
+            elif ch in self.t.bad:
+                return False
+            else:
+                self.acc.append(ch)
+                return None
+        else:
+            self.tail += ch
+        for n, tail in enumerate(tails):
+            if tail == self.tail:
+                return n
+        if not any(tail.startswith(self.tail) for tail in tails):
+            return False
+        return None
+
+    def step(self, ch: str) -> None:
+        t, win, state = self.t, self.win, self.state
+        if state == "seek":
+            if win.endswith(t.call_open):
+                self.state, self.acc, self.tail = "name", [], None
+            return
+        if state != "name" and win.endswith(t.call_close):  # the call ends here
+            if state in ("vstart", "value"):
+                self.streaming = False  # the parse leaves the open value out: stop
+            elif self.streaming:
+                self.emit("}")
+            self.state = "seek"
+            return
+        if state == "name":
+            got = self._header(ch, t.name_stop, t.name_tails)
+            if got is False:
+                self.state = "seek"
+            elif got is not None:
+                self.k += 1
+                self.name, self.n_params = "".join(self.acc).strip(), 0
+                self.streaming = bool(self.name)
+                if self.streaming:
+                    self.emit("{", self.name)
+                self.state = "body"
+        elif state == "body":
+            if win.endswith(t.param_open):
+                self.state, self.acc, self.tail = "key", [], None
+        elif state == "key":
+            got = self._header(ch, t.key_stop, t.key_tails)
+            if got is False:
+                self.state = "body"
+            elif got is not None:
+                self.key, self.mode = "".join(self.acc).strip(), t.modes[int(got)]
+                self.val, self.sent, self.decided = [], 0, None
+                self.state = "vstart"
+        else:
+            if state == "vstart":
+                self.state = "value"
+                if t.framed and ch == "\n":
+                    return
+            self.val.append(ch)
+            if win.endswith(t.param_close):
+                value = "".join(self.val)[: -len(t.param_close)]
+                if t.framed and value.endswith("\n"):
+                    value = value[:-1]
+                self._close(value)
+                self.state = "body"
+            elif self.streaming:
+                self._stream()
+
+    def _types(self) -> set[str] | None:
+        if self.mode == "raw":
+            return {"string"}
+        if self.mode == "json":
+            return None
+        return self.opts.param_types(self.name, self.key)
+
+    def _decide(self) -> str | None:
+        """ "str" (the value is its text: sent as written), "buf" (the parse may read it
+        as JSON, a literal or CDATA: sent once closed) or None (not known yet)."""
+        head = "".join(self.val[: len(_CDATA)])
+        if _CDATA.startswith(head) and head:
+            return "buf" if len(head) == len(_CDATA) else None
+        types = self._types()
+        if types is not None and types <= {"string"}:
+            return "str" if head else None
+        first = next((c for c in self.val if c not in " \t\r\n"), None)
+        if first is None:
+            return None
+        return "buf" if first in _JSONISH else "str"
+
+    def _stream(self) -> None:
+        if self.decided is None:
+            self.decided = self._decide()
+            if self.decided == "str":
+                sep = "," if self.n_params else ""
+                self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ':"')
+                self.n_params += 1
+        if self.decided != "str":
+            return
+        n = len(self.val)
+        safe = n - held_suffix("".join(self.val[max(0, n - self.hold_len) :]), self.holds)
+        if safe > self.sent:
+            self.emit(_escaped("".join(self.val[self.sent : safe])))
+            self.sent = safe
+
+    def _close(self, value: str) -> None:
+        if not self.streaming:
+            return
+        if self.decided is None:
+            self.decided = self._decide()
+            if self.decided == "str":  # (a short text value: decided only now)
+                sep = "," if self.n_params else ""
+                self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ':"')
+                self.n_params += 1
+        if self.decided == "str":
+            self.emit(_escaped(value[self.sent :]) + '"')
+            return
+        text = value
+        if text.startswith(_CDATA) and text.endswith("]]>"):
+            text = text[len(_CDATA) : -len("]]>")]
+        typed = text if self.mode == "raw" else typed_value(text, self._types())
+        sep = "," if self.n_params else ""
+        self.n_params += 1
+        self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ":" + _dumps(typed))
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return "?"  # (never JSON: the parse reports the call invalid too)
+
+
+_QWEN = Tags("<function=", "</function>", "<parameter=", "</parameter>", framed=True)
+_SEED = Tags("<function=", "</function>", "<parameter=", "</parameter>")
+_QUOTED = {"name_stop": '"', "name_tails": (">",), "key_stop": '"', "key_tails": (">",), "bad": ""}
+_MINIMAX = Tags('<invoke name="', "</invoke>", '<parameter name="', "</parameter>", **_QUOTED)  # type: ignore[arg-type]
+_DSML = Tags(
+    f'<{DSML_MARKER}invoke name="',
+    f"</{DSML_MARKER}invoke>",
+    f'<{DSML_MARKER}parameter name="',
+    f"</{DSML_MARKER}parameter>",
+    **{**_QUOTED, "key_tails": (">", ' string="true">', ' string="false">')},  # type: ignore[arg-type]
+    modes=("schema", "raw", "json"),
+)
+_MINICPM = Tags(
+    '<function name="',
+    "</function>",
+    '<param name="',
+    "</param>",
+    **_QUOTED,
+    prefix="<function",  # type: ignore[arg-type]
+)
+
+
+# --------------------------------------------------------------------------- the families
+
+
+def _sep(header: Header, sep: str, **kw: Any) -> Callable[[Options, str | None], ArgStream]:
+    return lambda opts, name: SepJson(opts, header, sep, **kw)
+
+
+def _markup(tags: Tags) -> Callable[[Options, str | None], ArgStream]:
+    return lambda opts, name: Markup(opts, tags)
+
+
+def _objects(**kw: Any) -> Callable[[Options, str | None], ArgStream]:
+    return lambda opts, name: JsonObjects(opts, **kw)
+
+
+_DS_BEGIN, _DS_END = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
+_KIMI_BEGIN, _KIMI_END = "<|tool_call_begin|>", "<|tool_call_end|>"
+
+#: body reader -> the stream that reads its region as it does
+_STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
+    _hermes_json: _objects(),
+    _hermes_fn: _sep(_hermes_fn_name, ">"),
+    json_list_body: _objects(),
+    json_call_body: _objects(),
+    json_lines_body: _objects(lines=True),
+    command_r_body: _objects(names=("tool_name",), args=("parameters",), ids=("tool_call_id",)),
+    deepseek_v3_1_body: _sep(_plain_name, "<｜tool▁sep｜>", begin=_DS_BEGIN, end=_DS_END),
+    kimi_k2_body: _sep(
+        _kimi_name, "<|tool_call_argument_begin|>", begin=_KIMI_BEGIN, end=_KIMI_END
+    ),
+    functionary_v3_1_body: _sep(_plain_name, ">"),
+    solar_body: _sep(_solar_name, "<|tool_call:args|>"),
+    mistral_body: _sep(_mistral_name, "[ARGS]", begin="[TOOL_CALLS]", first=True),
+    qwen3_coder_body: _markup(_QWEN),
+    seed_oss_body: _markup(_SEED),
+    minimax_body: _markup(_MINIMAX),
+    dsml_body: _markup(_DSML),
+    minicpm5_body: _markup(_MINICPM),
+}
+
+
+@dataclass
+class Tracked:
+    """The region a stream of arguments follows: where its body starts in the whole
+    generation, the number of its first call, and its stream."""
+
+    start: int
+    base: int
+    stream: ArgStream
+    fed: list[str] = field(default_factory=list)
+
+
+def arg_stream(region: OpenRegion, opts: Options) -> tuple[ArgStream, str] | None:
+    """The stream of arguments for ``region`` and the text to feed it before the
+    region's own (the marker a wrapping reader puts back), or None: sent whole."""
+    body, prefix = region.body, ""
+    inner = getattr(body, "inner", None)
+    if inner is not None:
+        body, prefix = inner, body.prefix
+    if body == "arguments":  # the region is the arguments of a call named by its header
+        if not region.name:
+            return None
+        return SepJson(opts, _plain_name, "", name=region.name), ""
+    make = _STREAMS.get(body)
+    if make is None:
+        return None
+    stream = make(opts, region.name)
+    if isinstance(stream, Markup):
+        prefix = stream.t.prefix + prefix
+    return stream, prefix
