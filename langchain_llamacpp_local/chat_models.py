@@ -260,6 +260,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     reasoning_budget_message: str | None = None
     """Text forced before the end marker when the budget is reached (llama.cpp's
     ``--reasoning-budget-message``), e.g. "Time to answer."."""
+    stream_tool_args: bool = ChatJob.stream_tool_args
+    """Stream tool-call arguments while the model writes them (also per call): the
+    first ``tool_call_chunks`` entry of a call carries its id, name and the start of its
+    arguments, later ones more argument text under the same ``index``, as OpenAI streams
+    them. Merged, the chunks equal ``invoke``'s message; a call cut off by ``max_tokens``
+    ends with a fragment that leaves it in ``invalid_tool_calls`` (docs/tools.md).
+    False: each call is sent whole once complete."""
     logprobs: bool = ChatJob.logprobs
     """Return the log-probability of each generated token in ``response_metadata``."""
     top_logprobs: int = ChatJob.top_logprobs

@@ -208,7 +208,7 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
     top = kwargs.get("top_logprobs")
     if top is not None:
         check_int("top_logprobs", top, lo=0, hi=100)
-    for name in ("logprobs", "cache_prompt", "parallel_tool_calls"):
+    for name in ("logprobs", "cache_prompt", "parallel_tool_calls", "stream_tool_args"):
         value = kwargs.get(name)
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")

@@ -40,6 +40,8 @@ class ChatJob:
     #: most tokens generated inside the thinking block before its end marker is forced
     reasoning_budget: int | None = None
     reasoning_budget_message: str | None = None  # written before the forced end marker
+    #: tool-call arguments streamed in fragments while the model writes them
+    stream_tool_args: bool = False
     logprobs: bool = EngineRequest.logprobs
     top_logprobs: int = EngineRequest.top_logprobs
     cache_prompt: bool = EngineRequest.cache_prompt

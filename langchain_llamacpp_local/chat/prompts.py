@@ -142,6 +142,7 @@ class PreparedPrompt:
     #: the request's messages and tools as rendered (the cache report maps a miss to them)
     messages: list[dict[str, Any]] = field(default_factory=list)
     tool_specs: list[dict[str, Any]] = field(default_factory=list)
+    stream_args: bool = False  # tool-call arguments streamed while written
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:
@@ -154,6 +155,7 @@ class PreparedPrompt:
             tools=list(self.tools) if self.calls else [],
             prefill=self.prefill,
             analysis=self.analysis,
+            stream_args=self.stream_args,
         )
 
 
@@ -419,6 +421,7 @@ def _prepare(
         calls=use_tools,
         messages=job.messages,
         tool_specs=list(job.tools or ()),
+        stream_args=job.stream_tool_args,
     )
 
 

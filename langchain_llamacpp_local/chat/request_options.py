@@ -58,6 +58,7 @@ class ChatDefaults(Protocol):
     reasoning_effort: str | None
     reasoning_budget: int | None
     reasoning_budget_message: str | None
+    stream_tool_args: bool
     logprobs: bool
     top_logprobs: int
     speculative: str | None
@@ -130,6 +131,7 @@ def build_job(defaults: ChatDefaults, messages: list[BaseMessage], call: Checked
         reasoning_budget_message=options.get(
             "reasoning_budget_message", defaults.reasoning_budget_message
         ),
+        stream_tool_args=bool(options.get("stream_tool_args", defaults.stream_tool_args)),
         logprobs=bool(options.get("logprobs", defaults.logprobs)),
         top_logprobs=int(options.get("top_logprobs", defaults.top_logprobs) or 0),
         cache_prompt=bool(options.get("cache_prompt", ChatJob.cache_prompt)),

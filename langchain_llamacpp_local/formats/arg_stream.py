@@ -44,6 +44,7 @@ from langchain_llamacpp_local.formats.families import (
     deepseek_v3_1_body,
     dsml_body,
     functionary_v3_1_body,
+    glm_body,
     json_call_body,
     json_lines_body,
     json_list_body,
@@ -438,8 +439,10 @@ class Tags:
 
 
 _CDATA = "<![CDATA["
-#: how a value the parse may read as JSON or a Python literal can start
-_JSONISH = frozenset('{["-0123456789tfnNITF')
+#: how a value the parse may read as a JSON number, string or container can start
+_JSONISH = frozenset('{["-0123456789')
+#: the words it may read as a literal (JSON's, Python's, and those ``json`` accepts)
+_WORDS = ("true", "false", "null", "NaN", "Infinity", "True", "False", "None")
 
 
 class Markup(ArgStream):
@@ -555,7 +558,13 @@ class Markup(ArgStream):
         first = next((c for c in self.val if c not in " \t\r\n"), None)
         if first is None:
             return None
-        return "buf" if first in _JSONISH else "str"
+        if first in _JSONISH:
+            return "buf"
+        word = "".join(self.val).lstrip()
+        for w in _WORDS:  # still a literal, or one followed by whitespace only
+            if w.startswith(word) or word.startswith(w) and not word[len(w) :].strip():
+                return None
+        return "str"
 
     def _stream(self) -> None:
         if self.decided is None:
@@ -591,6 +600,72 @@ class Markup(ArgStream):
         sep = "," if self.n_params else ""
         self.n_params += 1
         self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ":" + _dumps(typed))
+
+
+class ArgPairs(Markup):
+    """GLM's ``NAME<arg_key>k</arg_key><arg_value>v</arg_value>...``, one call per region
+    (its end, ``tags.call_close``, closes the call), read as
+    :func:`~.families.glm_body` reads it."""
+
+    def __init__(self, opts: Options, tags: Tags, key_close: str, value_open: str) -> None:
+        super().__init__(opts, tags)
+        self.key_close, self.value_open = key_close, value_open
+        self._size = max(self._size, len(key_close), len(value_open))
+        self.state, self.k = "name", 0
+
+    def step(self, ch: str) -> None:
+        t, win, state = self.t, self.win, self.state
+        if state == "done":
+            return
+        if state == "name":
+            self.acc.append(ch)
+            text = "".join(self.acc)
+            for stop in (t.param_open, t.call_close, "\n"):
+                if text.endswith(stop) and (stop != "\n" or text.strip()):
+                    break
+            else:
+                return
+            name = text[: len(text) - len(stop)].strip()
+            self.name, self.n_params = name, 0
+            self.streaming = bool(name) and "<" not in name
+            if self.streaming:
+                self.emit("{", name)
+            self.state, self.acc = ("key" if stop == t.param_open else "body"), []
+            if stop == t.call_close:
+                self._end()
+            return
+        if win.endswith(t.call_close):
+            if state == "value":
+                self.streaming = False  # the parse leaves the open value out: stop
+            self._end()
+            return
+        if state == "body":
+            if win.endswith(t.param_open):
+                self.state, self.acc = "key", []
+        elif state == "key":
+            self.acc.append(ch)
+            if win.endswith(self.key_close):
+                self.key = "".join(self.acc)[: -len(self.key_close)].strip()
+                self.state, self.acc = "between", []
+        elif state == "between":
+            self.acc.append(ch)
+            if win.endswith(self.value_open):
+                if "".join(self.acc)[: -len(self.value_open)].strip():
+                    self.streaming = False  # (text between the tags: the parse decides)
+                self.val, self.sent, self.decided = [], 0, None
+                self.state = "value"
+        else:
+            self.val.append(ch)
+            if win.endswith(t.param_close):
+                self._close("".join(self.val)[: -len(t.param_close)])
+                self.state = "body"
+            elif self.streaming:
+                self._stream()
+
+    def _end(self) -> None:
+        if self.streaming:
+            self.emit("}")
+        self.streaming, self.state = False, "done"
 
 
 def _dumps(value: Any) -> str:
@@ -633,6 +708,12 @@ def _markup(tags: Tags) -> Callable[[Options, str | None], ArgStream]:
     return lambda opts, name: Markup(opts, tags)
 
 
+def _pairs(
+    tags: Tags, key_close: str, value_open: str
+) -> Callable[[Options, str | None], ArgStream]:
+    return lambda opts, name: ArgPairs(opts, tags, key_close, value_open)
+
+
 def _objects(**kw: Any) -> Callable[[Options, str | None], ArgStream]:
     return lambda opts, name: JsonObjects(opts, **kw)
 
@@ -660,6 +741,9 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     minimax_body: _markup(_MINIMAX),
     dsml_body: _markup(_DSML),
     minicpm5_body: _markup(_MINICPM),
+    glm_body: _pairs(
+        Tags("", "</tool_call>", "<arg_key>", "</arg_value>"), "</arg_key>", "<arg_value>"
+    ),
 }
 
 
