@@ -546,37 +546,37 @@ class Markup(ArgStream):
             return None
         return self.opts.param_types(self.name, self.key)
 
-    def _decide(self) -> str | None:
-        """ "str" (the value is its text: sent as written), "buf" (the parse may read it
-        as JSON, a literal or CDATA: sent once closed) or None (not known yet)."""
-        head = "".join(self.val[: len(_CDATA)])
+    def _decide(self, text: str) -> str | None:
+        """``"str"``: the value (written so far as ``text``) is its text, sent as written;
+        ``"buf"``: the parse may read it as JSON, a literal or CDATA, sent once closed;
+        None: not known yet."""
+        head = text[: len(_CDATA)]
         if _CDATA.startswith(head) and head:
             return "buf" if len(head) == len(_CDATA) else None
         types = self._types()
         if types is not None and types <= {"string"}:
             return "str" if head else None
-        first = next((c for c in self.val if c not in " \t\r\n"), None)
-        if first is None:
+        word = text.lstrip()
+        if not word:
             return None
-        if first in _JSONISH:
+        if word[0] in _JSONISH:
             return "buf"
-        word = "".join(self.val).lstrip()
         for w in _WORDS:  # still a literal, or one followed by whitespace only
             if w.startswith(word) or word.startswith(w) and not word[len(w) :].strip():
                 return None
         return "str"
 
     def _stream(self) -> None:
-        if self.decided is None:
-            self.decided = self._decide()
+        n = len(self.val)
+        safe = n - held_suffix("".join(self.val[max(0, n - self.hold_len) :]), self.holds)
+        if self.decided is None:  # (decided on the text known not to close the value)
+            self.decided = self._decide("".join(self.val[:safe]))
             if self.decided == "str":
                 sep = "," if self.n_params else ""
                 self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ':"')
                 self.n_params += 1
         if self.decided != "str":
             return
-        n = len(self.val)
-        safe = n - held_suffix("".join(self.val[max(0, n - self.hold_len) :]), self.holds)
         if safe > self.sent:
             self.emit(_escaped("".join(self.val[self.sent : safe])))
             self.sent = safe
@@ -584,12 +584,6 @@ class Markup(ArgStream):
     def _close(self, value: str) -> None:
         if not self.streaming:
             return
-        if self.decided is None:
-            self.decided = self._decide()
-            if self.decided == "str":  # (a short text value: decided only now)
-                sep = "," if self.n_params else ""
-                self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ':"')
-                self.n_params += 1
         if self.decided == "str":
             self.emit(_escaped(value[self.sent :]) + '"')
             return
