@@ -52,6 +52,7 @@ from langchain_llamacpp_local.formats.families import (
     minicpm5_body,
     minimax_body,
     mistral_body,
+    muse_body,
     qwen3_coder_body,
     seed_oss_body,
     solar_body,
@@ -681,6 +682,13 @@ _DSML = Tags(
     **{**_QUOTED, "key_tails": (">", ' string="true">', ' string="false">')},  # type: ignore[arg-type]
     modes=("schema", "raw", "json"),
 )
+_MUSE = Tags(
+    '<atem:invoke name="',
+    "</atem:invoke>",
+    '<atem:parameter name="',
+    "</atem:parameter>",
+    **_QUOTED,  # type: ignore[arg-type]
+)
 _MINICPM = Tags(
     '<function name="',
     "</function>",
@@ -735,6 +743,7 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     minimax_body: _markup(_MINIMAX),
     dsml_body: _markup(_DSML),
     minicpm5_body: _markup(_MINICPM),
+    muse_body: _markup(_MUSE),
     glm_body: _pairs(
         Tags("", "</tool_call>", "<arg_key>", "</arg_value>"), "</arg_key>", "<arg_value>"
     ),

@@ -431,6 +431,9 @@ def _functionary_read(rest: str, opts: Options, final: bool, ctx: ParseContext) 
     sc.resume = _functionary_resume(opts)
     if open_call:
         sc.wake = ((">>>",), frozenset())
+        last = calls[-1] if calls else None
+        if last is not None and not last.complete:  # its body runs to the end of the text
+            sc.open_region = OpenRegion(len(last.raw), "arguments", len(calls) - 1, last.name)
     return sc
 
 

@@ -54,6 +54,7 @@ def muse(
     e: re.Match[str] | None = None
     resume: str | None = None
     wake: tuple[tuple[str, ...], frozenset[str]] | None = None
+    opened: list[OpenRegion] = []  # the call region the text ends inside
     while pos < n:
         m = _MUSE_HEADER.match(text, pos)
         if m is None:
@@ -81,7 +82,11 @@ def muse(
             resume = m.group(0)
         else:
             done = e is not None or final
-            pieces, found, at = scan_multi(body, regions if opts.calls else (), opts, done)
+            before, opened = len(calls), []
+            pieces, found, at = scan_multi(
+                body, regions if opts.calls else (), opts, done, None if done else opened
+            )
+            opened = [OpenRegion(r.tail, r.body, before + r.before) for r in opened]
             calls.extend(found)
             content.append("".join(pieces).strip())
             if not done:
@@ -91,6 +96,8 @@ def muse(
                     wake = ((*ends, "<|eom|>", "<|eot|>"), frozenset())
     reasoning = "".join(thought) if thought else None
     sc = RegionScan(reasoning, "".join(content), calls, settled, wake=wake, open=wake is not None)
+    if wake is not None and opened:
+        sc.open_region = opened[-1]
     if pos == n and m is not None and e is None and resume is not None:
         sc.stage, sc.resume = "rest", resume  # the text ends inside a message's text
     elif wake is not None:

@@ -43,8 +43,17 @@ JSON_FAMILIES = [
     "gigachat_v3",
     "gigachat_v3_1",
     "solar_open",
+    "functionary_v3_2",
 ]
-MARKUP_FAMILIES = ["qwen3_coder", "seed_oss", "glm45", "minimax_m2", "deepseek_v3_2", "minicpm5"]
+MARKUP_FAMILIES = [
+    "qwen3_coder",
+    "seed_oss",
+    "glm45",
+    "minimax_m2",
+    "deepseek_v3_2",
+    "minicpm5",
+    "muse_glimmer",
+]
 STREAMED = JSON_FAMILIES + MARKUP_FAMILIES
 
 ARG = "Paris, then Lyon: a long line of text"
@@ -64,6 +73,8 @@ OPTIONS: list[dict[str, Any]] = [{"tools": TOOLS}, {}]
 
 def _text(fmt: str, arg: str = ARG, before: str = "Let me look. ") -> str:
     lead = "" if fmt in ("gpt_oss", "gigachat_v3") else before
+    if fmt == "muse_glimmer":  # a message to the user first, then one to the tool
+        lead = " to=user<|message|>" + before
     return lead + CALLS[fmt].replace("{ARG}", arg)
 
 
