@@ -44,6 +44,7 @@ from langchain_llamacpp_local.formats.families import (
     deepseek_v3_1_body,
     dsml_body,
     functionary_v3_1_body,
+    gemma4_body,
     glm_body,
     json_call_body,
     json_lines_body,
@@ -663,6 +664,95 @@ class ArgPairs(Markup):
         self.streaming, self.state = False, "done"
 
 
+_GEMMA_STR = '<|"|>'
+_GEMMA_KEY = re.compile(r"([A-Za-z_][\w.\-]*)\s*:")
+_GEMMA_KEY_START = re.compile(r"[A-Za-z_][\w.\-]*\s*")
+_GEMMA_NAME = re.compile(r"[\w.\-]")
+
+
+class GemmaArgs(ArgStream):
+    """Gemma 4's ``call:NAME{key:<|"|>text<|"|>,n:1}``, converted to JSON as it is written
+    the way :func:`~.families._gemma_value` converts it whole: a ``<|"|>`` string becomes a
+    JSON string, a bare key after ``{`` or ``,`` a quoted one, any other character is
+    copied; a suffix that may start ``<|"|>`` or the region's end is held back."""
+
+    END = "<tool_call|>"
+
+    def __init__(self, opts: Options) -> None:
+        super().__init__(opts, (_GEMMA_STR, self.END))
+        self.k = 0
+        self.state = "head"
+        self.head: list[str] = []
+        self.name = ""
+        self.pend = ""
+        self.prev_ok = True  # the last piece was "{" or ",": a bare key may follow
+
+    def step(self, ch: str) -> None:
+        state = self.state
+        if state == "head":
+            self.head.append(ch)
+            text = "".join(self.head).lstrip()
+            if len(text) <= len("call:"):
+                if not "call:".startswith(text):
+                    self.state = "skip"
+                return
+            if not text.startswith("call:"):
+                self.state = "skip"
+            elif not _GEMMA_NAME.match(ch):
+                self.name = text[len("call:") : -1]
+                self.state = "gap" if self.name else "skip"
+                if self.name:
+                    self.step_gap(ch)
+        elif state == "gap":
+            self.step_gap(ch)
+        elif state in ("out", "str"):
+            self.pend += ch
+            self.drain()
+
+    def step_gap(self, ch: str) -> None:
+        if ch == "{":
+            self.emit("{", self.name)
+            self.state, self.prev_ok = "out", True
+        elif ch not in " \t\r\n":
+            self.state = "skip"
+
+    def drain(self) -> None:
+        pend = self.pend
+        while pend:
+            if self.state == "str":
+                j = pend.find(_GEMMA_STR)
+                if j >= 0:
+                    self.emit(_escaped(pend[:j]) + '"')
+                    pend, self.state, self.prev_ok = pend[j + len(_GEMMA_STR) :], "out", False
+                    continue
+                keep = held_suffix(pend, (_GEMMA_STR,))
+                if len(pend) > keep:
+                    self.emit(_escaped(pend[: len(pend) - keep]))
+                pend = pend[len(pend) - keep :]
+                break
+            if pend.startswith(self.END):
+                self.state, pend = "done", ""
+                break
+            if pend.startswith(_GEMMA_STR):
+                self.emit('"')
+                pend, self.state = pend[len(_GEMMA_STR) :], "str"
+                continue
+            if _GEMMA_STR.startswith(pend) or self.END.startswith(pend):
+                break  # a marker may be being written
+            c = pend[0]
+            if self.prev_ok and (c == "_" or c.isascii() and c.isalpha()):
+                m = _GEMMA_KEY.match(pend)
+                if m:
+                    self.emit(json.dumps(m.group(1), ensure_ascii=False) + ":")
+                    pend, self.prev_ok = pend[m.end() :], False
+                    continue
+                if _GEMMA_KEY_START.fullmatch(pend):
+                    break  # a key still being written
+            self.emit(c)
+            pend, self.prev_ok = pend[1:], c in "{,"
+        self.pend = pend
+
+
 def _dumps(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False)
@@ -744,6 +834,7 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     dsml_body: _markup(_DSML),
     minicpm5_body: _markup(_MINICPM),
     muse_body: _markup(_MUSE),
+    gemma4_body: lambda opts, name: GemmaArgs(opts),
     glm_body: _pairs(
         Tags("", "</tool_call>", "<arg_key>", "</arg_value>"), "</arg_key>", "<arg_value>"
     ),

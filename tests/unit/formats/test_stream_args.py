@@ -53,6 +53,7 @@ MARKUP_FAMILIES = [
     "deepseek_v3_2",
     "minicpm5",
     "muse_glimmer",
+    "gemma4",
 ]
 STREAMED = JSON_FAMILIES + MARKUP_FAMILIES
 
@@ -212,6 +213,10 @@ MARKUP_CALLS = {
     "minicpm5": (
         '<function name="f"><param name="text"><![CDATA[a <b> c]]></param>'
         '<param name="n">7</param></function>'
+    ),
+    "gemma4": (
+        '<|tool_call>call:f{n:1,tags:[<|"|>a<|"|>,<|"|>b, c<|"|>],text:<|"|>x <tool_call|> '
+        'y "q" \\<|"|>,any:{k:true,flag_2:null}}<tool_call|>'
     ),
     "deepseek_v3_2": (
         '<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="text" '
