@@ -46,10 +46,12 @@ from langchain_llamacpp_local.formats.families import (
     functionary_v3_1_body,
     gemma4_body,
     glm_body,
+    hy3_body,
     json_call_body,
     json_lines_body,
     json_list_body,
     kimi_k2_body,
+    kimi_k3_body,
     minicpm5_body,
     minimax_body,
     mistral_body,
@@ -438,6 +440,12 @@ class Tags:
     #: key_tails' meaning (DSML): "raw" text, "json" (read as JSON), or the schema's type
     modes: tuple[str, ...] = ("schema",)
     prefix: str = ""  # what the body reader puts back before the region's text
+    #: tails of any text up to ``tail_end`` matching a pattern (Kimi K3's attributes);
+    #: a key's group 1 is its ``type``
+    name_tail_re: str | None = None
+    key_tail_re: str | None = None
+    tail_end: str = ""
+    cdata: bool = True  # a ``<![CDATA[...]]>`` value is its inside
 
 
 _CDATA = "<![CDATA["
@@ -471,9 +479,11 @@ class Markup(ArgStream):
         self.holds = tuple(holds)
         self.hold_len = max(len(h) for h in holds)
 
-    def _header(self, ch: str, stop: str, tails: tuple[str, ...]) -> bool | int | None:
+    def _header(
+        self, ch: str, stop: str, tails: tuple[str, ...], tail_re: str | None = None
+    ) -> bool | int | re.Match[str] | None:
         """Reads a name or key: None while under way, False when the tag is not one
-        the parse reads, else the number of the tail it ended with."""
+        the parse reads, else the number of the tail it ended with (or its match)."""
         if self.tail is None:
             if ch == stop:
                 self.tail = ""
@@ -484,6 +494,11 @@ class Markup(ArgStream):
                 return None
         else:
             self.tail += ch
+        if tail_re is not None:
+            end = self.t.tail_end
+            if not self.tail.endswith(end):
+                return None
+            return re.fullmatch(tail_re, self.tail[: len(self.tail) - len(end)]) or False
         for n, tail in enumerate(tails):
             if tail == self.tail:
                 return n
@@ -505,7 +520,7 @@ class Markup(ArgStream):
             self.state = "seek"
             return
         if state == "name":
-            got = self._header(ch, t.name_stop, t.name_tails)
+            got = self._header(ch, t.name_stop, t.name_tails, t.name_tail_re)
             if got is False:
                 self.state = "seek"
             elif got is not None:
@@ -519,11 +534,11 @@ class Markup(ArgStream):
             if win.endswith(t.param_open):
                 self.state, self.acc, self.tail = "key", [], None
         elif state == "key":
-            got = self._header(ch, t.key_stop, t.key_tails)
+            got = self._header(ch, t.key_stop, t.key_tails, t.key_tail_re)
             if got is False:
                 self.state = "body"
             elif got is not None:
-                self.key, self.mode = "".join(self.acc).strip(), t.modes[int(got)]
+                self.key, self.mode = "".join(self.acc).strip(), _mode(got, t.modes)
                 self.val, self.sent, self.decided = [], 0, None
                 self.state = "vstart"
         else:
@@ -546,6 +561,8 @@ class Markup(ArgStream):
             return {"string"}
         if self.mode == "json":
             return None
+        if self.mode.startswith("type:"):  # Kimi K3's type="number": read as written
+            return {self.mode[len("type:") :], "integer"}
         return self.opts.param_types(self.name, self.key)
 
     def _decide(self, text: str) -> str | None:
@@ -553,7 +570,7 @@ class Markup(ArgStream):
         ``"buf"``: the parse may read it as JSON, a literal or CDATA, sent once closed;
         None: not known yet."""
         head = text[: len(_CDATA)]
-        if _CDATA.startswith(head) and head:
+        if self.t.cdata and _CDATA.startswith(head) and head:
             return "buf" if len(head) == len(_CDATA) else None
         types = self._types()
         if types is not None and types <= {"string"}:
@@ -590,12 +607,20 @@ class Markup(ArgStream):
             self.emit(_escaped(value[self.sent :]) + '"')
             return
         text = value
-        if text.startswith(_CDATA) and text.endswith("]]>"):
+        if self.t.cdata and text.startswith(_CDATA) and text.endswith("]]>"):
             text = text[len(_CDATA) : -len("]]>")]
         typed = text if self.mode == "raw" else typed_value(text, self._types())
         sep = "," if self.n_params else ""
         self.n_params += 1
         self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ":" + _dumps(typed))
+
+
+def _mode(got: int | re.Match[str], modes: tuple[str, ...]) -> str:
+    """A key's value mode from how its tag ended (a tail's number, or Kimi K3's type)."""
+    if isinstance(got, re.Match):
+        kind = got.group(1) if got.re.groups else None
+        return "schema" if kind is None else "raw" if kind == "string" else "type:" + kind
+    return modes[got]
 
 
 class ArgPairs(Markup):
@@ -753,6 +778,50 @@ class GemmaArgs(ArgStream):
         self.pend = pend
 
 
+class SepPairs(ArgPairs):
+    """Hy3's ``<tool_call:…>NAME<tool_sep:…><arg_key:…>k</arg_key:…><arg_value:…>v…``:
+    calls begin at ``begin`` (ended by ``tags.call_close`` or the next ``begin``), the
+    name runs to ``sep``, as :func:`~.families.hy3_body` reads them."""
+
+    def __init__(
+        self, opts: Options, tags: Tags, key_close: str, value_open: str, begin: str, sep: str
+    ) -> None:
+        super().__init__(opts, tags, key_close, value_open)
+        self.begin, self.sep = begin, sep
+        self._size = max(self._size, len(begin), len(sep))
+        self.state, self.k = "seek", -1
+
+    def step(self, ch: str) -> None:
+        win = self.win
+        if win.endswith(self.begin):
+            if self.state not in ("seek", "done"):
+                if self.state == "value":
+                    self.streaming = False  # the parse leaves the open value out
+                self._end()
+            self.k += 1
+            self.state, self.acc = "hname", []
+            return
+        if self.state in ("seek", "done"):
+            return
+        if self.state == "hname":
+            if win.endswith(self.t.call_close):
+                self.state = "seek"
+                return
+            self.acc.append(ch)
+            if win.endswith(self.sep) and len(self.acc) >= len(self.sep):
+                name = "".join(self.acc)[: -len(self.sep)].strip()
+                self.name, self.n_params, self.streaming = name, 0, bool(name)
+                if name:
+                    self.emit("{", name)
+                self.state, self.acc = "body", []
+            return
+        super().step(ch)
+
+    def _end(self) -> None:
+        super()._end()
+        self.state = "seek"
+
+
 def _dumps(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False)
@@ -779,6 +848,20 @@ _MUSE = Tags(
     "</atem:parameter>",
     **_QUOTED,  # type: ignore[arg-type]
 )
+_K3 = Tags(
+    '<|open|>call tool="',
+    "<|close|>call<|sep|>",
+    '<|open|>argument key="',
+    "<|close|>argument<|sep|>",
+    name_stop='"',
+    key_stop='"',
+    bad="",
+    name_tail_re=r"[^<]*",
+    key_tail_re=r'(?: type="([^"]*)")?',
+    tail_end="<|sep|>",
+    cdata=False,
+)
+_HY = "opensource"
 _MINICPM = Tags(
     '<function name="',
     "</function>",
@@ -835,6 +918,15 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     minicpm5_body: _markup(_MINICPM),
     muse_body: _markup(_MUSE),
     gemma4_body: lambda opts, name: GemmaArgs(opts),
+    kimi_k3_body: _markup(_K3),
+    hy3_body: lambda opts, name: SepPairs(
+        opts,
+        Tags("", f"</tool_call:{_HY}>", f"<arg_key:{_HY}>", f"</arg_value:{_HY}>"),
+        f"</arg_key:{_HY}>",
+        f"<arg_value:{_HY}>",
+        f"<tool_call:{_HY}>",
+        f"<tool_sep:{_HY}>",
+    ),
     glm_body: _pairs(
         Tags("", "</tool_call>", "<arg_key>", "</arg_value>"), "</arg_key>", "<arg_value>"
     ),

@@ -54,6 +54,8 @@ MARKUP_FAMILIES = [
     "minicpm5",
     "muse_glimmer",
     "gemma4",
+    "kimi_k3",
+    "hy3",
 ]
 STREAMED = JSON_FAMILIES + MARKUP_FAMILIES
 
@@ -217,6 +219,21 @@ MARKUP_CALLS = {
     "gemma4": (
         '<|tool_call>call:f{n:1,tags:[<|"|>a<|"|>,<|"|>b, c<|"|>],text:<|"|>x <tool_call|> '
         'y "q" \\<|"|>,any:{k:true,flag_2:null}}<tool_call|>'
+    ),
+    "kimi_k3": (
+        '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument key="n" '
+        'type="number"<|sep|>12<|close|>argument<|sep|><|open|>argument key="text" '
+        'type="string"<|sep|>12 monkeys<|close|>argument<|sep|><|open|>argument key="any"'
+        "<|sep|>[1, 2]<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
+    ),
+    "hy3": (
+        "<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n"
+        "<arg_key:opensource>n</arg_key:opensource>\n<arg_value:opensource>12"
+        "</arg_value:opensource>\n<arg_key:opensource>text</arg_key:opensource>\n"
+        "<arg_value:opensource>hello\nthere</arg_value:opensource>\n</tool_call:opensource>"
+        "\n<tool_call:opensource>f<tool_sep:opensource>\n<arg_key:opensource>text"
+        "</arg_key:opensource>\n<arg_value:opensource>second</arg_value:opensource>\n"
+        "</tool_call:opensource>\n</tool_calls:opensource>"
     ),
     "deepseek_v3_2": (
         '<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="text" '
