@@ -40,6 +40,7 @@ from langchain_llamacpp_local.formats.base import (
 from langchain_llamacpp_local.formats.classic import _hermes_fn, _hermes_json
 from langchain_llamacpp_local.formats.families import (
     DSML_MARKER,
+    apertus_body,
     command_r_body,
     deepseek_v3_1_body,
     dsml_body,
@@ -297,9 +298,12 @@ class JsonObjects(ArgStream):
         args: tuple[str, ...] = ("arguments", "parameters"),
         ids: tuple[str, ...] = ("id", "tool_call_id"),
         lines: bool = False,
+        name_key: bool = False,
     ) -> None:
         super().__init__(opts, ())
         self.names, self.args, self.ids, self.lines = names, args, ids, lines
+        #: a list of ``{"NAME": {arguments}}`` (Apertus): the only key is the name
+        self.name_key = name_key
         self.level: int | None = None  # depth at which calls start (0, or 1 in a list)
         self.off = False
         self.depth = 0
@@ -337,7 +341,7 @@ class JsonObjects(ArgStream):
         if self.level is None:  # the region's first character
             if ch == "[" and not self.lines:
                 self.level = 1
-            elif ch == "{":
+            elif ch == "{" and not self.name_key:
                 self.level = 0
             else:
                 self.off = True  # not JSON (fenced, markup): the parse's calls go whole
@@ -391,7 +395,10 @@ class JsonObjects(ArgStream):
         call = self.call
         if self.expect == "key":
             self.key, self.expect = text, "colon"
-            if text == "function":
+            call["keys"] = call.get("keys", 0) + 1
+            if self.name_key and call["keys"] == 1 and isinstance(text, str):
+                call["name"] = text
+            if text == "function" and not self.name_key:
                 call["off"] = True  # {"function": {...}}: read by the parse, sent whole
             return
         self.expect = "comma"
@@ -402,8 +409,12 @@ class JsonObjects(ArgStream):
 
     def _starts_args(self, ch: str) -> bool:
         call = self.call
-        if ch != "{" or self.key not in self.args or call.get("streamed") or "args" in call:
-            if self.key in self.args:
+        if self.name_key:
+            is_args = call.get("keys") == 1 and self.key == call.get("name")
+        else:
+            is_args = self.key in self.args
+        if ch != "{" or not is_args or call.get("streamed") or "args" in call:
+            if is_args:
                 call["args"] = True
             return False
         call["args"] = True
@@ -902,6 +913,7 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     _hermes_fn: _sep(_hermes_fn_name, ">"),
     json_list_body: _objects(),
     json_call_body: _objects(),
+    apertus_body: _objects(name_key=True),
     json_lines_body: _objects(lines=True),
     command_r_body: _objects(names=("tool_name",), args=("parameters",), ids=("tool_call_id",)),
     deepseek_v3_1_body: _sep(_plain_name, "<｜tool▁sep｜>", begin=_DS_BEGIN, end=_DS_END),

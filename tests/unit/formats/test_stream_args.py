@@ -44,6 +44,7 @@ JSON_FAMILIES = [
     "gigachat_v3_1",
     "solar_open",
     "functionary_v3_2",
+    "apertus",
 ]
 MARKUP_FAMILIES = [
     "qwen3_coder",
@@ -302,6 +303,13 @@ def test_a_call_read_otherwise_than_streamed_ends_invalid_on_both_sides(
 
 
 def test_malformed_json_arguments_end_invalid() -> None:
+    bad = (
+        '<|tools_prefix|>[{"f": {"a": 1}, "g": {}}]<|tools_suffix|>',
+        '<|tools_prefix|>[{"f": {"a": 1}}, 3]<|tools_suffix|>',
+    )
+    for text in bad:  # Apertus: a call object with two names, a list item not a call
+        sp = StreamParser("apertus", stream_args=True)
+        _check(sp, _feed(sp, text, random.Random(0)), text, {})
     for args in ('{"a": 1 2}', '{"a": NaN}', '{"a": "x\ny"}', '{"a": [1}', '{"a": 1}}'):
         text = f'<tool_call>{{"name": "f", "arguments": {args}}}</tool_call> after'
         sp = StreamParser("hermes", stream_args=True)
