@@ -40,6 +40,7 @@ from langchain_llamacpp_local.formats.base import (
 from langchain_llamacpp_local.formats.classic import _hermes_fn, _hermes_json
 from langchain_llamacpp_local.formats.families import (
     DSML_MARKER,
+    MM_MARKER,
     apertus_body,
     command_r_body,
     deepseek_v3_1_body,
@@ -55,7 +56,9 @@ from langchain_llamacpp_local.formats.families import (
     kimi_k3_body,
     minicpm5_body,
     minimax_body,
+    minimax_m3_body,
     mistral_body,
+    mm_value,
     muse_body,
     qwen3_coder_body,
     seed_oss_body,
@@ -833,6 +836,74 @@ class SepPairs(ArgPairs):
         self.state = "seek"
 
 
+_TAG_NAME = re.compile(r"[\w.\-]")
+
+
+class MiniMaxM3(Markup):
+    """MiniMax M3's ``<invoke name="X"><k>v</k>...</invoke>`` (each tag maybe after its
+    ``]<]minimax[>[`` marker), read as :func:`~.families.minimax_m3_body` reads it: a
+    ``string`` parameter is its text as written; any other value (text, nested tags, a
+    list of ``<item>``) is sent once its tag closes, as the parse types it."""
+
+    def __init__(self, opts: Options) -> None:
+        tags = Tags('<invoke name="', "</invoke>", "<", "", **_QUOTED)  # type: ignore[arg-type]
+        super().__init__(opts, tags)
+        self._size = max(self._size, len(MM_MARKER) + 2)
+        self.close = ""
+
+    def step(self, ch: str) -> None:
+        t, win, state = self.t, self.win, self.state
+        if state in ("seek", "name"):
+            super().step(ch)
+            return
+        if win.endswith(t.call_close):  # the call ends (an open value is left out)
+            if state == "value":
+                self.streaming = False
+            elif self.streaming:
+                self.emit("}")
+            self.state = "seek"
+            return
+        if state == "body":
+            if ch == "<":
+                self.state, self.acc = "key", []
+        elif state == "key":
+            if ch == ">" and self.acc:
+                self.key, self.mode = "".join(self.acc), "schema"
+                self.close = f"</{self.key}>"
+                self.holds = (self.close, MM_MARKER + self.close)
+                self.hold_len = len(MM_MARKER + self.close)
+                self._size = max(self._size, self.hold_len)
+                self.val, self.sent, self.decided = [], 0, None
+                self.state = "value"
+            elif _TAG_NAME.match(ch):
+                self.acc.append(ch)
+            else:
+                self.state, self.acc = ("key", []) if ch == "<" else ("body", [])
+        else:
+            self.val.append(ch)
+            if win.endswith(self.close):
+                value = "".join(self.val)[: -len(self.close)]
+                self._close(value.removesuffix(MM_MARKER))
+                self.state = "body"
+            elif self.streaming:
+                self._stream()
+
+    def _decide(self, text: str) -> str | None:
+        types = self._types()
+        return "str" if types is not None and "string" in types else "buf"
+
+    def _close(self, value: str) -> None:
+        if not self.streaming:
+            return
+        if self.decided == "str":
+            self.emit(_escaped(value[self.sent :]) + '"')
+            return
+        typed = mm_value(value, self._types())
+        sep = "," if self.n_params else ""
+        self.n_params += 1
+        self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ":" + _dumps(typed))
+
+
 def _dumps(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False)
@@ -931,6 +1002,7 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     muse_body: _markup(_MUSE),
     gemma4_body: lambda opts, name: GemmaArgs(opts),
     kimi_k3_body: _markup(_K3),
+    minimax_m3_body: lambda opts, name: MiniMaxM3(opts),
     hy3_body: lambda opts, name: SepPairs(
         opts,
         Tags("", f"</tool_call:{_HY}>", f"<arg_key:{_HY}>", f"</arg_value:{_HY}>"),

@@ -480,7 +480,7 @@ _MMQ = re.escape(MM_MARKER)
 _MM_PARAM = re.compile(rf"(?:{_MMQ})?<(?P<k>[\w.\-]+)>(?P<v>.*?)(?:{_MMQ})?</(?P=k)>", re.S)
 
 
-def _mm_value(text: str, types: set[str] | None) -> object:
+def mm_value(text: str, types: set[str] | None) -> object:
     """A MiniMax M3 value: text, or nested ``<k>v</k>`` tags (``<item>`` ones make a list)."""
     if types is not None and "string" in types:
         return text  # a string-typed value stays text even when it looks structured
@@ -488,8 +488,8 @@ def _mm_value(text: str, types: set[str] | None) -> object:
     if not children:
         return typed_value(text.strip(), types)
     if all(c.group("k") == "item" for c in children):
-        return [_mm_value(c.group("v"), None) for c in children]
-    return {c.group("k"): _mm_value(c.group("v"), None) for c in children}
+        return [mm_value(c.group("v"), None) for c in children]
+    return {c.group("k"): mm_value(c.group("v"), None) for c in children}
 
 
 @reads(closers=("</invoke>",))
@@ -513,7 +513,7 @@ def minimax_m3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]
             )
             continue
         args = {
-            p.group("k"): _mm_value(p.group("v"), opts.param_types(name, p.group("k")))
+            p.group("k"): mm_value(p.group("v"), opts.param_types(name, p.group("k")))
             for p in _MM_PARAM.finditer(m.group("body"))
         }
         out.append(ParsedCall(name, args, m.group(0)))
