@@ -37,7 +37,7 @@ from langchain_llamacpp_local.formats.base import (
     read_as_arguments,
     typed_value,
 )
-from langchain_llamacpp_local.formats.classic import _hermes_fn, _hermes_json
+from langchain_llamacpp_local.formats.classic import _hermes_fn, _hermes_json, _list_body
 from langchain_llamacpp_local.formats.families import (
     DSML_MARKER,
     MM_MARKER,
@@ -289,6 +289,9 @@ def _hermes_fn_name(head: str) -> tuple[str, str | None] | None:
 # --------------------------------------------------------------------------- JSON call objects
 
 
+_FENCE_HEAD = re.compile(r"```(?:json|JSON)?\s*")
+
+
 class JsonObjects(ArgStream):
     """Calls written as JSON objects (``{"name": ..., "arguments": {...}}``): one, a list
     of them, or (``lines``) one after another. A call streams when its name comes
@@ -302,8 +305,12 @@ class JsonObjects(ArgStream):
         ids: tuple[str, ...] = ("id", "tool_call_id"),
         lines: bool = False,
         name_key: bool = False,
+        fenced: bool = False,
     ) -> None:
         super().__init__(opts, ())
+        #: the body may be a ```json fence around the JSON (the parse unfences it)
+        self.fenced = fenced
+        self.fence: list[str] | None = None
         self.names, self.args, self.ids, self.lines = names, args, ids, lines
         #: a list of ``{"NAME": {arguments}}`` (Apertus): the only key is the name
         self.name_key = name_key
@@ -339,9 +346,22 @@ class JsonObjects(ArgStream):
             if self.cap is not None:
                 self.cap.append(ch)
             return
-        if ch in " \t\r\n" or self.off:
+        if self.fence is not None:  # the fence's opening line, up to the JSON
+            self.fence.append(ch)
+            if ch not in "[{":
+                if len(self.fence) > 16:
+                    self.fence, self.off = None, True
+                return
+            if not _FENCE_HEAD.fullmatch("".join(self.fence[:-1])):
+                self.fence, self.off = None, True
+                return
+            self.fence = None
+        elif ch in " \t\r\n" or self.off:
             return
         if self.level is None:  # the region's first character
+            if ch == "`" and self.fenced and self.fence is None:
+                self.fence, self.fenced = [ch], False
+                return
             if ch == "[" and not self.lines:
                 self.level = 1
             elif ch == "{" and not self.name_key:
@@ -980,13 +1000,16 @@ _KIMI_BEGIN, _KIMI_END = "<|tool_call_begin|>", "<|tool_call_end|>"
 
 #: body reader -> the stream that reads its region as it does
 _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
-    _hermes_json: _objects(),
+    _hermes_json: _objects(fenced=True),
+    _list_body: _objects(fenced=True),
     _hermes_fn: _sep(_hermes_fn_name, ">"),
-    json_list_body: _objects(),
+    json_list_body: _objects(fenced=True),
     json_call_body: _objects(),
     apertus_body: _objects(name_key=True),
     json_lines_body: _objects(lines=True),
-    command_r_body: _objects(names=("tool_name",), args=("parameters",), ids=("tool_call_id",)),
+    command_r_body: _objects(
+        names=("tool_name",), args=("parameters",), ids=("tool_call_id",), fenced=True
+    ),
     deepseek_v3_1_body: _sep(_plain_name, "<｜tool▁sep｜>", begin=_DS_BEGIN, end=_DS_END),
     kimi_k2_body: _sep(
         _kimi_name, "<|tool_call_argument_begin|>", begin=_KIMI_BEGIN, end=_KIMI_END

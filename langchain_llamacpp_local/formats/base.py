@@ -94,12 +94,17 @@ def unfence(text: str) -> str:
 
 
 def scan_regions(
-    text: str, start: str, end: str | None, body: Any, final: bool
+    text: str,
+    start: str,
+    end: str | None,
+    body: Any,
+    final: bool,
+    found_open: list[OpenRegion] | None = None,
 ) -> tuple[list[str], list[ParsedCall], int]:
     """Split ``text`` at ``start...end`` regions parsed by ``body(region) -> [calls]``.
 
     Returns content pieces, calls and how much of ``text`` is settled (the rest is an
-    unfinished region, held back while streaming).
+    unfinished region, held back while streaming); ``found_open`` collects that region.
     """
     content: list[str] = []
     calls: list[ParsedCall] = []
@@ -114,6 +119,8 @@ def scan_regions(
         if j < 0:
             region = text[i + len(start) :]
             if not final:
+                if found_open is not None:
+                    found_open.append(OpenRegion(len(region), body, len(calls)))
                 partial = body(region, False)
                 calls.extend(partial)
                 return content, calls, i

@@ -406,9 +406,15 @@ def hermes_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> Reg
 
 def _granite_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     c = _granite_unwrap(rest)
-    pieces, calls, settled_at = scan_regions(c, "<|tool_call|>", None, _list_body, final)
+    # (a region is followed as written only where no wrapper tag was taken out)
+    found_open: list[OpenRegion] | None = [] if c == rest else None
+    pieces, calls, settled_at = scan_regions(
+        c, "<|tool_call|>", None, _list_body, final, found_open
+    )
     settled = settled_at >= len(c)
-    return RegionScan(None, "".join(pieces), calls, settled, stage="rest", open=not settled)
+    sc = RegionScan(None, "".join(pieces), calls, settled, stage="rest", open=not settled)
+    sc.open_region = found_open[-1] if found_open else None
+    return sc
 
 
 def _granite_plain(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:

@@ -45,6 +45,8 @@ JSON_FAMILIES = [
     "solar_open",
     "functionary_v3_2",
     "apertus",
+    "granite",
+    "command_r_plus",
 ]
 MARKUP_FAMILIES = [
     "qwen3_coder",
@@ -327,11 +329,22 @@ def test_malformed_json_arguments_end_invalid() -> None:
         assert _merge(deltas).tool_calls == [], args
 
 
-def test_calls_the_stream_does_not_follow_are_sent_whole() -> None:
-    """A fenced body, a name written after the arguments, arguments that are a string:
-    nothing is sent before the call is complete, then the call whole (as by default)."""
+def test_a_fenced_body_streams_as_the_parse_unfences_it() -> None:
     for text in (
         '<tool_call>\n```json\n{"name": "f", "arguments": {"a": 1}}\n```\n</tool_call>',
+        '<tool_call>\n```\n[{"name": "f", "arguments": {"a": 1}}]\n```\n</tool_call>',
+        '<tool_call>\n```python\n{"name": "f", "arguments": {"a": 1}}\n```\n</tool_call>',
+        '<tool_call>\n```json\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+    ):
+        for seed in range(3):
+            sp = StreamParser("hermes", stream_args=True)
+            _check(sp, _feed(sp, text, random.Random(seed)), text, {})
+
+
+def test_calls_the_stream_does_not_follow_are_sent_whole() -> None:
+    """A name written after the arguments, arguments that are a string: nothing is sent
+    before the call is complete, then the call whole (as by default)."""
+    for text in (
         '<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>',
         '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
     ):
