@@ -37,7 +37,12 @@ from langchain_llamacpp_local.formats.base import (
     read_as_arguments,
     typed_value,
 )
-from langchain_llamacpp_local.formats.classic import _hermes_fn, _hermes_json, _list_body
+from langchain_llamacpp_local.formats.classic import (
+    _deepseek_body,
+    _hermes_fn,
+    _hermes_json,
+    _list_body,
+)
 from langchain_llamacpp_local.formats.families import (
     DSML_MARKER,
     MM_MARKER,
@@ -206,9 +211,12 @@ class SepJson(ArgStream):
         end: str | None = None,
         first: bool = False,
         name: str | None = None,
+        fenced: bool = False,
     ) -> None:
         super().__init__(opts, (sep, begin or "", end or ""))
         self.header, self.sep, self.begin, self.end = header, sep, begin, end
+        self.fenced = fenced  # the JSON may be in a ```json fence (the parse unfences it)
+        self.fence: list[str] = []
         self.state = "head" if begin is None or first else "seek"
         self.k = 0 if self.state == "head" else -1
         self.head: list[str] = []
@@ -241,14 +249,31 @@ class SepJson(ArgStream):
                 self.state = "skip" if got is None else "open"
                 if got is not None:
                     self.name, self.id = got
+        elif state == "fence":
+            self.fence.append(ch)
+            if ch == "{" and _FENCE_HEAD.fullmatch("".join(self.fence[:-1])):
+                self._start(ch)
+            elif ch == "{" or len(self.fence) > 16:
+                self.state = "skip"
         elif state == "open" and ch not in " \t\r\n":
+            if ch == "`" and self.fenced and self.name:
+                self.state, self.fence = "fence", [ch]
+                return
             if ch != "{" or not self.name:
                 self.state = "skip"  # not an object: sent whole once the parse has it
                 return
-            self.copy = JsonCopy()
-            self.copy.feed(ch)
-            self.emit("{", self.name, self.id)
-            self.state = "args"
+            self._start(ch)
+
+    def _start(self, ch: str) -> None:
+        self.copy = JsonCopy()
+        self.copy.feed(ch)
+        self.emit("{", self.name, self.id)
+        self.state = "args"
+
+
+def _r1_name(head: str) -> tuple[str, str | None] | None:
+    _, found, name = head.partition("<｜tool▁sep｜>")
+    return (name.strip(), None) if found and name.strip() else None
 
 
 def _plain_name(head: str) -> tuple[str, str | None] | None:
@@ -1015,6 +1040,7 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
         _kimi_name, "<|tool_call_argument_begin|>", begin=_KIMI_BEGIN, end=_KIMI_END
     ),
     functionary_v3_1_body: _sep(_plain_name, ">"),
+    _deepseek_body: _sep(_r1_name, "\n", begin=_DS_BEGIN, end=_DS_END, fenced=True),
     solar_body: _sep(_solar_name, "<|tool_call:args|>"),
     mistral_body: _sep(_mistral_name, "[ARGS]", begin="[TOOL_CALLS]", first=True),
     qwen3_coder_body: _markup(_QWEN),

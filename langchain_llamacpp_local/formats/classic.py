@@ -455,9 +455,14 @@ def _deepseek_r1_read(rest: str, opts: Options, final: bool, ctx: ParseContext) 
     # "<｜tool▁calls｜>" opens the calls and the first call at once (an R1 variant)
     c = rest.replace(_DS_CALLS, _DS["calls_begin"] + _DS["call_begin"])
     c = c.replace(_DS["calls_end"], "")
-    pieces, calls, settled_at = scan_regions(c, _DS["calls_begin"], None, _deepseek_body, final)
+    found_open: list[OpenRegion] | None = [] if c == rest else None  # (as written)
+    pieces, calls, settled_at = scan_regions(
+        c, _DS["calls_begin"], None, _deepseek_body, final, found_open
+    )
     settled = settled_at >= len(c)
-    return RegionScan(None, "".join(pieces), calls, settled, stage="rest", open=not settled)
+    sc = RegionScan(None, "".join(pieces), calls, settled, stage="rest", open=not settled)
+    sc.open_region = found_open[-1] if found_open else None
+    return sc
 
 
 def pythonic_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:

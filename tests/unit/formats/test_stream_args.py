@@ -47,6 +47,7 @@ JSON_FAMILIES = [
     "apertus",
     "granite",
     "command_r_plus",
+    "deepseek_r1",
 ]
 MARKUP_FAMILIES = [
     "qwen3_coder",
