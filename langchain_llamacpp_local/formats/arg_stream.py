@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_llamacpp_local.formats.base import (
@@ -505,6 +505,7 @@ class Tags:
     key_tail_re: str | None = None
     tail_end: str = ""
     cdata: bool = True  # a ``<![CDATA[...]]>`` value is its inside
+    cdata_close: bool = False  # a CDATA value's closing tag inside it does not close it
 
 
 _CDATA = "<![CDATA["
@@ -534,6 +535,7 @@ class Markup(ArgStream):
         self.val: list[str] = []
         self.sent = 0
         self.decided: str | None = None
+        self.cdata_open = False  # a CDATA value read past a closing tag (MiniCPM5)
         holds = [t.param_close] + (["\n" + t.param_close] if t.framed else [])
         self.holds = tuple(holds)
         self.hold_len = max(len(h) for h in holds)
@@ -572,7 +574,7 @@ class Markup(ArgStream):
                 self.state, self.acc, self.tail = "name", [], None
             return
         if state != "name" and win.endswith(t.call_close):  # the call ends here
-            if state in ("vstart", "value"):
+            if state in ("vstart", "value") or self.cdata_open:
                 self.streaming = False  # the parse leaves the open value out: stop
             elif self.streaming:
                 self.emit("}")
@@ -610,6 +612,12 @@ class Markup(ArgStream):
                 value = "".join(self.val)[: -len(t.param_close)]
                 if t.framed and value.endswith("\n"):
                     value = value[:-1]
+                if t.cdata_close and value.startswith(_CDATA) and not value.endswith("]]>"):
+                    # MiniCPM5: a CDATA value runs to "]]></param>" where one comes; if
+                    # none does, the parse ends it here (the stream then stops)
+                    self.cdata_open = True
+                    return
+                self.cdata_open = False
                 self._close(value)
                 self.state = "body"
             elif self.streaming:
@@ -996,6 +1004,7 @@ _MINICPM = Tags(
     "</param>",
     **_QUOTED,
     prefix="<function",  # type: ignore[arg-type]
+    cdata_close=True,
 )
 
 
@@ -1074,7 +1083,6 @@ class Tracked:
     start: int
     base: int
     stream: ArgStream
-    fed: list[str] = field(default_factory=list)
 
 
 def arg_stream(region: OpenRegion, opts: Options) -> tuple[ArgStream, str] | None:
