@@ -168,18 +168,64 @@ class ArgStream:
         self._out: list[Fragment] = []
         self._size = max((len(m) for m in markers if m), default=1)
         self.win = ""  # the last characters read (a marker completes at its end)
+        #: the region's end marker (outside a quoted value, where the syntax has them):
+        #: the stream reads nothing after it
+        self.region_end = ""
+        self.closed = False
+        #: markers the reader replaces in the text before reading it (Granite's
+        #: ``<response>`` taken out): replaced here too, a suffix that may start one
+        #: held back
+        self.rewrite: tuple[tuple[str, str], ...] = ()
+        self._held = ""
+
+    def end_at(self, marker: str | None) -> None:
+        self.region_end = marker or ""
+        self._size = max(self._size, len(self.region_end))
 
     def feed(self, text: str) -> list[Fragment]:
-        size = self._size
+        if self.rewrite:
+            text = self._rewritten(text)
+        size, end = self._size, self.region_end
         for ch in text:
+            if self.closed:
+                break
             win = self.win + ch
             self.win = win[-size:] if len(win) > size else win
+            if end and win.endswith(end) and not self.quoted():
+                self.closed = True
+                self.at_region_end(ch)
+                break
             self.step(ch)
         out, self._out = self._out, []
         return out
 
+    def _rewritten(self, text: str) -> str:
+        """``text`` with the markers replaced, as the reader's ``replace`` does."""
+        held = self._held + text
+        out: list[str] = []
+        while held:
+            for marker, by in self.rewrite:
+                if held.startswith(marker):
+                    out.append(by)
+                    held = held[len(marker) :]
+                    break
+            else:
+                if any(m.startswith(held) for m, _ in self.rewrite):
+                    break  # may be one being written
+                out.append(held[0])
+                held = held[1:]
+        self._held = held
+        return "".join(out)
+
     def step(self, ch: str) -> None:
         raise NotImplementedError
+
+    def at_region_end(self, ch: str) -> None:
+        """The region's end marker was just written (``ch`` its last character)."""
+
+    def quoted(self) -> bool:
+        """Whether the text read so far ends inside a quoted value (JSON string)."""
+        return False
 
     def emit(self, text: str, name: str | None = None, cid: str | None = None) -> None:
         out = self._out
@@ -212,10 +258,13 @@ class SepJson(ArgStream):
         first: bool = False,
         name: str | None = None,
         fenced: bool = False,
+        begin_splits: bool = True,
     ) -> None:
         super().__init__(opts, (sep, begin or "", end or ""))
         self.header, self.sep, self.begin, self.end = header, sep, begin, end
         self.fenced = fenced  # the JSON may be in a ```json fence (the parse unfences it)
+        #: ``begin`` inside an open call starts the next one (False: only after ``end``)
+        self.begin_splits = begin_splits
         self.fence: list[str] = []
         self.state = "head" if begin is None or first else "seek"
         self.k = 0 if self.state == "head" else -1
@@ -228,7 +277,7 @@ class SepJson(ArgStream):
 
     def step(self, ch: str) -> None:
         win = self.win
-        if self.begin and win.endswith(self.begin):
+        if self.begin and win.endswith(self.begin) and (self.begin_splits or self.state == "seek"):
             self.k += 1
             self.state, self.head = "head", []
             return
@@ -263,6 +312,9 @@ class SepJson(ArgStream):
                 self.state = "skip"  # not an object: sent whole once the parse has it
                 return
             self._start(ch)
+
+    def quoted(self) -> bool:
+        return self.state == "args" and self.copy.in_str
 
     def _start(self, ch: str) -> None:
         self.copy = JsonCopy()
@@ -430,6 +482,9 @@ class JsonObjects(ArgStream):
             elif self.expect == "value":
                 self.expect = "comma"  # a number or literal
 
+    def quoted(self) -> bool:
+        return self.in_str or self.copy is not None and self.copy.in_str
+
     def _string_end(self) -> None:
         cap, self.cap = self.cap, None
         if cap is None:
@@ -506,6 +561,7 @@ class Tags:
     tail_end: str = ""
     cdata: bool = True  # a ``<![CDATA[...]]>`` value is its inside
     cdata_close: bool = False  # a CDATA value's closing tag inside it does not close it
+    strip_name: bool = True  # the parse strips the call's name
 
 
 _CDATA = "<![CDATA["
@@ -539,6 +595,10 @@ class Markup(ArgStream):
         holds = [t.param_close] + (["\n" + t.param_close] if t.framed else [])
         self.holds = tuple(holds)
         self.hold_len = max(len(h) for h in holds)
+
+    def at_region_end(self, ch: str) -> None:
+        if self.t.call_close and self.win.endswith(self.t.call_close):
+            self.step(ch)  # (the region's end closes its one call: GLM, MiniCPM5)
 
     def _header(
         self, ch: str, stop: str, tails: tuple[str, ...], tail_re: str | None = None
@@ -586,7 +646,8 @@ class Markup(ArgStream):
                 self.state = "seek"
             elif got is not None:
                 self.k += 1
-                self.name, self.n_params = "".join(self.acc).strip(), 0
+                name = "".join(self.acc)
+                self.name, self.n_params = name.strip() if t.strip_name else name, 0
                 self.streaming = bool(self.name)
                 if self.streaming:
                     self.emit("{", self.name)
@@ -801,6 +862,9 @@ class GemmaArgs(ArgStream):
             self.pend += ch
             self.drain()
 
+    def quoted(self) -> bool:
+        return self.state == "str"
+
     def step_gap(self, ch: str) -> None:
         if ch == "{":
             self.emit("{", self.name)
@@ -899,7 +963,7 @@ class MiniMaxM3(Markup):
     list of ``<item>``) is sent once its tag closes, as the parse types it."""
 
     def __init__(self, opts: Options) -> None:
-        tags = Tags('<invoke name="', "</invoke>", "<", "", **_QUOTED)  # type: ignore[arg-type]
+        tags = Tags('<invoke name="', "</invoke>", "<", "", **_QUOTED, strip_name=False)  # type: ignore[arg-type]
         super().__init__(opts, tags)
         self._size = max(self._size, len(MM_MARKER) + 2)
         self.close = ""
@@ -995,6 +1059,7 @@ _K3 = Tags(
     key_tail_re=r'(?: type="([^"]*)")?',
     tail_end="<|sep|>",
     cdata=False,
+    strip_name=False,
 )
 _HY = "opensource"
 _MINICPM = Tags(
@@ -1025,6 +1090,17 @@ def _pairs(
     return lambda opts, name: ArgPairs(opts, tags, key_close, value_open)
 
 
+def _rewriting(
+    make: Callable[[Options, str | None], ArgStream], rewrite: tuple[tuple[str, str], ...]
+) -> Callable[[Options, str | None], ArgStream]:
+    def made(opts: Options, name: str | None) -> ArgStream:
+        stream = make(opts, name)
+        stream.rewrite = rewrite
+        return stream
+
+    return made
+
+
 def _objects(**kw: Any) -> Callable[[Options, str | None], ArgStream]:
     return lambda opts, name: JsonObjects(opts, **kw)
 
@@ -1035,7 +1111,7 @@ _KIMI_BEGIN, _KIMI_END = "<|tool_call_begin|>", "<|tool_call_end|>"
 #: body reader -> the stream that reads its region as it does
 _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     _hermes_json: _objects(fenced=True),
-    _list_body: _objects(fenced=True),
+    _list_body: _rewriting(_objects(fenced=True), (("<response>", ""), ("</response>", ""))),
     _hermes_fn: _sep(_hermes_fn_name, ">"),
     json_list_body: _objects(fenced=True),
     json_call_body: _objects(),
@@ -1049,7 +1125,10 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
         _kimi_name, "<|tool_call_argument_begin|>", begin=_KIMI_BEGIN, end=_KIMI_END
     ),
     functionary_v3_1_body: _sep(_plain_name, ">"),
-    _deepseek_body: _sep(_r1_name, "\n", begin=_DS_BEGIN, end=_DS_END, fenced=True),
+    _deepseek_body: _rewriting(  # (as DeepSeek R1's reader rewrites its text)
+        _sep(_r1_name, "\n", begin=_DS_BEGIN, end=_DS_END, fenced=True, begin_splits=False),
+        (("<｜tool▁calls｜>", "<｜tool▁calls▁begin｜>" + _DS_BEGIN), ("<｜tool▁calls▁end｜>", "")),
+    ),
     solar_body: _sep(_solar_name, "<|tool_call:args|>"),
     mistral_body: _sep(_mistral_name, "[ARGS]", begin="[TOOL_CALLS]", first=True),
     qwen3_coder_body: _markup(_QWEN),
@@ -1100,6 +1179,7 @@ def arg_stream(region: OpenRegion, opts: Options) -> tuple[ArgStream, str] | Non
     if make is None:
         return None
     stream = make(opts, region.name)
+    stream.end_at(region.end)
     if isinstance(stream, Markup):
         prefix = stream.t.prefix + prefix
     return stream, prefix

@@ -387,6 +387,7 @@ class OpenRegion:
     body: Any
     before: int
     name: str | None = None
+    end: str | None = None  # the region's end marker
 
 
 @dataclass
@@ -500,7 +501,7 @@ def scan_multi(
             region = text[i + len(start) :]
             if not final:
                 if found_open is not None:
-                    found_open.append(OpenRegion(len(region), body, len(calls)))
+                    found_open.append(OpenRegion(len(region), body, len(calls), end=end))
                 add(body(region, False, opts), start)
                 return content, calls, i
             found = body(region, True, opts)

@@ -86,7 +86,7 @@ def muse(
             pieces, found, at = scan_multi(
                 body, regions if opts.calls else (), opts, done, None if done else opened
             )
-            opened = [OpenRegion(r.tail, r.body, before + r.before) for r in opened]
+            opened = [OpenRegion(r.tail, r.body, before + r.before, end=r.end) for r in opened]
             calls.extend(found)
             content.append("".join(pieces).strip())
             if not done:
