@@ -737,7 +737,11 @@ class StreamParser:
         out += self._send_calls(sc.calls, base, final=False)
         self._settle(sc)
         if self.stream_args:
-            out += self._follow(sc, base)
+            try:
+                out += self._follow(sc, base)
+            except Exception:  # model output must never crash a request: sent whole
+                logger.exception("argument stream failed on partial model output")
+                self._track = None
         return out
 
     # -- arguments streamed as written (stream_args)

@@ -74,3 +74,52 @@ def test_a_failed_reply_raises_its_error() -> None:
         reply.handle(Failed(DecodeError("boom")))
     assert Failed(DecodeError("x")).final and _finished().final
     assert not TextDelta("x").final
+
+
+def test_stream_tool_args_reaches_the_parser_from_the_model_and_the_call() -> None:
+    """The field and the call option fill the job; the prepared prompt's parser then
+    streams a call's arguments while they are written, and a cut-off call ends invalid."""
+    from types import SimpleNamespace
+
+    from langchain_core.messages import HumanMessage
+
+    from langchain_llamacpp_local import ChatLlamaCpp
+    from langchain_llamacpp_local.chat.request_options import build_job
+    from langchain_llamacpp_local.validation import check_call
+
+    fields = {k: f.default for k, f in ChatLlamaCpp.model_fields.items()}
+    model = SimpleNamespace(**fields, model_fields_set=set())
+    assert model.stream_tool_args is False
+    msgs = [HumanMessage("hi")]
+    assert build_job(model, msgs, check_call({}, None, model)).stream_tool_args is False
+    job = build_job(model, msgs, check_call({"stream_tool_args": True}, None, model))
+    assert job.stream_tool_args is True
+    model.stream_tool_args = True
+    job = build_job(model, msgs, check_call({"stream_tool_args": False}, None, model))
+    assert job.stream_tool_args is False
+    with pytest.raises(TypeError, match="stream_tool_args"):
+        check_call({"stream_tool_args": "yes"}, None, model)
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    prepared = PreparedPrompt(
+        text="",
+        tokens=[1],
+        sampling=SamplingParams(),
+        stop=[],
+        parse_format="hermes",
+        tools=(tool,),
+        calls=True,
+        stream_args=True,
+    )
+    req = EngineRequest(tokens=[1], sampling=SamplingParams(), max_new=8)
+    reply = Reply(req, prepared, "tiny")
+    out = []
+    for piece in ('<tool_call>{"name": "f", ', '"arguments": {"text": "a lo', "ng note"):
+        out += reply.handle(TextDelta(piece))
+    frags = [d for k, d in out if k == "delta" and d.kind == "tool_call"]
+    assert frags[0].name == "f" and "".join(d.args for d in frags) == '{"text":"a long note'
+    *last, (_, done) = reply.handle(_finished())
+    ((_, spoil),) = last
+    assert spoil.args == '"]' and done.parsed.tool_calls == []
+    (bad,) = done.parsed.invalid_tool_calls
+    assert bad["args"] == '{"text":"a long note"]'
