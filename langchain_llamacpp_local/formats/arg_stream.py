@@ -42,6 +42,7 @@ from langchain_llamacpp_local.formats.classic import (
     _hermes_fn,
     _hermes_json,
     _list_body,
+    _llama3_calls,
 )
 from langchain_llamacpp_local.formats.families import (
     DSML_MARKER,
@@ -383,11 +384,13 @@ class JsonObjects(ArgStream):
         lines: bool = False,
         name_key: bool = False,
         fenced: bool = False,
+        seps: str = ",",
     ) -> None:
         super().__init__(opts, ())
         #: the body may be a ```json fence around the JSON (the parse unfences it)
         self.fenced = fenced
         self.fence: list[str] | None = None
+        self.seps = seps  # what may stand between calls
         self.names, self.args, self.ids, self.lines = names, args, ids, lines
         #: a list of ``{"NAME": {arguments}}`` (Apertus): the only key is the name
         self.name_key = name_key
@@ -447,7 +450,7 @@ class JsonObjects(ArgStream):
                 self.off = True  # not JSON (fenced, markup): the parse's calls go whole
                 return
         depth = self.depth
-        if depth == self.level and ch not in ",]}":
+        if depth == self.level and ch not in "]}" and ch not in self.seps:
             if self.elem == "value" or self.lines and ch == "{":  # a call starts
                 self.k += 1
                 self.call, self.expect, self.elem = {}, "key", "comma"
@@ -472,7 +475,7 @@ class JsonObjects(ArgStream):
                 self.elem = "comma"
             if self.depth < (self.level or 0):
                 self.off = True
-        elif depth == self.level and ch == ",":
+        elif depth == self.level and ch in self.seps:
             self.elem = "value"
         elif at_call:
             if ch == ":" and self.expect == "colon":
@@ -1117,6 +1120,7 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     json_call_body: _objects(),
     apertus_body: _objects(name_key=True),
     json_lines_body: _objects(lines=True),
+    _llama3_calls: _objects(lines=True, seps=";", args=("parameters", "arguments")),
     command_r_body: _objects(
         names=("tool_name",), args=("parameters",), ids=("tool_call_id",), fenced=True
     ),

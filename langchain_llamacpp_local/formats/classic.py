@@ -497,7 +497,15 @@ def _llama3_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> Re
         and (s.startswith("{") or s and "<|python_tag|>".startswith(s))
     ):
         forever = s.startswith("{") or "<|python_tag|>" in s
-        return _text("", False, hold=() if forever else None)
+        sc = _text("", False, hold=() if forever else None)
+        # the calls' JSON, for a stream of their arguments: from the output's start, or
+        # after the tag
+        start = rest.index("{") if s.startswith("{") and ctx.head else -1
+        if start < 0 and "<|python_tag|>" in rest:
+            start = rest.index("<|python_tag|>") + len("<|python_tag|>")
+        if start >= 0:
+            sc.open_region = OpenRegion(len(rest) - start, _llama3_calls, 0)
+        return sc
     found = _llama3_calls(rest) if final and ctx.head else None
     if found is not None:
         return RegionScan(None, "", found, True, stage="rest")

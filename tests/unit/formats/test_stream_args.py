@@ -52,6 +52,7 @@ JSON_FAMILIES = [
     "granite",
     "command_r_plus",
     "deepseek_r1",
+    "llama3_json",
 ]
 MARKUP_FAMILIES = [
     "qwen3_coder",
@@ -66,6 +67,11 @@ MARKUP_FAMILIES = [
     "hy3",
     "minimax_m3",
 ]
+READ_OTHERWISE_ERROR = "read otherwise than its arguments were streamed"
+NOT_HELD_ERROR = "streamed as a call the finished output does not hold"
+#: a call whose output the parse reads as text in the end (Llama 3.x: cut off, or an
+#: object without a name after it) stays, streamed, an invalid call (documented)
+WHOLE_OUTPUT = {"llama3_json"}
 #: families whose values are text only where the schema says so (else sent once closed)
 SCHEMA_TYPED = {"minimax_m3"}
 STREAMED = JSON_FAMILIES + MARKUP_FAMILIES
@@ -112,7 +118,9 @@ def _check(sp: StreamParser, deltas: list[Any], text: str, opts: dict[str, Any])
     assert total.content == res.content or total.content.strip() == res.content
     ref = parse(text, sp.fmt, **opts)
     assert _calls(res.tool_calls, ids=False) == _calls(ref.tool_calls, ids=False), text
-    assert len(res.invalid_tool_calls) == len(ref.invalid_tool_calls), text
+    extra = [c for c in res.invalid_tool_calls if c["error"] == NOT_HELD_ERROR]
+    assert not extra or sp.fmt in WHOLE_OUTPUT, text
+    assert len(res.invalid_tool_calls) - len(extra) == len(ref.invalid_tool_calls), text
     for bad in total.invalid_tool_calls:
         assert not read_as_arguments(bad["args"]), bad
 
@@ -432,7 +440,6 @@ def test_streamed_arguments_cost_the_same_per_character_however_long(
 #: CDATA, and (below) the family's own markers
 ATOMS = ['"', "\\", "{", "}", "[", "]", ":", ",", "\n", " ", "a", "1", "true", "<", ">"]
 ATOMS += ["</", "x y", '\\"', "\\n", "<![CDATA[", "]]>", "é"]
-READ_OTHERWISE_ERROR = "read otherwise than its arguments were streamed"
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -464,6 +471,10 @@ def test_mangled_calls_stream_to_the_result_and_the_parse(fmt: str, data: st.Dat
         assert _calls(total.invalid_tool_calls) == _calls(res.invalid_tool_calls), text
     ref = parse(text, fmt, **opts)
     otherwise = [c for c in res.invalid_tool_calls if c["error"] == READ_OTHERWISE_ERROR]
+    extra = [c for c in res.invalid_tool_calls if c["error"] == NOT_HELD_ERROR]
+    if extra:  # only where the whole output is read as text in the end (documented)
+        assert fmt in WHOLE_OUTPUT and not ref.tool_calls and not res.tool_calls, text
+        return
     if not otherwise:
         assert _calls(res.tool_calls, ids=False) == _calls(ref.tool_calls, ids=False), text
         assert len(res.invalid_tool_calls) == len(ref.invalid_tool_calls), text
