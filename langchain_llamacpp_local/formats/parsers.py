@@ -426,6 +426,10 @@ def _finish_calls(
     return good, bad
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
 def _check_fmt(fmt: str, analysis: TemplateAnalysis | None = None) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown tool-call format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -790,10 +794,10 @@ class StreamParser:
         sent = "".join(self._streamed[n])
         valid = c.error is None and c.name and c.args is not None
         if valid and c.name == self._stream_names[n]:
-            try:
-                if json.loads(sent) == c.args:
+            try:  # (compared as JSON text: 1 == 1.0 == True in Python)
+                if _canonical(json.loads(sent)) == _canonical(c.args):
                     return []
-            except ValueError:
+            except (ValueError, TypeError):
                 pass
         if valid:
             logger.warning(
