@@ -764,6 +764,7 @@ class ArgPairs(Markup):
         self.key_close, self.value_open = key_close, value_open
         self._size = max(self._size, len(key_close), len(value_open))
         self.state, self.k = "name", 0
+        self.blank = True  # the name so far is whitespace
 
     def step(self, ch: str) -> None:
         t, win, state = self.t, self.win, self.state
@@ -771,12 +772,15 @@ class ArgPairs(Markup):
             return
         if state == "name":
             self.acc.append(ch)
-            text = "".join(self.acc)
+            if ch not in " \t\r\n":
+                self.blank = False
             for stop in (t.param_open, t.call_close, "\n"):
-                if text.endswith(stop) and (stop != "\n" or text.strip()):
-                    break
+                if win.endswith(stop) and len(self.acc) >= len(stop):
+                    if stop != "\n" or not self.blank:  # (leading newlines are no end)
+                        break
             else:
                 return
+            text = "".join(self.acc)
             name = text[: len(text) - len(stop)].strip()
             self.name, self.n_params = name, 0
             self.streaming = bool(name) and "<" not in name
