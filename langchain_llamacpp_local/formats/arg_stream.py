@@ -39,6 +39,7 @@ from langchain_llamacpp_local.formats.base import (
 )
 from langchain_llamacpp_local.formats.classic import (
     _deepseek_body,
+    _generic_calls,
     _hermes_fn,
     _hermes_json,
     _list_body,
@@ -385,12 +386,17 @@ class JsonObjects(ArgStream):
         name_key: bool = False,
         fenced: bool = False,
         seps: str = ",",
+        document: bool = False,
     ) -> None:
         super().__init__(opts, ())
         #: the body may be a ```json fence around the JSON (the parse unfences it)
         self.fenced = fenced
         self.fence: list[str] | None = None
         self.seps = seps  # what may stand between calls
+        #: the calls are in a ``{"tool_call": {...}}`` / ``{"tool_calls": [...]}`` document
+        self.document = document
+        self.doc_key: str | None = None
+        self.doc_expect = "key"
         self.names, self.args, self.ids, self.lines = names, args, ids, lines
         #: a list of ``{"NAME": {arguments}}`` (Apertus): the only key is the name
         self.name_key = name_key
@@ -437,6 +443,8 @@ class JsonObjects(ArgStream):
                 return
             self.fence = None
         elif ch in " \t\r\n" or self.off:
+            return
+        if self.document and self.level is None and not self._document(ch):
             return
         if self.level is None:  # the region's first character
             if ch == "`" and self.fenced and self.fence is None:
@@ -488,6 +496,32 @@ class JsonObjects(ArgStream):
     def quoted(self) -> bool:
         return self.in_str or self.copy is not None and self.copy.in_str
 
+    def _document(self, ch: str) -> bool:
+        """The generic document around the calls, up to them: whether ``ch`` starts the
+        one call (``"tool_call"``); the list (``"tool_calls"``) sets where calls start."""
+        if self.depth == 0:
+            if ch == "`" and self.fenced and self.fence is None:
+                self.fence, self.fenced = [ch], False
+            elif ch == "{":
+                self.depth, self.doc_expect = 1, "key"
+            else:
+                self.off = True
+            return False
+        if ch == '"' and self.doc_expect == "key":
+            self.in_str, self.cap = True, []
+            return False
+        if ch == ":" and self.doc_expect == "colon":
+            self.doc_expect = "value"
+            return False
+        if self.doc_expect == "value" and ch == "{" and self.doc_key == "tool_call":
+            self.level = 1
+            return True
+        if self.doc_expect == "value" and ch == "[" and self.doc_key == "tool_calls":
+            self.level, self.depth = 2, 2
+            return False
+        self.off = True  # ("response", or another shape: the parse decides)
+        return False
+
     def _string_end(self) -> None:
         cap, self.cap = self.cap, None
         if cap is None:
@@ -498,6 +532,9 @@ class JsonObjects(ArgStream):
             text = json.loads('"' + "".join(cap) + '"')
         except ValueError:
             text = None
+        if self.document and self.level is None:
+            self.doc_key, self.doc_expect = text, "colon"
+            return
         call = self.call
         if self.expect == "key":
             self.key, self.expect = text, "colon"
@@ -1125,6 +1162,7 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     apertus_body: _objects(name_key=True),
     json_lines_body: _objects(lines=True),
     _llama3_calls: _objects(lines=True, seps=";", args=("parameters", "arguments")),
+    _generic_calls: _objects(document=True, fenced=True),
     command_r_body: _objects(
         names=("tool_name",), args=("parameters",), ids=("tool_call_id",), fenced=True
     ),

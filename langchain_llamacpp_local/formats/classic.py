@@ -518,7 +518,10 @@ def _llama3_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> Re
 def _generic_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     s = rest.strip()
     if not final and ctx.head and (s.startswith("{") or s.startswith("`")):
-        return _text("", False, hold=())
+        sc = _text("", False, hold=())
+        # the document, for a stream of its calls' arguments
+        sc.open_region = OpenRegion(len(rest.lstrip()), _generic_calls, 0)
+        return sc
     generic = _generic_calls(rest) if final and ctx.head else None
     if generic is not None:
         return RegionScan(None, generic[1], generic[0], True, stage="rest")

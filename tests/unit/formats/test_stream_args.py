@@ -53,6 +53,7 @@ JSON_FAMILIES = [
     "command_r_plus",
     "deepseek_r1",
     "llama3_json",
+    "generic",
 ]
 MARKUP_FAMILIES = [
     "qwen3_coder",
@@ -71,7 +72,7 @@ READ_OTHERWISE_ERROR = "read otherwise than its arguments were streamed"
 NOT_HELD_ERROR = "streamed as a call the finished output does not hold"
 #: a call whose output the parse reads as text in the end (Llama 3.x: cut off, or an
 #: object without a name after it) stays, streamed, an invalid call (documented)
-WHOLE_OUTPUT = {"llama3_json"}
+WHOLE_OUTPUT = {"llama3_json", "generic"}
 #: families whose values are text only where the schema says so (else sent once closed)
 SCHEMA_TYPED = {"minimax_m3"}
 STREAMED = JSON_FAMILIES + MARKUP_FAMILIES
@@ -92,7 +93,7 @@ OPTIONS: list[dict[str, Any]] = [{"tools": TOOLS}, {}]
 
 
 def _text(fmt: str, arg: str = ARG, before: str = "Let me look. ") -> str:
-    lead = "" if fmt in ("gpt_oss", "gigachat_v3") else before
+    lead = "" if fmt in ("gpt_oss", "gigachat_v3", "generic") else before
     if fmt == "muse_glimmer":  # a message to the user first, then one to the tool
         lead = " to=user<|message|>" + before
     return lead + CALLS[fmt].replace("{ARG}", arg)
