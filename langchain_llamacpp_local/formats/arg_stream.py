@@ -38,6 +38,7 @@ from langchain_llamacpp_local.formats.base import (
     typed_value,
 )
 from langchain_llamacpp_local.formats.classic import (
+    _bare_call,
     _deepseek_body,
     _generic_calls,
     _hermes_fn,
@@ -1163,6 +1164,7 @@ _STREAMS: dict[Any, Callable[[Options, str | None], ArgStream]] = {
     json_lines_body: _objects(lines=True),
     _llama3_calls: _objects(lines=True, seps=";", args=("parameters", "arguments")),
     _generic_calls: _objects(document=True, fenced=True),
+    _bare_call: _objects(fenced=True),
     command_r_body: _objects(
         names=("tool_name",), args=("parameters",), ids=("tool_call_id",), fenced=True
     ),

@@ -387,7 +387,10 @@ def hermes_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> Reg
     if not calls and not ctx.had_calls and ctx.head:
         s = content.strip()
         if not final and (s.startswith("{") or s.startswith("```")):
-            return _text("", False, hold=tuple(start for start, _, _ in _HERMES_REGIONS))
+            sc = _text("", False, hold=tuple(start for start, _, _ in _HERMES_REGIONS))
+            # the bare call (it starts the output), for a stream of its arguments
+            sc.open_region = OpenRegion(len(rest.lstrip()), _bare_call, 0)
+            return sc
         bare = _bare_call(content) if final else None
         if bare is not None:
             return RegionScan(None, "", bare, True, stage="rest")

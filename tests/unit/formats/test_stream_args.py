@@ -72,7 +72,7 @@ READ_OTHERWISE_ERROR = "read otherwise than its arguments were streamed"
 NOT_HELD_ERROR = "streamed as a call the finished output does not hold"
 #: a call whose output the parse reads as text in the end (Llama 3.x: cut off, or an
 #: object without a name after it) stays, streamed, an invalid call (documented)
-WHOLE_OUTPUT = {"llama3_json", "generic"}
+WHOLE_OUTPUT = {"llama3_json", "generic", "hermes"}  # (Hermes: a bare JSON call)
 #: families whose values are text only where the schema says so (else sent once closed)
 SCHEMA_TYPED = {"minimax_m3"}
 STREAMED = JSON_FAMILIES + MARKUP_FAMILIES
@@ -281,6 +281,26 @@ def test_markup_values_are_typed_as_the_parse_types_them(fmt: str) -> None:
             deltas = _feed(sp, text, random.Random(seed))
             _check(sp, deltas, text, opts)
             assert _merge(deltas).tool_calls, fmt
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "f", "arguments": {"text": "a long note"}}',
+        '```json\n{"name": "f", "arguments": {"text": "a long note"}}\n```',
+    ],
+)
+def test_a_bare_call_that_is_the_whole_output_streams(text: str) -> None:
+    """Hermes without its tags: the whole output is the call; cut anywhere, the merged
+    stream is the result (a cut call the parse reads as text ends invalid)."""
+    sp = StreamParser("hermes", stream_args=True)
+    early = sp.feed(text[: text.index("long")])
+    assert [d.name for d in early if d.kind == "tool_call"][:1] == ["f"]
+    for k in range(len(text) + 1):
+        sp = StreamParser("hermes", stream_args=True)
+        deltas = [d for ch in text[:k] for d in sp.feed(ch)] + sp.finish()
+        _check(sp, deltas, text[:k], {})
+    assert _merge(deltas).tool_calls[0]["args"] == {"text": "a long note"}
 
 
 def test_several_calls_stream_each_under_its_own_index() -> None:
