@@ -18,8 +18,10 @@ stream checks that the text sent reads as the parse's arguments; a call that end
 invalid (cut off by ``max_tokens``, malformed, or read otherwise than it was streamed)
 gets a last fragment (:func:`spoiler`) after which LangChain's ``parse_partial_json``
 reads the merged arguments as nothing, so the merged message lists the call in
-``invalid_tool_calls``. A call whose syntax the stream does not follow (a fenced body,
-a Python literal list, a whole-output call) is sent whole, as without the option.
+``invalid_tool_calls``. A call whose syntax the stream does not follow (a Python literal
+list, a learned syntax, a name written after the arguments) is sent whole, as without
+the option. :data:`_STREAMS` maps each body reader to the stream that reads its region
+as it does.
 """
 
 from __future__ import annotations
@@ -614,7 +616,8 @@ _WORDS = ("true", "false", "null", "NaN", "Infinity", "True", "False", "None")
 
 class Markup(ArgStream):
     """Calls written in a markup family's tags (Qwen3-Coder, Seed-OSS, MiniMax M2,
-    DeepSeek DSML, MiniCPM5), read as :func:`~.families._xml_function_calls` reads them."""
+    DeepSeek DSML, MiniCPM5, Muse, Kimi K3), read as their body readers
+    (:func:`~.families._xml_function_calls`, :func:`~.families.kimi_k3_body`) read them."""
 
     def __init__(self, opts: Options, tags: Tags) -> None:
         t = tags
