@@ -26,8 +26,8 @@ from langchain_llamacpp_local.chat.messages import delta_message
 from langchain_llamacpp_local.formats import StreamParser, parse
 from langchain_llamacpp_local.formats.arg_stream import ArgStream, spoiler
 from langchain_llamacpp_local.formats.base import read_as_arguments
-
-from .test_stream_equals_parse import known_markers
+from langchain_llamacpp_local.formats.parsers import stream_markers
+from langchain_llamacpp_local.formats.registry import FAMILIES
 
 #: the families whose arguments stream (the others' calls are sent whole, as by default)
 JSON_FAMILIES = [
@@ -455,6 +455,19 @@ def test_streamed_arguments_cost_the_same_per_character_however_long(
     short = _work(fmt, 3500, monkeypatch)
     long = _work(fmt, 43000, monkeypatch)
     assert long <= 1.2 * short + 1, (fmt, short, long)
+
+
+def known_markers(fmt: str) -> list[str]:
+    """Every marker and fixed string the family's record (and the stream's hold list) names."""
+    family = FAMILIES[fmt]
+    found = [*family.markers, *family.triggers, *stream_markers(fmt)]
+    spec = family.spec
+    if spec is not None:
+        for start, end, _ in spec.regions:
+            found += [start, end or ""]
+        found += [*spec.strip, *spec.section, *spec.held, *spec.think_stops, spec.reasoning_lead]
+        found += list(spec.think or ())
+    return [m for m in dict.fromkeys(found) if m]
 
 
 #: what a model may write inside or around a call: JSON and markup punctuation, escapes,
