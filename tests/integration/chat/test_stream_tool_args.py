@@ -207,3 +207,47 @@ def test_a_cut_off_streamed_call_ends_invalid(
 
     atotal = _merged(asyncio.run(run()))
     assert atotal.tool_calls == [] and _view(atotal) == _view(ref)
+
+
+def test_an_agent_runs_a_streamed_call_whole_and_never_a_cut_off_one(tmp_path: Path) -> None:
+    """``create_agent(...).stream(stream_mode="messages")`` with the option: the chunks
+    carry the arguments as written; the tool runs once with the whole arguments, and not
+    at all when the call is cut off."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+
+    runs: list[str] = []
+
+    @tool
+    def write_note(text: str) -> str:
+        """Write a note."""
+        runs.append(text)
+        return "saved"
+
+    path, _ = write_printing_llama(
+        tmp_path / "note.gguf", NOTE, chat_template=QWEN, cuts=("<tool_call>",)
+    )
+    for max_tokens, expect in ((24, []), (200, [LONG])):
+        runs.clear()
+        llm = ChatLlamaCpp(
+            model_path=str(path),
+            temperature=0,
+            n_ctx=1024,
+            max_tokens=max_tokens,
+            stream_tool_args=True,
+        )
+        agent = create_agent(llm, tools=[write_note])
+        chunks: list[Any] = []
+        try:
+            for chunk, _meta in agent.stream(
+                {"messages": [HumanMessage("note it")]},
+                stream_mode="messages",
+                config={"recursion_limit": 4},
+            ):
+                if isinstance(chunk, AIMessageChunk):
+                    chunks.append(chunk)
+        except Exception as exc:  # the scripted model calls the tool again and again
+            assert "ecursion" in str(exc), exc
+        assert runs[:1] == expect
+        assert len(_fragments(chunks)) > 1
