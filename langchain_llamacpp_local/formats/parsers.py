@@ -668,13 +668,13 @@ class StreamParser:
     def feed(self, delta: str) -> list[StreamDelta]:
         self._parts.append(delta)
         self._n += len(delta)
-        early: list[StreamDelta] = []
-        if self._track is not None:
-            try:
-                early = self._args_deltas(self._track.stream.feed(delta))
-            except Exception:  # model output must never crash a request: sent whole
-                logger.exception("argument stream failed on partial model output")
-                self._track = None
+        if self._track is None:
+            return self._read(delta)
+        try:  # the open call's arguments first (this delta may also complete the call)
+            early = self._args_deltas(self._track.stream.feed(delta))
+        except Exception:  # model output must never crash a request: sent whole
+            logger.exception("argument stream failed on partial model output")
+            self._track, early = None, []
         return early + self._read(delta)
 
     def _read(self, delta: str) -> list[StreamDelta]:
