@@ -476,7 +476,9 @@ def pythonic_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> R
         if not m.group(2) and not final:
             named = re.match(r"\s*\[\s*([\w.\-]+)\(", m.group(1))
             call = ParsedCall(named and named.group(1), None, m.group(1), complete=False)
-            return RegionScan(None, rest[: m.start()], [call], False, stage="rest", open=True)
+            sc = RegionScan(None, rest[: m.start()], [call], False, stage="rest", open=True)
+            sc.open_region = OpenRegion(len(m.group(1)), _pythonic_calls, 0)
+            return sc
         found = _pythonic_calls(m.group(1))
         calls = (
             found
@@ -485,7 +487,9 @@ def pythonic_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> R
         )
         return RegionScan(None, rest[: m.start()] + rest[m.end() :], calls, True, stage="rest")
     if not final and ctx.head and rest.lstrip().startswith("["):
-        return _text("", False, hold=("<|tool_call_start|>",))
+        sc = _text("", False, hold=("<|tool_call_start|>",))
+        sc.open_region = OpenRegion(len(rest.lstrip()), _pythonic_calls, 0)  # (the list)
+        return sc
     found = _pythonic_calls(rest) if final and ctx.head else None
     if found is not None:
         return RegionScan(None, "", found, True, stage="rest")

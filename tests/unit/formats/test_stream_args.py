@@ -54,6 +54,7 @@ JSON_FAMILIES = [
     "deepseek_r1",
     "llama3_json",
     "generic",
+    "pythonic",
 ]
 MARKUP_FAMILIES = [
     "qwen3_coder",
@@ -72,7 +73,8 @@ READ_OTHERWISE_ERROR = "read otherwise than its arguments were streamed"
 NOT_HELD_ERROR = "streamed as a call the finished output does not hold"
 #: a call whose output the parse reads as text in the end (Llama 3.x: cut off, or an
 #: object without a name after it) stays, streamed, an invalid call (documented)
-WHOLE_OUTPUT = {"llama3_json", "generic", "hermes"}  # (Hermes: a bare JSON call)
+#: (Hermes: a bare JSON call; pythonic: its list is read whole)
+WHOLE_OUTPUT = {"llama3_json", "generic", "hermes", "pythonic"}
 #: families whose values are text only where the schema says so (else sent once closed)
 SCHEMA_TYPED = {"minimax_m3"}
 STREAMED = JSON_FAMILIES + MARKUP_FAMILIES
@@ -260,6 +262,10 @@ MARKUP_CALLS = {
         ']<]minimax[>[<tool_call>]<]minimax[>[<invoke name="f">]<]minimax[>[<text>a <b>x</b>'
         " c]<]minimax[>[</text>]<]minimax[>[<n>12</n><tags><item>a</item><item>b</item></tags>"
         "]<]minimax[>[</invoke>]<]minimax[>[</tool_call>"
+    ),
+    "pythonic": (
+        "<|tool_call_start|>[f(text='line\\none' \"two\", n=12, tags=['a', \"b\"], "
+        'any={"k": None, "t": (1, 2)}, flag=True), f(text="""tri"ple""")]<|tool_call_end|>'
     ),
     "deepseek_v3_2": (
         '<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="text" '
