@@ -92,6 +92,8 @@ def _cases() -> list[dict[str, Any]]:
         if len(str(case["expect"]["tool_calls"][0]["arguments"])) < 8:
             continue
         fmt = detect_format((TEMPLATES / case["template"]).read_text(encoding="utf-8"))
+        if fmt == "glm45" and case["template"] != "GLM-4.6.jinja":
+            continue  # (the others' prompts end on a piece of the printed text)
         have = by_fmt.get(fmt)
         if fmt in FAMILIES_STREAMED and (have is None or len(case["input"]) < len(have["input"])):
             by_fmt[fmt] = {**case, "_fmt": fmt}
@@ -161,7 +163,7 @@ def test_a_long_argument_arrives_while_written(text: str, template: str, tmp_pat
         tmp_path / "note.gguf", text, chat_template=template, cuts=("<tool_call>",)
     )
     llm = ChatLlamaCpp(
-        model_path=str(path), temperature=0, n_ctx=1024, max_tokens=400, stream_tool_args=True
+        model_path=str(path), temperature=0, n_ctx=2048, max_tokens=400, stream_tool_args=True
     )
     bound = llm.bind_tools([NOTE_TOOL], tool_choice="any")
     chunks = list(bound.stream("note it"))
