@@ -13,8 +13,10 @@ Prints a table (format, first-1000 µs/token, last-1000 µs/token, ratio, finish
 writes it as JSON to ``benchmarks/results/parsers.json``. Model-free and single-threaded.
 ``--tokens`` sets the stream's length (16,000 by default), ``--formats`` picks formats.
 ``--stream-args`` streams the call's arguments as they are written
-(``stream_tool_args=True``; written to ``parsers_stream_args.json``): the last 1,000
-tokens, inside the long argument, then cost what the first do too.
+(``stream_tool_args=True``; written to ``parsers_stream_args.json``) and compares the
+first 1,000 tokens of the long argument with its last 1,000 (the call's end left out):
+each token there does the argument stream's work, the same at the end of a long argument
+as at its start.
 """
 
 from __future__ import annotations
@@ -153,21 +155,33 @@ def _pieces(text: str) -> list[str]:
 
 
 def _stream(
-    fmt: str, pieces: list[str], kwargs: dict[str, Any], window: int, stream_args: bool = False
+    fmt: str,
+    pieces: list[str],
+    kwargs: dict[str, Any],
+    window: int,
+    stream_args: bool = False,
+    start: int = 0,
+    end: int | None = None,
 ) -> tuple[float, float, float, StreamParser]:
-    """CPU seconds of the first and last ``window`` feeds and of ``finish``."""
+    """CPU seconds of ``window`` feeds from piece ``start`` on, of the ``window`` feeds
+    before piece ``end`` (the last ones by default) and of ``finish``."""
     sp = StreamParser(fmt, **kwargs, stream_args=stream_args)
     feed, clock = sp.feed, time.thread_time
+    end = len(pieces) if end is None else end
+    for p in pieces[:start]:
+        feed(p)
     t = clock()
-    for p in pieces[:window]:
+    for p in pieces[start : start + window]:
         feed(p)
     first = clock() - t
-    for p in pieces[window:-window]:
+    for p in pieces[start + window : end - window]:
         feed(p)
     t = clock()
-    for p in pieces[-window:]:
+    for p in pieces[end - window : end]:
         feed(p)
     last = clock() - t
+    for p in pieces[end:]:
+        feed(p)
     t = clock()
     sp.finish()
     return first, last, clock() - t, sp
@@ -192,9 +206,16 @@ def run(
     pieces, kwargs, arg = make_stream(fmt, n_tokens)
     text = "".join(pieces)
     window = min(window, len(pieces) // 3)
+    start, end = 0, None
+    if stream_args and fmt != "content":  # both windows inside the streamed argument
+        ends = [sum(len(p) for p in pieces[: k + 1]) for k in range(len(pieces))]
+        at = text.index(arg)
+        start = next(k for k, e in enumerate(ends) if e > at) + 1
+        end = next(k for k, e in enumerate(ends) if e >= at + len(arg)) - 1
+        window = min(window, (end - start) // 3)
     # CPU time of this thread (other processes on a shared machine do not count), the
     # best of a few runs
-    runs = [_stream(fmt, pieces, kwargs, window, stream_args) for _ in range(repeat)]
+    runs = [_stream(fmt, pieces, kwargs, window, stream_args, start, end) for _ in range(repeat)]
     first = min(r[0] for r in runs) / window * 1e6
     last = min(r[1] for r in runs) / window * 1e6
     finish_s = min(r[2] for r in runs)
