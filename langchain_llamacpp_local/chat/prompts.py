@@ -36,6 +36,7 @@ from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.templates.adaptation import adapt_messages
 from langchain_llamacpp_local.templates.builtin_templates import select_template
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate
+from langchain_llamacpp_local.templates.efforts import effort_variables
 from langchain_llamacpp_local.templates.hermes_prompt import inject_tool_prompt
 from langchain_llamacpp_local.templates.sandbox import request_budget
 
@@ -192,6 +193,42 @@ def check_effort(effort: object) -> str:
     return str(effort)
 
 
+def template_kwargs(
+    template: ChatTemplate,
+    given: dict[str, Any],
+    *,
+    effort: object = None,
+    budget: object = None,
+    reasoning: bool | None = None,
+) -> dict[str, Any]:
+    """The chat template's variables for a request's reasoning options.
+
+    ``effort`` reaches the template as ``reasoning_effort`` and in the names and values
+    the template reads (:func:`~..templates.efforts.effort_variables`), and as the
+    ``enable_thinking`` switch of templates that have only that; ``budget=0`` turns the
+    switches off. A variable the caller gives in ``chat_template_kwargs`` wins.
+    """
+    kwargs = dict(given)
+    if effort is not None:
+        effort = check_effort(effort)
+        for name, value in effort_variables(template.source, template.variables, effort).items():
+            kwargs.setdefault(name, value)
+        kwargs.setdefault("reasoning_effort", effort)
+        kwargs.setdefault("enable_thinking", effort not in EFFORTS_OFF)
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
+    ):
+        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
+    if budget == 0:
+        off = effort_variables(template.source, template.variables, "none", switches_only=True)
+        for name, value in off.items():
+            kwargs.setdefault(name, value)
+        kwargs.setdefault("enable_thinking", False)
+    if reasoning is not None:
+        kwargs.setdefault("enable_thinking", bool(reasoning))
+    return kwargs
+
+
 def _plain_format(fmt: str | None, reasoning: bool | None) -> str | None:
     """The parser for a request with no tools bound, as llama.cpp keeps the family's own:
     its turn and channel markup is removed and its own think markers are read; call markup
@@ -315,20 +352,13 @@ def _prepare(
     if use_tools:
         parse_format = tool_format if template.supports_tools or own_syntax else "hermes"
 
-    kwargs = dict(job.chat_template_kwargs)
-    if job.reasoning_effort is not None:
-        effort = check_effort(job.reasoning_effort)
-        kwargs.setdefault("reasoning_effort", effort)
-        kwargs.setdefault("enable_thinking", effort not in EFFORTS_OFF)
-    budget = job.reasoning_budget
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
-    ):
-        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
-    if budget == 0:
-        kwargs.setdefault("enable_thinking", False)
-    if job.reasoning is not None:
-        kwargs.setdefault("enable_thinking", bool(job.reasoning))
+    kwargs = template_kwargs(
+        template,
+        job.chat_template_kwargs,
+        effort=job.reasoning_effort,
+        budget=job.reasoning_budget,
+        reasoning=job.reasoning,
+    )
     images: list[Any] = []
     messages = _inline_images(messages, images)
     text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
