@@ -23,6 +23,7 @@ from langchain_llamacpp_local.chat.special_tokens import (
     tokenize_protected,
     vocab_info,
 )
+from langchain_llamacpp_local.chat.thinking import grammar_after_thinking
 from langchain_llamacpp_local.errors import InvalidRequestError
 from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
@@ -426,6 +427,8 @@ def _prepare(
     elif job.response_format is not None and not use_tools:
         schema = _response_schema(job.response_format)
         grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
+        if job.reasoning or job.reasoning_budget is not None:  # think, then answer
+            grammar = grammar_after_thinking(grammar, tool_format, text[-_PREFILL_CHARS:])
     if grammar is not None:
         sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 

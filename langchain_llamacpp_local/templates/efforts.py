@@ -18,14 +18,15 @@ from jinja2 import TemplateSyntaxError, nodes
 
 from langchain_llamacpp_local.templates.sandbox import make_env
 
+_OPENAI = ("none", "minimal", "low", "medium", "high")
 #: effort-valued variables: given the caller's effort, or the template's name for it
 EFFORT_VARIABLES = ("reasoning_effort", "reasoning_strength", "thinking_effort")
 #: on/off/auto-valued variables, by what each of OpenAI's efforts means to them
 SWITCH_VARIABLES: dict[str, dict[str, str | bool]] = {
     # Kimi K3, Granite 3.3, DeepSeek V3.x (which otherwise read ``enable_thinking``)
-    "thinking": {
-        e: e not in ("none", "minimal") for e in ("none", "minimal", "low", "medium", "high")
-    },
+    "thinking": {e: e not in ("none", "minimal") for e in _OPENAI},
+    # Cohere2MoE (which otherwise derives it from ``reasoning_effort``)
+    "reasoning": {e: e not in ("none", "minimal") for e in _OPENAI},
     "thinking_mode": {
         "none": "disabled",
         "minimal": "disabled",
@@ -35,7 +36,7 @@ SWITCH_VARIABLES: dict[str, dict[str, str | bool]] = {
     },
 }
 #: OpenAI's efforts in order (an effort a template lacks maps to its nearest known level)
-LADDER = ("none", "minimal", "low", "medium", "high")
+LADDER = _OPENAI
 #: how templates spell "no thinking" in an effort variable, preferred first (Solar Open
 #: thinks for any effort but ``low`` and ``minimal``)
 OFF_NAMES = ("none", "no_think", "off", "disabled", "minimal")
