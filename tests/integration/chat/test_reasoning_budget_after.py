@@ -58,8 +58,9 @@ def _printing(path: Path, pieces: list[str], template: str) -> str:
 
 @pytest.fixture(scope="module")
 def calling(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Thinks, then calls ``get_weather`` (Qwen3's syntax)."""
-    pieces = ["<think>", *THOUGHTS, "</think>", "<tool_call>\n", CALL, "\n</tool_call>"]
+    """Thinks, then calls ``get_weather`` (Qwen3's syntax; the lazy grammar's trigger
+    ``<tool_call>`` ends on a token boundary, as llama.cpp requires)."""
+    pieces = ["<think>", *THOUGHTS, "</think>", "<tool_call>", "\n" + CALL, "\n</tool_call>"]
     return _printing(tmp_path_factory.mktemp("call") / "m.gguf", pieces, QWEN3)
 
 
