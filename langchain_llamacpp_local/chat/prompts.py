@@ -206,7 +206,8 @@ def template_kwargs(
 
     ``effort`` reaches the template as ``reasoning_effort`` and in the names and values
     the template reads (:func:`~..templates.efforts.effort_variables`), and as the
-    ``enable_thinking`` switch of templates that have only that; ``budget=0`` turns the
+    ``enable_thinking`` switch of templates that have only that; ``budget`` reaches a
+    template that reads ``thinking_budget`` (Seed-OSS), and ``budget=0`` turns the
     switches off. A variable the caller gives in ``chat_template_kwargs`` wins.
     """
     kwargs = dict(given)
@@ -220,6 +221,8 @@ def template_kwargs(
         isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
     ):
         raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
+    if budget is not None and "thinking_budget" in template.variables:
+        kwargs.setdefault("thinking_budget", budget)  # Seed-OSS tells the model its budget
     if budget == 0:
         off = effort_variables(template.source, template.variables, "none", switches_only=True)
         for name, value in off.items():

@@ -132,3 +132,10 @@ def test_the_callers_template_kwargs_win() -> None:
 def test_an_unknown_effort_is_refused() -> None:
     with pytest.raises(ValueError, match="reasoning_effort must be one of"):
         template_kwargs(_template("tencent-Hy3.jinja"), {}, effort="max")
+
+
+def test_seed_oss_is_told_its_budget() -> None:
+    t = _template("ByteDance-Seed-OSS.jinja")
+    assert "your thinking budget is 0" in _render(t, budget=0)
+    assert "the thinking budget, which is 512" in _render(t, budget=512)
+    assert "thinking budget" not in _render(t)
