@@ -56,12 +56,41 @@ def _printing(path: Path, pieces: list[str], template: str) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def calling(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Thinks, then calls ``get_weather`` (Qwen3's syntax; the lazy grammar's trigger
-    ``<tool_call>`` ends on a token boundary, as llama.cpp requires)."""
-    pieces = ["<think>", *THOUGHTS, "</think>", "<tool_call>", "\n" + CALL, "\n</tool_call>"]
-    return _printing(tmp_path_factory.mktemp("call") / "m.gguf", pieces, QWEN3)
+#: family: (template, thinking pieces, call pieces); a lazy grammar's trigger ends on a
+#: token boundary, as llama.cpp requires. MiniMax M2's prompt opens the block itself.
+CALLING: dict[str, tuple[str, list[str], list[str]]] = {
+    "hermes": (
+        QWEN3,
+        ["<think>", *THOUGHTS, "</think>"],
+        ["<tool_call>", "\n" + CALL, "\n</tool_call>"],
+    ),
+    "seed_oss": (
+        (TEMPLATES / "ByteDance-Seed-OSS.jinja").read_text(),
+        ["<seed:think>", *THOUGHTS, "</seed:think>"],
+        [
+            "<seed:tool_call>",
+            "\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>",
+            "\n</seed:tool_call>",
+        ],
+    ),
+    "minimax_m2": (
+        (TEMPLATES / "MiniMax-M2.jinja").read_text(),
+        [*THOUGHTS, "</think>"],
+        [
+            "<minimax:tool_call>",
+            '\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n',
+            "</invoke>\n</minimax:tool_call>",
+        ],
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CALLING))
+def calling(request: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Thinks, then calls ``get_weather`` in the family's syntax."""
+    template, thinking, call = CALLING[request.param]
+    path = tmp_path_factory.mktemp(request.param) / "m.gguf"
+    return _printing(path, [*thinking, *call], template)
 
 
 @pytest.fixture(scope="module", params=["qwen3", "deepseek_r1"])
