@@ -23,6 +23,7 @@ from langchain_llamacpp_local.chat.special_tokens import (
     tokenize_protected,
     vocab_info,
 )
+from langchain_llamacpp_local.chat.thinking import grammar_after_thinking
 from langchain_llamacpp_local.errors import InvalidRequestError
 from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
@@ -36,6 +37,7 @@ from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.templates.adaptation import adapt_messages
 from langchain_llamacpp_local.templates.builtin_templates import select_template
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate
+from langchain_llamacpp_local.templates.efforts import effort_variables
 from langchain_llamacpp_local.templates.hermes_prompt import inject_tool_prompt
 from langchain_llamacpp_local.templates.sandbox import request_budget
 
@@ -194,6 +196,45 @@ def check_effort(effort: object) -> str:
     return str(effort)
 
 
+def template_kwargs(
+    template: ChatTemplate,
+    given: dict[str, Any],
+    *,
+    effort: object = None,
+    budget: object = None,
+    reasoning: bool | None = None,
+) -> dict[str, Any]:
+    """The chat template's variables for a request's reasoning options.
+
+    ``effort`` reaches the template as ``reasoning_effort`` and in the names and values
+    the template reads (:func:`~..templates.efforts.effort_variables`), and as the
+    ``enable_thinking`` switch of templates that have only that; ``budget`` reaches a
+    template that reads ``thinking_budget`` (Seed-OSS), and ``budget=0`` turns the
+    switches off. A variable the caller gives in ``chat_template_kwargs`` wins.
+    """
+    kwargs = dict(given)
+    if effort is not None:
+        effort = check_effort(effort)
+        for name, value in effort_variables(template.source, template.variables, effort).items():
+            kwargs.setdefault(name, value)
+        kwargs.setdefault("reasoning_effort", effort)
+        kwargs.setdefault("enable_thinking", effort not in EFFORTS_OFF)
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
+    ):
+        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
+    if budget is not None and "thinking_budget" in template.variables:
+        kwargs.setdefault("thinking_budget", budget)  # Seed-OSS tells the model its budget
+    if budget == 0:
+        off = effort_variables(template.source, template.variables, "none", switches_only=True)
+        for name, value in off.items():
+            kwargs.setdefault(name, value)
+        kwargs.setdefault("enable_thinking", False)
+    if reasoning is not None:
+        kwargs.setdefault("enable_thinking", bool(reasoning))
+    return kwargs
+
+
 def _plain_format(fmt: str | None, reasoning: bool | None) -> str | None:
     """The parser for a request with no tools bound, as llama.cpp keeps the family's own:
     its turn and channel markup is removed and its own think markers are read; call markup
@@ -317,20 +358,13 @@ def _prepare(
     if use_tools:
         parse_format = tool_format if template.supports_tools or own_syntax else "hermes"
 
-    kwargs = dict(job.chat_template_kwargs)
-    if job.reasoning_effort is not None:
-        effort = check_effort(job.reasoning_effort)
-        kwargs.setdefault("reasoning_effort", effort)
-        kwargs.setdefault("enable_thinking", effort not in EFFORTS_OFF)
-    budget = job.reasoning_budget
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
-    ):
-        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
-    if budget == 0:
-        kwargs.setdefault("enable_thinking", False)
-    if job.reasoning is not None:
-        kwargs.setdefault("enable_thinking", bool(job.reasoning))
+    kwargs = template_kwargs(
+        template,
+        job.chat_template_kwargs,
+        effort=job.reasoning_effort,
+        budget=job.reasoning_budget,
+        reasoning=job.reasoning,
+    )
     images: list[Any] = []
     messages = _inline_images(messages, images)
     text = template.render(messages, tools=render_tools, add_generation_prompt=True, **kwargs)
@@ -398,6 +432,8 @@ def _prepare(
     elif job.response_format is not None and not use_tools:
         schema = _response_schema(job.response_format)
         grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
+        if job.reasoning or job.reasoning_budget is not None:  # think, then answer
+            grammar = grammar_after_thinking(grammar, tool_format, text[-_PREFILL_CHARS:])
     if grammar is not None:
         sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 

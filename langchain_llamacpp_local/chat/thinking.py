@@ -8,6 +8,8 @@ registry and tokenized.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from langchain_llamacpp_local.formats.registry import FAMILIES
@@ -32,9 +34,13 @@ def markers(fmt: str | None) -> tuple[str, str, str] | None:
     family = FAMILIES.get(fmt or "")
     spec = family.spec if family is not None else None
     think = ("<think>", "</think>") if spec is None else spec.think
-    if think is None or not think[0] or not think[1]:
+    if think is None or not think[1]:
         return None
     start, end = think
+    if not start:  # Apriel: the generation prompt's lead-in opens the block
+        if spec is None or not spec.reasoning_lead:
+            return None
+        start = spec.reasoning_lead
     return start, end, end
 
 
@@ -54,7 +60,46 @@ def plan(
     return ThinkPlan(
         start=ids(start),
         end=ids(end),
-        open=prefill.rstrip().endswith(start),
+        open=prefill.rstrip().endswith(start.rstrip()),
         budget=budget,
         forced=forced,
+    )
+
+
+def _lit(text: str) -> str:
+    """A GBNF string literal (JSON escapes are GBNF's)."""
+    return json.dumps(text)
+
+
+def _char(c: str) -> str:
+    return f"\\u{ord(c):04X}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08X}"
+
+
+def _excluding(end: str) -> str:
+    """GBNF for one step of text that does not spell ``end`` (``body ::= step*``)."""
+    rule = f"[^{_char(end[-1])}]"
+    for c in reversed(end[:-1]):
+        rule = f"[^{_char(c)}] | {_lit(c)} ({rule})"
+    return rule
+
+
+def grammar_after_thinking(grammar: str, fmt: str | None, prefill: str) -> str:
+    """``grammar`` (root rule ``root``) preceded by ``fmt``'s thinking block, so a request
+    that reasons can think before its constrained answer and a forced end of thinking is
+    grammatical: the block is optional, or must be closed when the prompt opened it.
+    ``grammar`` unchanged for families that write markup between the block and the
+    answer (their answer header is not part of the block's end)."""
+    found = markers(fmt)
+    family = FAMILIES.get(fmt or "")
+    if found is None or (family is not None and family.channel_markup and found[1] == found[2]):
+        return grammar
+    start, _end, close = found
+    renamed = re.sub(r"(?<![\w-])root(?![\w-])", "answer-root", grammar)
+    block = f"think-body {_lit(close)} [ \\t\\n]*"
+    if prefill.rstrip().endswith(start.rstrip()):
+        root = f"root ::= {block} answer-root"
+    else:
+        root = f"root ::= ({_lit(start)} {block})? answer-root"
+    return "\n".join(
+        [root, "think-body ::= think-step*", f"think-step ::= {_excluding(close)}", renamed]
     )

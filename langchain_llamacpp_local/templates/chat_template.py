@@ -187,6 +187,11 @@ class ChatTemplate:
     def __repr__(self) -> str:
         return f"ChatTemplate(origin={self.origin!r})"
 
+    @property
+    def variables(self) -> frozenset[str]:
+        """The variables the template reads that it does not set first."""
+        return self._variables
+
     def _probe(self, name: str, compute: Callable[[], Any]) -> Any:
         """A probe's result, computed once per template source (shared by every instance).
 

@@ -47,3 +47,37 @@ def test_unknown_effort_is_refused(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama)
     with pytest.raises(ValueError, match="reasoning_effort must be one of"):
         llm.render_prompt(MSGS, reasoning_effort="extreme")
+
+
+@pytest.mark.parametrize(
+    ("file", "effort", "shown"),
+    [
+        # Hy3 accepts only no_think / low / high and raises on anything else
+        ("tencent-Hy3.jinja", "medium", "reasoning_effort:high"),
+        ("tencent-Hy3.jinja", "low", "reasoning_effort:low"),
+        ("tencent-Hy3.jinja", "none", "<think:opensource></think:opensource>"),
+        # Solar Open's "minimal" is its "off"
+        ("upstage-Solar-Open-100B.jinja", "none", "<|begin|>assistant<|think|><|end|>"),
+        ("MiniMax-M3.jinja", "none", "Current thinking mode: disabled"),
+        ("MiniMax-M3.jinja", "low", "Current thinking mode: adaptive"),
+        ("MiniMax-M3.jinja", "high", "Current thinking mode: enabled"),
+        ("Kimi-K3.jinja", "medium", "thinking_effort=high"),
+        ("Kimi-K3.jinja", "low", "thinking_effort=low"),
+        ("muse-glimmer.jinja", "low", "Reasoning strength: low."),
+        ("deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "high", "Reasoning Effort: Absolute"),
+        ("ibm-granite-granite-3.3-2B-Instruct.jinja", "high", "write down your thoughts"),
+    ],
+)
+def test_render_prompt_shows_the_templates_own_value(
+    tiny_llama: str, file: str, effort: str, shown: str
+) -> None:
+    llm = ChatLlamaCpp(model_path=tiny_llama, chat_template=_template(file))
+    assert shown in llm.render_prompt(MSGS, reasoning_effort=effort).text
+
+
+def test_budget_zero_turns_the_switches_off(tiny_llama: str) -> None:
+    m3 = ChatLlamaCpp(model_path=tiny_llama, chat_template=_template("MiniMax-M3.jinja"))
+    assert "Current thinking mode: disabled" in m3.render_prompt(MSGS, reasoning_budget=0).text
+    cohere = ChatLlamaCpp(model_path=tiny_llama, chat_template=_template("Cohere2MoE.jinja"))
+    assert cohere.render_prompt(MSGS).text.endswith("<|START_THINKING|>")
+    assert not cohere.render_prompt(MSGS, reasoning_budget=0).text.endswith("<|START_THINKING|>")
