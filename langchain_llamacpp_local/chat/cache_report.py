@@ -9,9 +9,16 @@ see every decision in one table and a test can check each one without a model.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
 
 Cause = Literal[
     "system prompt changed",
@@ -274,3 +281,93 @@ def explain_miss(
         "prompt": excerpt(prepared_text, offset),
         "cause": likely_cause(point, layout),
     }
+
+
+#: conversations remembered per model instance for the miss warning (oldest forgotten)
+WARNED_CONVERSATIONS = 1024
+
+
+def conversation_key(messages: Sequence[dict[str, Any]]) -> str:
+    """What identifies a conversation across its calls: its first message that is not
+    a system/developer one (the opening user turn), else its first message.
+
+    The system prompt, the tools and the template arguments are left out on purpose:
+    they are what a miss usually changed, and a changed one must not make the same
+    conversation look new (and warn again on every call)."""
+    chosen: dict[str, Any] | None = None
+    for message in messages:
+        if message.get("role") not in ("system", "developer"):
+            chosen = message
+            break
+    if chosen is None and messages:
+        chosen = messages[0]
+    text = json.dumps(
+        [chosen.get("role"), chosen.get("content")] if chosen is not None else None,
+        sort_keys=True,
+        default=repr,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class MissWarnings:
+    """Which conversations already had their miss warning: a bounded LRU of keys, so a
+    long-lived model that serves many conversations keeps a fixed amount of memory."""
+
+    def __init__(self, limit: int = WARNED_CONVERSATIONS) -> None:
+        self.limit = limit
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first(self, key: str) -> bool:
+        """True the first time ``key`` is seen (then remembered), False after."""
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return False
+            self._seen[key] = None
+            while len(self._seen) > self.limit:
+                self._seen.popitem(last=False)
+            return True
+
+
+def reread_tokens(cache: dict[str, Any] | None, usage: dict[str, Any]) -> int:
+    """Prompt tokens a call read again because it left the cached prompt (0: no miss)."""
+    if not cache or not cache.get("mismatch"):
+        return 0
+    cached = usage.get("input_token_details", {}).get("cache_read", 0)
+    return int(usage.get("input_tokens", 0)) - int(cached)
+
+
+def warn_on_miss(
+    cache: dict[str, Any] | None,
+    usage: dict[str, Any],
+    threshold: int | None,
+    messages: Sequence[dict[str, Any]],
+    warned: MissWarnings,
+) -> bool:
+    """Log a warning when a call missed the cache and read more than ``threshold``
+    prompt tokens, once per conversation (:func:`conversation_key`); True if it did."""
+    if threshold is None:
+        return False
+    reread = reread_tokens(cache, usage)
+    if reread <= threshold or not warned.first(conversation_key(messages)):
+        return False
+    assert cache is not None
+    miss = cache.get("miss") or {}
+    logger.warning(
+        "prompt cache miss: re-read %d prompt tokens (threshold %d) from message %s "
+        "(%s), offset %s: cause %s; cached %r, prompt %r. Not repeated for this "
+        "conversation; response_metadata['cache'] has the details (docs/cache.md).",
+        reread,
+        threshold,
+        miss.get("message_index"),
+        miss.get("role"),
+        miss.get("offset"),
+        miss.get("cause") or "unknown",
+        miss.get("cached"),
+        miss.get("prompt"),
+    )
+    return True

@@ -3,9 +3,11 @@ host RAM) and whether the prompt left the cached candidate (a miss) or extended 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
@@ -147,3 +149,32 @@ def test_restored_from_disk(tiny_llama: str, tmp_path: Path) -> None:
     # counts as prompt, so leaving it (the scripted "answer 1" is not what the model
     # wrote) is reported as a miss at that reply
     assert not second["missed"] or second["miss"]["role"] == "assistant"
+
+
+def test_costly_miss_warns_once_per_conversation(
+    tiny_llama: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``cache_miss_warning_tokens``: a miss that re-reads more than it is logged with
+    its message, offset and cause, once per conversation."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, cache_miss_warning_tokens=10, **SETTINGS)
+    caplog.set_level(logging.WARNING, logger="langchain_llamacpp_local.chat.cache_report")
+    llm.invoke(_convo("The date is 2026-11-25. ", 1))
+    assert not caplog.records  # nothing cached: no miss
+    msg = llm.invoke(_convo("The date is 2026-11-26. ", 2))
+    report = _cache(msg)
+    assert report["missed"] is True
+    [record] = caplog.records
+    text = record.getMessage()
+    assert f"message 0 (system), offset {report['miss']['offset']}" in text
+    assert "system prompt changed" in text
+    usage = msg.usage_metadata
+    assert usage is not None
+    assert str(usage["input_tokens"] - usage["input_token_details"]["cache_read"]) in text
+    # the same conversation misses again: no second warning
+    again = _cache(llm.invoke(_convo("The date is 2026-11-27. ", 2)))
+    assert again["missed"] is True and len(caplog.records) == 1
+    # an instance without the threshold never warns
+    quiet = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **SETTINGS)
+    caplog.clear()
+    quiet.invoke(_convo("The date is 2026-11-28. ", 2))
+    assert not caplog.records
