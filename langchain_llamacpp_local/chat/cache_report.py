@@ -256,6 +256,7 @@ def explain_miss(
     piece: Callable[[int], bytes],
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]] = (),
+    kwargs_changed: bool = False,
 ) -> dict[str, Any]:
     """The miss part of the report: the prompt left its cached candidate at token
     ``at``; ``cached_window`` is the candidate's next entries, ``piece`` the vocabulary's
@@ -264,7 +265,7 @@ def explain_miss(
     # a token the renderer did not write (a BOS added by the tokenizer) shifts offsets
     shift = max(0, len(full) - len(prepared_text))
     offset = min(max(0, len(_text_of(tokens[:at], piece)) - shift), len(prepared_text))
-    layout = message_layout(prepared_text, messages, tools)
+    layout = replace(message_layout(prepared_text, messages, tools), kwargs_changed=kwargs_changed)
     point = locate(layout, offset)
     media = (at < len(tokens) and _is_media(tokens[at])) or (
         bool(cached_window) and _is_media(cached_window[0])
@@ -331,6 +332,32 @@ class MissWarnings:
             while len(self._seen) > self.limit:
                 self._seen.popitem(last=False)
             return True
+
+
+class LastKwargs:
+    """The template arguments each conversation (:func:`conversation_key`) was last
+    rendered with, as a hash: a bounded LRU, so a miss can say the arguments changed
+    even where the text they changed lies inside a message."""
+
+    def __init__(self, limit: int = WARNED_CONVERSATIONS) -> None:
+        self.limit = limit
+        self._last: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def changed(self, conversation: str, kwargs: str) -> bool:
+        """Record ``kwargs`` for ``conversation``; True if it last rendered with others."""
+        with self._lock:
+            before = self._last.pop(conversation, None)
+            self._last[conversation] = kwargs
+            while len(self._last) > self.limit:
+                self._last.popitem(last=False)
+            return before is not None and before != kwargs
+
+
+def kwargs_key(*options: Any) -> str:
+    """A hash of what a request gives the template besides its messages and tools."""
+    text = json.dumps(options, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def reread_tokens(cache: dict[str, Any] | None, usage: dict[str, Any]) -> int:

@@ -142,6 +142,8 @@ class PreparedPrompt:
     #: the request's messages and tools as rendered (the cache report maps a miss to them)
     messages: list[dict[str, Any]] = field(default_factory=list)
     tool_specs: list[dict[str, Any]] = field(default_factory=list)
+    #: this conversation last rendered with other template arguments (cache report)
+    kwargs_changed: bool = False
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:

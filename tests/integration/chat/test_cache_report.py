@@ -178,3 +178,30 @@ def test_costly_miss_warns_once_per_conversation(
     caplog.clear()
     quiet.invoke(_convo("The date is 2026-11-28. ", 2))
     assert not caplog.records
+
+
+SIGNED = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% if m.role == 'system' %} Signed: {{ signature }}.{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_changed_template_kwargs_inside_a_message(tiny_llama: str) -> None:
+    """A template argument whose text lands inside a message's span is named as such
+    (the front end remembers each conversation's last arguments), with that message."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, chat_template=SIGNED, **SETTINGS)
+    convo = _convo("A system prompt. ", 1)
+    llm.invoke(convo, chat_template_kwargs={"signature": "Alice"})
+    later = [*convo, AIMessage("ok"), HumanMessage("more")]
+    report = _cache(llm.invoke(later, chat_template_kwargs={"signature": "Bob"}))
+    assert report["missed"] is True
+    miss = report["miss"]
+    assert miss["cause"] == "template kwargs changed"
+    assert miss["message_index"] == 0 and miss["role"] == "system"
+    assert miss["offset"] == len("A system prompt. " * 8 + " Signed: ")
+    assert miss["prompt"].startswith("Bob") and miss["cached"].startswith("Alice")
+    # the same arguments again, the system prompt edited: the system prompt is named
+    edited = [SystemMessage("B system prompt. " * 8), *later[1:]]
+    report = _cache(llm.invoke(edited, chat_template_kwargs={"signature": "Bob"}))
+    assert report["miss"]["cause"] == "system prompt changed"

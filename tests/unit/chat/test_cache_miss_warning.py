@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from langchain_llamacpp_local.chat.cache_report import (
+    LastKwargs,
     MissWarnings,
     conversation_key,
+    kwargs_key,
     reread_tokens,
     warn_on_miss,
 )
@@ -98,3 +100,15 @@ def test_remembered_conversations_are_bounded() -> None:
     assert warned.first("c")  # "b", the oldest, is forgotten
     assert warned.first("b")
     assert len(warned) == 2
+
+
+def test_last_kwargs_names_a_change_per_conversation() -> None:
+    last = LastKwargs()
+    a, b = conversation_key(_convo("s", "first")), conversation_key(_convo("s", "second"))
+    monday, tuesday = kwargs_key({"today": "Monday"}), kwargs_key({"today": "Tuesday"})
+    assert not last.changed(a, monday)  # nothing known yet
+    assert not last.changed(b, tuesday)  # another conversation: its own record
+    assert not last.changed(a, monday)
+    assert last.changed(a, tuesday)
+    assert not last.changed(a, tuesday)
+    assert kwargs_key({"x": 1, "y": 2}) == kwargs_key({"y": 2, "x": 1})
