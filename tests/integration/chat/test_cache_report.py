@@ -145,10 +145,15 @@ def test_restored_from_disk(tiny_llama: str, tmp_path: Path) -> None:
     assert first["source"] is None and first["cached_tokens"] == 0
     second = call(_convo("A system prompt saved to disk. ", 2))
     assert second["source"] == "disk" and second["cached_tokens"] > 0
-    # a file does not record its prompt's length (docs/cache.md): the reply it holds
-    # counts as prompt, so leaving it (the scripted "answer 1" is not what the model
-    # wrote) is reported as a miss at that reply
-    assert not second["missed"] or second["miss"]["role"] == "assistant"
+    # the file records its prompt's length: leaving the reply it holds (the scripted
+    # "answer 1" is not what the model wrote) is a new turn, not a miss
+    assert second["missed"] is False and second["mismatch_tokens"] == []
+    # leaving its prompt is one, reported as for a slot
+    third = call(_convo("A system prompt saved to disk, edited. ", 2))
+    assert third["source"] == "disk" and third["missed"] is True
+    assert third["miss"]["cause"] == "system prompt changed"
+    assert third["miss"]["message_index"] == 0
+    assert third["miss"]["offset"] == len("A system prompt saved to disk")
 
 
 def test_costly_miss_warns_once_per_conversation(
