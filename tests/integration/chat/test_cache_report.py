@@ -99,10 +99,18 @@ def test_reordered_tools(tiny_llama: str) -> None:
     b = llm.bind_tools([_tool("search_web"), _tool("get_weather")])
     convo = _convo("A system prompt. ", 1)
     a.invoke(convo)
-    report = _cache(b.invoke([*convo, AIMessage("ok"), HumanMessage("more")]))
+    later = [*convo, AIMessage("ok"), HumanMessage("more")]
+    report = _cache(b.invoke(later))
     assert report["missed"] is True
     assert report["miss"]["cause"] == "tool list or order changed"
     assert report["miss"]["message_index"] == 0
+    # the offset: where the two renderings first differ, counted from the system content
+    before = llm.render_prompt(convo, tools=[_tool("get_weather"), _tool("search_web")]).text
+    after = llm.render_prompt(later, tools=[_tool("search_web"), _tool("get_weather")]).text
+    differ = next(i for i, (x, y) in enumerate(zip(before, after, strict=False)) if x != y)
+    assert report["miss"]["offset"] == differ - after.index(convo[0].content)
+    assert report["miss"]["prompt"].startswith("search_web")
+    assert report["miss"]["cached"].startswith("get_weather")
 
 
 DATED = (
