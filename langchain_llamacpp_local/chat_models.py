@@ -15,15 +15,17 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
 from langchain_core.language_models.model_profile import ModelProfile
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 from typing_extensions import Self
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
+from langchain_llamacpp_local.chat import progress
+from langchain_llamacpp_local.chat.cache_report import MissWarnings, warn_on_miss
 from langchain_llamacpp_local.chat.frontend import frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.leases import asubmit, hold, hold_off_loop, submit
@@ -275,10 +277,17 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """Seconds a call may take (queueing included) before it is cancelled."""
     streaming: bool = False
     """Kept for compatibility with langchain-community: ``invoke`` always streams internally."""
+    cache_miss_warning_tokens: int | None = None
+    """Log a warning (``logging``, logger ``langchain_llamacpp_local.chat.cache_report``)
+    when a call left the cached prompt and re-read more than this many prompt tokens,
+    naming the message, offset and likely cause of ``response_metadata["cache"]``. Once
+    per conversation (identified by its first non-system message; the last 1,024 are
+    remembered per instance). None: off (docs/cache.md)."""
 
     list_models: ClassVar[Any]  # see _ClassOrInstanceMethod below the class
     _worker: ModelWorker | None = PrivateAttr(default=None)
     _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
+    _miss_warnings: MissWarnings = PrivateAttr(default_factory=MissWarnings)
 
     # ------------------------------------------------------------------ setup
 
@@ -566,18 +575,22 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        # LangChain's streaming paths pass no run manager: progress goes to their run
+        progress_run = run_manager if run_manager is not None else progress.CURRENT_RUN.get()
         with model_errors():
             job = self._make_job(messages, stop, kwargs)
             spec = kwargs.get("model")
             lease, resolved = self._lease(spec, job.deadline, check_keep_alive_option(kwargs))
             try:
-                reply = submit(job, lease, self._inflight, progress=run_manager is not None)
+                reply = submit(job, lease, self._inflight, progress=progress_run is not None)
                 name = self._reported_name(spec, resolved)
                 for kind, value in reply.items():
                     if kind == "progress":  # prompt reading, as custom callback events
-                        if run_manager:
-                            emit_progress(run_manager, value)
+                        if progress_run:
+                            emit_progress(progress_run, value)
                         continue
+                    if kind == "done":
+                        self._warn_miss(value, job)
                     chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
                         run_manager.on_llm_new_token(text_of(value), chunk=chunk)
@@ -595,6 +608,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         # Off the event loop: image decoding (pillow, permitted downloads) in _make_job,
         # on the first call loading the model, and preparing the prompt (template,
         # tokens, grammar): the loop never waits on any of them.
+        progress_run = run_manager if run_manager is not None else progress.CURRENT_RUN.get()
         with model_errors():
             job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
             spec = kwargs.get("model")
@@ -602,19 +616,90 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                 spec, job.deadline, check_keep_alive_option(kwargs)
             )
             try:
-                reply = await asubmit(job, lease, self._inflight, progress=run_manager is not None)
+                reply = await asubmit(job, lease, self._inflight, progress=progress_run is not None)
                 name = self._reported_name(spec, resolved)
                 async for kind, value in reply.aitems():
                     if kind == "progress":  # prompt reading, as custom callback events
-                        if run_manager:
-                            await aemit_progress(run_manager, value)
+                        if progress_run:
+                            await aemit_progress(progress_run, value)
                         continue
+                    if kind == "done":
+                        self._warn_miss(value, job)
                     chunk = chunk_of(kind, value, name)
                     if run_manager and kind == "delta":
                         await run_manager.on_llm_new_token(text_of(value), chunk=chunk)
                     yield chunk
             finally:
                 lease.release()
+
+    def _warn_miss(self, done: Any, job: ChatJob) -> None:
+        """``cache_miss_warning_tokens``: warn once per conversation of a costly miss."""
+        warn_on_miss(
+            done.cache,
+            done.usage,
+            self.cache_miss_warning_tokens,
+            job.messages,
+            self._miss_warnings,
+        )
+
+    # LangChain's streaming paths give ``_stream`` no run manager; these pass the run on
+    # (chat.progress.CURRENT_RUN) so prompt progress reaches callbacks there too.
+
+    def stream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        config, run = progress.stream_run(
+            config, self.callbacks, self.tags, self.metadata, is_async=False
+        )
+        return progress.first_step_with(
+            run, lambda: super(ChatLlamaCpp, self).stream(input, config, stop=stop, **kwargs)
+        )
+
+    def astream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        config, run = progress.stream_run(
+            config, self.callbacks, self.tags, self.metadata, is_async=True
+        )
+        return progress.afirst_step_with(
+            run, lambda: super(ChatLlamaCpp, self).astream(input, config, stop=stop, **kwargs)
+        )
+
+    def _generate_with_cache(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        token = progress.CURRENT_RUN.set(run_manager)
+        try:
+            return super()._generate_with_cache(messages, stop, run_manager, **kwargs)
+        finally:
+            progress.CURRENT_RUN.reset(token)
+
+    async def _agenerate_with_cache(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        token = progress.CURRENT_RUN.set(run_manager)
+        try:
+            return await super()._agenerate_with_cache(messages, stop, run_manager, **kwargs)
+        finally:
+            progress.CURRENT_RUN.reset(token)
 
     def _generate(
         self,

@@ -327,6 +327,12 @@ def check_max_loaded_models(value: int | None) -> None:
         raise ValueError("max_loaded_models must be at least 1 (or None for the default)")
 
 
+def check_cache_miss_warning_tokens(value: int | None) -> None:
+    """``cache_miss_warning_tokens``: None (off) or at least 0."""
+    if value is not None and value < 0:
+        raise ValueError("cache_miss_warning_tokens must be at least 0 (or None: no warning)")
+
+
 def check_encodable(text: str, what: str) -> str:
     """``text`` if it is valid Unicode; else a ValueError naming the text and character
     (a lone surrogate, e.g. from a badly decoded file, has no UTF-8 form)."""
@@ -468,3 +474,4 @@ def check_chat_settings(model: Any) -> None:
     request_key(parse_adapters(model.lora_adapters), model.lora)  # names and scales
     sampling_params(model)  # SamplingParams checks its values
     check_max_loaded_models(model.max_loaded_models)
+    check_cache_miss_warning_tokens(model.cache_miss_warning_tokens)

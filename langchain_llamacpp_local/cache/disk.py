@@ -269,6 +269,9 @@ def _encode(key: str, build: str, item: CachedPrompt, *, secret: bytes) -> bytes
             "exact": item.exact,
             "data": len(item.data),
             "checkpoints": [[c.n_tokens, c.pos_min, c.pos_max, c.size] for c in item.checkpoints],
+            # how many entries were the last request's prompt (the rest its reply): a
+            # later turn that leaves the reply is no cache miss (the cache report)
+            **({"n_prompt": item.n_prompt} if item.n_prompt is not None else {}),
         }
     ).encode()
     entries = struct.pack(f"<{len(item.entries)}i", *item.entries)
@@ -322,6 +325,8 @@ def _read_header(
     room = size - offset - _DIGEST
     n = _int(header, "n_entries", 0, room // 4)
     _int(header, "exact", 0, n)
+    if "n_prompt" in header:  # absent in files of earlier versions
+        _int(header, "n_prompt", 0, n)
     room -= 4 * n
     room -= _int(header, "data", 0, room)
     checkpoints = header.get("checkpoints")
@@ -358,7 +363,7 @@ def _decode(blob: bytes, key: str, build: str, secret: bytes) -> CachedPrompt:
     for n_tokens, pos_min, pos_max, size in header["checkpoints"]:
         checkpoints.append(Checkpoint(n_tokens, pos_min, pos_max, body[pos : pos + size]))
         pos += size
-    return CachedPrompt(entries, data, checkpoints, header["exact"])
+    return CachedPrompt(entries, data, checkpoints, header["exact"], header.get("n_prompt"))
 
 
 def _open_regular(path: Path, max_size: int) -> tuple[int, os.stat_result]:

@@ -333,7 +333,13 @@ class SlotMemory:
             if slot.n_past < DISK_MIN_ENTRIES:  # the step that finished it dropped rows
                 return
             data = self.engine.state_get(slot.seq_id, 0)
-            item = CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact)
+            item = CachedPrompt(
+                tuple(slot.entries),
+                data,
+                list(slot.checkpoints.items),
+                slot.exact,
+                n_prompt=slot.n_prompt,
+            )
         finally:
             pending.fill(item)
 

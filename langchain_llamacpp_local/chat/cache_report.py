@@ -9,9 +9,16 @@ see every decision in one table and a test can check each one without a model.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
 
 Cause = Literal[
     "system prompt changed",
@@ -249,6 +256,7 @@ def explain_miss(
     piece: Callable[[int], bytes],
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]] = (),
+    kwargs_changed: bool = False,
 ) -> dict[str, Any]:
     """The miss part of the report: the prompt left its cached candidate at token
     ``at``; ``cached_window`` is the candidate's next entries, ``piece`` the vocabulary's
@@ -257,7 +265,7 @@ def explain_miss(
     # a token the renderer did not write (a BOS added by the tokenizer) shifts offsets
     shift = max(0, len(full) - len(prepared_text))
     offset = min(max(0, len(_text_of(tokens[:at], piece)) - shift), len(prepared_text))
-    layout = message_layout(prepared_text, messages, tools)
+    layout = replace(message_layout(prepared_text, messages, tools), kwargs_changed=kwargs_changed)
     point = locate(layout, offset)
     media = (at < len(tokens) and _is_media(tokens[at])) or (
         bool(cached_window) and _is_media(cached_window[0])
@@ -274,3 +282,119 @@ def explain_miss(
         "prompt": excerpt(prepared_text, offset),
         "cause": likely_cause(point, layout),
     }
+
+
+#: conversations remembered per model instance for the miss warning (oldest forgotten)
+WARNED_CONVERSATIONS = 1024
+
+
+def conversation_key(messages: Sequence[dict[str, Any]]) -> str:
+    """What identifies a conversation across its calls: its first message that is not
+    a system/developer one (the opening user turn), else its first message.
+
+    The system prompt, the tools and the template arguments are left out on purpose:
+    they are what a miss usually changed, and a changed one must not make the same
+    conversation look new (and warn again on every call)."""
+    chosen: dict[str, Any] | None = None
+    for message in messages:
+        if message.get("role") not in ("system", "developer"):
+            chosen = message
+            break
+    if chosen is None and messages:
+        chosen = messages[0]
+    text = json.dumps(
+        [chosen.get("role"), chosen.get("content")] if chosen is not None else None,
+        sort_keys=True,
+        default=repr,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class MissWarnings:
+    """Which conversations already had their miss warning: a bounded LRU of keys, so a
+    long-lived model that serves many conversations keeps a fixed amount of memory."""
+
+    def __init__(self, limit: int = WARNED_CONVERSATIONS) -> None:
+        self.limit = limit
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first(self, key: str) -> bool:
+        """True the first time ``key`` is seen (then remembered), False after."""
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return False
+            self._seen[key] = None
+            while len(self._seen) > self.limit:
+                self._seen.popitem(last=False)
+            return True
+
+
+class LastKwargs:
+    """The template arguments each conversation (:func:`conversation_key`) was last
+    rendered with, as a hash: a bounded LRU, so a miss can say the arguments changed
+    even where the text they changed lies inside a message."""
+
+    def __init__(self, limit: int = WARNED_CONVERSATIONS) -> None:
+        self.limit = limit
+        self._last: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def changed(self, conversation: str, kwargs: str) -> bool:
+        """Record ``kwargs`` for ``conversation``; True if it last rendered with others."""
+        with self._lock:
+            before = self._last.pop(conversation, None)
+            self._last[conversation] = kwargs
+            while len(self._last) > self.limit:
+                self._last.popitem(last=False)
+            return before is not None and before != kwargs
+
+
+def kwargs_key(*options: Any) -> str:
+    """A hash of what a request gives the template besides its messages and tools."""
+    text = json.dumps(options, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def reread_tokens(cache: dict[str, Any] | None, usage: dict[str, Any]) -> int:
+    """Prompt tokens a call read again because it left the cached prompt (0: no miss)."""
+    if not cache or not cache.get("mismatch"):
+        return 0
+    cached = usage.get("input_token_details", {}).get("cache_read", 0)
+    return int(usage.get("input_tokens", 0)) - int(cached)
+
+
+def warn_on_miss(
+    cache: dict[str, Any] | None,
+    usage: dict[str, Any],
+    threshold: int | None,
+    messages: Sequence[dict[str, Any]],
+    warned: MissWarnings,
+) -> bool:
+    """Log a warning when a call missed the cache and read more than ``threshold``
+    prompt tokens, once per conversation (:func:`conversation_key`); True if it did."""
+    if threshold is None:
+        return False
+    reread = reread_tokens(cache, usage)
+    if reread <= threshold or not warned.first(conversation_key(messages)):
+        return False
+    assert cache is not None
+    miss = cache.get("miss") or {}
+    logger.warning(
+        "prompt cache miss: re-read %d prompt tokens (threshold %d) from message %s "
+        "(%s), offset %s: cause %s; cached %r, prompt %r. Not repeated for this "
+        "conversation; response_metadata['cache'] has the details (docs/cache.md).",
+        reread,
+        threshold,
+        miss.get("message_index"),
+        miss.get("role"),
+        miss.get("offset"),
+        miss.get("cause") or "unknown",
+        miss.get("cached"),
+        miss.get("prompt"),
+    )
+    return True

@@ -61,6 +61,8 @@ class Frontend:
         # what requests need of the vocabulary (control-token texts): not part of loading
         scan_in_background(eng)
         assert worker.info is not None
+        #: each conversation's last template arguments (a miss names a change of them)
+        self.last_kwargs = cache_report.LastKwargs()
         self.info = replace(
             worker.info,
             template_origin=self.format.template.origin,
@@ -100,6 +102,7 @@ class Frontend:
                 lambda t: self.engine.token_piece(t),
                 prepared.messages,
                 prepared.tool_specs,
+                prepared.kwargs_changed,
             )
 
     def prepare(self, job: ChatJob) -> tuple[EngineRequest, prompts.PreparedPrompt]:
@@ -123,6 +126,16 @@ class Frontend:
     def _prepare(self, job: ChatJob) -> tuple[EngineRequest, prompts.PreparedPrompt]:
         eng = self.engine
         prepared = prompts.prepare(self.format, job, eng, self._tokenize_media)
+        prepared.kwargs_changed = self.last_kwargs.changed(
+            cache_report.conversation_key(job.messages),
+            cache_report.kwargs_key(
+                job.chat_template,
+                job.chat_template_kwargs,
+                job.reasoning,
+                job.reasoning_effort,
+                job.reasoning_budget == 0,
+            ),
+        )
         logger.debug("prepared a prompt of %d tokens", len(prepared.tokens))
         lora, lora_start = job.lora, 0
         if lora:  # the adapter set is part of the prefix's identity

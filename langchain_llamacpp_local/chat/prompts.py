@@ -145,6 +145,8 @@ class PreparedPrompt:
     messages: list[dict[str, Any]] = field(default_factory=list)
     tool_specs: list[dict[str, Any]] = field(default_factory=list)
     stream_args: bool = False  # tool-call arguments streamed while written
+    #: this conversation last rendered with other template arguments (cache report)
+    kwargs_changed: bool = False
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:

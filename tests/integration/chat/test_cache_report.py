@@ -3,9 +3,11 @@ host RAM) and whether the prompt left the cached candidate (a miss) or extended 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp
@@ -97,10 +99,18 @@ def test_reordered_tools(tiny_llama: str) -> None:
     b = llm.bind_tools([_tool("search_web"), _tool("get_weather")])
     convo = _convo("A system prompt. ", 1)
     a.invoke(convo)
-    report = _cache(b.invoke([*convo, AIMessage("ok"), HumanMessage("more")]))
+    later = [*convo, AIMessage("ok"), HumanMessage("more")]
+    report = _cache(b.invoke(later))
     assert report["missed"] is True
     assert report["miss"]["cause"] == "tool list or order changed"
     assert report["miss"]["message_index"] == 0
+    # the offset: where the two renderings first differ, counted from the system content
+    before = llm.render_prompt(convo, tools=[_tool("get_weather"), _tool("search_web")]).text
+    after = llm.render_prompt(later, tools=[_tool("search_web"), _tool("get_weather")]).text
+    differ = next(i for i, (x, y) in enumerate(zip(before, after, strict=False)) if x != y)
+    assert report["miss"]["offset"] == differ - after.index(convo[0].content)
+    assert report["miss"]["prompt"].startswith("search_web")
+    assert report["miss"]["cached"].startswith("get_weather")
 
 
 DATED = (
@@ -143,7 +153,68 @@ def test_restored_from_disk(tiny_llama: str, tmp_path: Path) -> None:
     assert first["source"] is None and first["cached_tokens"] == 0
     second = call(_convo("A system prompt saved to disk. ", 2))
     assert second["source"] == "disk" and second["cached_tokens"] > 0
-    # a file does not record its prompt's length (docs/cache.md): the reply it holds
-    # counts as prompt, so leaving it (the scripted "answer 1" is not what the model
-    # wrote) is reported as a miss at that reply
-    assert not second["missed"] or second["miss"]["role"] == "assistant"
+    # the file records its prompt's length: leaving the reply it holds (the scripted
+    # "answer 1" is not what the model wrote) is a new turn, not a miss
+    assert second["missed"] is False and second["mismatch_tokens"] == []
+    # leaving its prompt is one, reported as for a slot
+    third = call(_convo("A system prompt saved to disk, edited. ", 2))
+    assert third["source"] == "disk" and third["missed"] is True
+    assert third["miss"]["cause"] == "system prompt changed"
+    assert third["miss"]["message_index"] == 0
+    assert third["miss"]["offset"] == len("A system prompt saved to disk")
+
+
+def test_costly_miss_warns_once_per_conversation(
+    tiny_llama: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``cache_miss_warning_tokens``: a miss that re-reads more than it is logged with
+    its message, offset and cause, once per conversation."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, cache_miss_warning_tokens=10, **SETTINGS)
+    caplog.set_level(logging.WARNING, logger="langchain_llamacpp_local.chat.cache_report")
+    llm.invoke(_convo("The date is 2026-11-25. ", 1))
+    assert not caplog.records  # nothing cached: no miss
+    msg = llm.invoke(_convo("The date is 2026-11-26. ", 2))
+    report = _cache(msg)
+    assert report["missed"] is True
+    [record] = caplog.records
+    text = record.getMessage()
+    assert f"message 0 (system), offset {report['miss']['offset']}" in text
+    assert "system prompt changed" in text
+    usage = msg.usage_metadata
+    assert usage is not None
+    assert str(usage["input_tokens"] - usage["input_token_details"]["cache_read"]) in text
+    # the same conversation misses again: no second warning
+    again = _cache(llm.invoke(_convo("The date is 2026-11-27. ", 2)))
+    assert again["missed"] is True and len(caplog.records) == 1
+    # an instance without the threshold never warns
+    quiet = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **SETTINGS)
+    caplog.clear()
+    quiet.invoke(_convo("The date is 2026-11-28. ", 2))
+    assert not caplog.records
+
+
+SIGNED = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% if m.role == 'system' %} Signed: {{ signature }}.{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_changed_template_kwargs_inside_a_message(tiny_llama: str) -> None:
+    """A template argument whose text lands inside a message's span is named as such
+    (the front end remembers each conversation's last arguments), with that message."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, chat_template=SIGNED, **SETTINGS)
+    convo = _convo("A system prompt. ", 1)
+    llm.invoke(convo, chat_template_kwargs={"signature": "Alice"})
+    later = [*convo, AIMessage("ok"), HumanMessage("more")]
+    report = _cache(llm.invoke(later, chat_template_kwargs={"signature": "Bob"}))
+    assert report["missed"] is True
+    miss = report["miss"]
+    assert miss["cause"] == "template kwargs changed"
+    assert miss["message_index"] == 0 and miss["role"] == "system"
+    assert miss["offset"] == len("A system prompt. " * 8 + " Signed: ")
+    assert miss["prompt"].startswith("Bob") and miss["cached"].startswith("Alice")
+    # the same arguments again, the system prompt edited: the system prompt is named
+    edited = [SystemMessage("B system prompt. " * 8), *later[1:]]
+    report = _cache(llm.invoke(edited, chat_template_kwargs={"signature": "Bob"}))
+    assert report["miss"]["cause"] == "system prompt changed"

@@ -92,3 +92,81 @@ def test_no_progress_without_callbacks(tiny_llama: str) -> None:
     """Without a callback the worker sends nothing extra (the flag stays off)."""
     llm = ChatLlamaCpp(model_path=tiny_llama, **SETTINGS)
     assert [c for c in llm.stream(PROMPT) if c.content or c.usage_metadata]
+
+
+def test_progress_events_on_stream(tiny_llama: str) -> None:
+    """``stream()`` hands ``_stream`` no run manager; the events reach the run's
+    handlers anyway, with the chat model's run as their run id."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, **SETTINGS)
+    seen = RunIds()
+    chunks = list(llm.stream(PROMPT, config={"callbacks": [seen]}))
+    usage = sum(chunks[1:], chunks[0]).usage_metadata
+    assert usage is not None
+    _check(seen.events, usage["input_tokens"], 0)
+    assert seen.event_runs == {seen.chat_run}
+
+
+def test_progress_events_on_streaming_invoke(tiny_llama: str) -> None:
+    """``streaming=True``: LangChain's ``invoke`` streams through ``_stream`` itself."""
+    llm = ChatLlamaCpp(model_path=tiny_llama, streaming=True, **SETTINGS)
+    seen = Collect()
+    msg = llm.invoke(PROMPT, config={"callbacks": [seen]})
+    assert msg.usage_metadata is not None
+    _check(seen.events, msg.usage_metadata["input_tokens"], 0)
+
+
+def test_progress_events_on_astream(tiny_llama: str) -> None:
+    llm = ChatLlamaCpp(model_path=tiny_llama, **SETTINGS)
+    seen = ACollect()
+
+    async def run() -> Any:
+        chunks = [c async for c in llm.astream(PROMPT, config={"callbacks": [seen]})]
+        return sum(chunks[1:], chunks[0]).usage_metadata
+
+    usage = asyncio.run(run())
+    _check(seen.events, usage["input_tokens"], 0)
+
+
+def test_progress_events_in_astream_events(tiny_llama: str) -> None:
+    """``astream_events`` (v2) surfaces them as ``on_custom_event`` of the chat model's
+    run, for the model alone and as a step of a chain (LangChain then invokes it)."""
+    from langchain_core.runnables import RunnableLambda
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, **SETTINGS)
+
+    async def events(runnable: Any, prompt: Any) -> tuple[list[dict[str, int]], set[str], int]:
+        custom: list[dict[str, int]] = []
+        runs: set[str] = set()
+        n_prompt = 0
+        async for ev in runnable.astream_events(prompt, version="v2"):
+            if ev["event"] == "on_custom_event" and ev["name"] == PROGRESS_EVENT:
+                custom.append(ev["data"])
+                runs.add(ev["run_id"])
+            elif ev["event"] == "on_chat_model_end":
+                n_prompt = ev["data"]["output"].usage_metadata["input_tokens"]
+                runs.add("model:" + ev["run_id"])
+        return custom, runs, n_prompt
+
+    chain = RunnableLambda(lambda x: x) | llm
+    for runnable, opening in ((llm, "One long prompt. "), (chain, "Another long prompt. ")):
+        prompt = [SystemMessage(opening * 30), HumanMessage("hi")]
+        custom, runs, n_prompt = asyncio.run(events(runnable, prompt))
+        _check(custom, n_prompt, custom[0]["cached"] if custom else -1)
+        [run] = [r for r in runs if not r.startswith("model:")]
+        assert runs == {run, "model:" + run}  # the chat model's own run
+
+
+class RunIds(Collect):
+    """Also records the chat model's run id and the events' run ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chat_run: UUID | None = None
+        self.event_runs: set[UUID] = set()
+
+    def on_chat_model_start(self, *args: Any, run_id: UUID, **kwargs: Any) -> None:
+        self.chat_run = run_id
+
+    def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        super().on_custom_event(name, data, run_id=run_id, **kwargs)
+        self.event_runs.add(run_id)

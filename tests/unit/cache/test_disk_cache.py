@@ -57,6 +57,20 @@ def test_a_saved_record_restores_exactly(tmp_path: Path) -> None:
     assert reader.load(entry) == item
 
 
+def test_a_record_keeps_its_prompt_length(tmp_path: Path) -> None:
+    """How many entries were the prompt (the rest the reply) survives the file, as it
+    does a host-RAM copy: the cache report tells leaving the reply from a miss."""
+    cache = _cache(tmp_path)
+    item = _item(range(50))
+    item.n_prompt = 42
+    _save(cache, item)
+    reader = _cache(tmp_path)
+    entry, _ = reader.best(list(range(50)))
+    assert entry is not None
+    loaded = reader.load(entry)
+    assert loaded is not None and loaded.n_prompt == 42 and loaded == item
+
+
 def test_the_longest_prefix_wins(tmp_path: Path) -> None:
     cache = _cache(tmp_path)
     _save(cache, _item([1, 2, 3] + list(range(100, 140))))
@@ -409,6 +423,8 @@ def _bad_headers() -> list[tuple[str, Callable[[dict[str, Any]], Any]]]:
         ("odd checkpoints", lambda h: {**h, "checkpoints": [[1, 2]]}),
         ("huge checkpoint", lambda h: {**h, "checkpoints": [[4, 0, 3, 2**62]]}),
         ("huge data", lambda h: {**h, "data": 2**62}),
+        ("prompt past the end", lambda h: {**h, "n_prompt": 10**6}),
+        ("odd prompt length", lambda h: {**h, "n_prompt": "12"}),
         ("not an object", lambda h: list(h.items())),
     ]
 
