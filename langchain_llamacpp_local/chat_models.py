@@ -575,6 +575,19 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        return self._chunks(messages, stop, run_manager, kwargs, whole=False)
+
+    def _chunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> Iterator[ChatGenerationChunk]:
+        """The reply's chunks; ``whole``: the caller reads them only at the end (the
+        worker does not wake it for each token)."""
         # LangChain's streaming paths pass no run manager: progress goes to their run
         progress_run = run_manager if run_manager is not None else progress.CURRENT_RUN.get()
         with model_errors():
@@ -582,7 +595,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             spec = kwargs.get("model")
             lease, resolved = self._lease(spec, job.deadline, check_keep_alive_option(kwargs))
             try:
-                reply = submit(job, lease, self._inflight, progress=progress_run is not None)
+                reply = submit(
+                    job, lease, self._inflight, progress=progress_run is not None, whole=whole
+                )
                 name = self._reported_name(spec, resolved)
                 for kind, value in reply.items():
                     if kind == "progress":  # prompt reading, as custom callback events
@@ -605,6 +620,19 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        async for chunk in self._achunks(messages, stop, run_manager, kwargs, whole=False):
+            yield chunk
+
+    async def _achunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """:meth:`_chunks` for an event loop."""
         # Off the event loop: image decoding (pillow, permitted downloads) in _make_job,
         # on the first call loading the model, and preparing the prompt (template,
         # tokens, grammar): the loop never waits on any of them.
@@ -616,7 +644,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                 spec, job.deadline, check_keep_alive_option(kwargs)
             )
             try:
-                reply = await asubmit(job, lease, self._inflight, progress=progress_run is not None)
+                reply = await asubmit(
+                    job, lease, self._inflight, progress=progress_run is not None, whole=whole
+                )
                 name = self._reported_name(spec, resolved)
                 async for kind, value in reply.aitems():
                     if kind == "progress":  # prompt reading, as custom callback events
@@ -709,11 +739,12 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         chunks = list(
-            self._stream(
+            self._chunks(
                 messages,
                 stop,
                 run_manager if self.streaming else progress_only(run_manager),
-                **kwargs,
+                kwargs,
+                whole=not self.streaming,
             )
         )
         return aggregate(chunks)
@@ -727,11 +758,12 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     ) -> ChatResult:
         chunks = [
             c
-            async for c in self._astream(
+            async for c in self._achunks(
                 messages,
                 stop,
                 run_manager if self.streaming else progress_only(run_manager),
-                **kwargs,
+                kwargs,
+                whole=not self.streaming,
             )
         ]
         return aggregate(chunks)

@@ -88,14 +88,17 @@ def submit(
     inflight: weakref.WeakSet[threading.Event],
     *,
     progress: bool = False,
+    whole: bool = False,
 ) -> Reply:
     """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it;
     ``inflight`` collects the cancel events of the caller's running requests;
-    ``progress``: the worker reports prompt reading (a caller with callbacks)."""
+    ``progress``: the worker reports prompt reading (a caller with callbacks);
+    ``whole``: the reply is read only when it is complete (no wake-up per token)."""
     inflight.add(job.cancel)
     frontend = frontend_for(lease.worker)
     request, prepared = frontend.prepare(job)
     request.prompt_progress = progress
+    request.channel.wake_for_text(not whole)
     return _queue(request, prepared, frontend.info.model_name, lease)
 
 
@@ -105,6 +108,7 @@ async def asubmit(
     inflight: weakref.WeakSet[threading.Event],
     *,
     progress: bool = False,
+    whole: bool = False,
 ) -> Reply:
     """:func:`submit` with the preparation off the event loop; its reply is read with
     ``aitems()``."""
@@ -124,6 +128,7 @@ async def asubmit(
         raise
     request.channel.bind_loop()
     request.prompt_progress = progress
+    request.channel.wake_for_text(not whole)
     return _queue(request, prepared, frontend.info.model_name, lease)
 
 

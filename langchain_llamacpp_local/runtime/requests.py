@@ -89,6 +89,8 @@ class TextDelta:
     text: str
     logprobs: list[dict[str, Any]] | None = None
     final: ClassVar[bool] = False
+    #: a reader of the whole reply need not be woken for it (Channel.wake_for_text)
+    batchable: ClassVar[bool] = True
 
 
 @dataclass
