@@ -149,13 +149,15 @@ def test_no_import_circles() -> None:
 
 @pytest.fixture(scope="module")
 def alone_imports() -> dict[str, subprocess.Popen[str]]:
-    """Every subpackage imported in its own fresh interpreter, all started at once."""
+    """Every subpackage imported in its own fresh interpreter, all started at once; each
+    prints the package modules it ended up with."""
     procs = {}
     for sub in SUBPACKAGES:
         code = (
-            f"import importlib, pkgutil, {PKG}.{sub} as p\n"
+            f"import importlib, pkgutil, sys, {PKG}.{sub} as p\n"
             "for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.'):\n"
             "    importlib.import_module(m.name)\n"
+            f"print(*sorted(n for n in sys.modules if n.startswith('{PKG}.')))\n"
         )
         procs[sub] = subprocess.Popen(
             [sys.executable, "-c", code],
@@ -171,8 +173,15 @@ def alone_imports() -> dict[str, subprocess.Popen[str]]:
 def test_each_subpackage_imports_alone(
     sub: str, alone_imports: dict[str, subprocess.Popen[str]]
 ) -> None:
-    _, stderr = alone_imports[sub].communicate(timeout=300)
+    """Imported first in a fresh interpreter, a subpackage and every module in it import
+    without help, and bring in no module of a layer above (the package root imports its
+    public names on first use, so importing one layer is not importing them all)."""
+    stdout, stderr = alone_imports[sub].communicate(timeout=300)
     assert alone_imports[sub].returncode == 0, stderr
+    loaded = stdout.split()
+    assert f"{PKG}.{sub}" in loaded
+    above = [m for m in loaded if _layer(m) > _layer(f"{PKG}.{sub}")]
+    assert above == []
 
 
 def _private_imports(path: Path, importer: str) -> Iterator[str]:
@@ -203,3 +212,19 @@ def test_no_private_name_is_imported_across_modules() -> None:
     for path in sorted(tests_root.rglob("*.py")):
         offenders += _private_imports(path, str(path.relative_to(tests_root.parent)))
     assert offenders == []
+
+
+def test_the_package_root_gives_every_public_name_and_module() -> None:
+    """The root imports its public names on first use: each one is there, ``import *``
+    gives them all, a module of the package is an attribute as a loaded one would be,
+    and an unknown name is an ``AttributeError``."""
+    names: dict[str, object] = {}
+    exec(f"from {PKG} import *", names)
+    assert set(langchain_llamacpp_local.__all__) <= set(names)
+    assert set(langchain_llamacpp_local.__all__) <= set(dir(langchain_llamacpp_local))
+    for name in langchain_llamacpp_local.__all__:
+        assert getattr(langchain_llamacpp_local, name).__name__ == name
+    assert langchain_llamacpp_local.chat_models.ChatLlamaCpp is names["ChatLlamaCpp"]
+    assert langchain_llamacpp_local.rpc_server.__name__ == f"{PKG}.rpc_server"
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = langchain_llamacpp_local.not_a_name  # type: ignore[attr-defined]
