@@ -11,6 +11,7 @@ tokens and knows nothing of chat messages, templates or output formats.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +31,13 @@ SUBPACKAGES = ("resolution", "llama", "cache", "runtime", "templates", "formats"
 FRONT_END = ("chat", "templates", "formats")
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once for all the checks of this module."""
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
 def _modules() -> dict[str, Path]:
     out = {}
     for path in sorted(ROOT.rglob("*.py")):
@@ -53,7 +61,7 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
 def _imports(name: str, path: Path, *, type_only: bool = True) -> Iterator[tuple[str, int]]:
     """Every module ``name`` imports (function bodies included); with ``type_only``
     False, only those that run (not the ones under ``if TYPE_CHECKING:``)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     skip = set() if type_only else _type_checking_lines(tree)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     for node in ast.walk(tree):
@@ -74,6 +82,7 @@ def _imports(name: str, path: Path, *, type_only: bool = True) -> Iterator[tuple
                 yield f"{mod}.{alias.name}", node.lineno
 
 
+@functools.cache
 def _graph(*, type_only: bool = True) -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
@@ -88,6 +97,33 @@ def _layer(module: str) -> int:
     parts = module.split(".")
     top = parts[1] if len(parts) > 1 else ""
     return LAYERS.index(top) if top in LAYERS else LAYERS.index("")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def alone_imports() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Every subpackage imported in its own fresh interpreter, all started at once with
+    the module's first test (the source checks run meanwhile); each prints the package
+    modules it ended up with."""
+    procs = {}
+    for sub in SUBPACKAGES:
+        code = (
+            f"import importlib, pkgutil, sys, {PKG}.{sub} as p\n"
+            "for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.'):\n"
+            "    importlib.import_module(m.name)\n"
+            f"print(*sorted(n for n in sys.modules if n.startswith('{PKG}.')))\n"
+        )
+        procs[sub] = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT.parent,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    yield procs
+    for proc in procs.values():  # the tests that read them may have been deselected
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_only_llama_imports_llama_cpp() -> None:
@@ -147,28 +183,6 @@ def test_no_import_circles() -> None:
     assert cycles == []
 
 
-@pytest.fixture(scope="module")
-def alone_imports() -> dict[str, subprocess.Popen[str]]:
-    """Every subpackage imported in its own fresh interpreter, all started at once; each
-    prints the package modules it ended up with."""
-    procs = {}
-    for sub in SUBPACKAGES:
-        code = (
-            f"import importlib, pkgutil, sys, {PKG}.{sub} as p\n"
-            "for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.'):\n"
-            "    importlib.import_module(m.name)\n"
-            f"print(*sorted(n for n in sys.modules if n.startswith('{PKG}.')))\n"
-        )
-        procs[sub] = subprocess.Popen(
-            [sys.executable, "-c", code],
-            cwd=ROOT.parent,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    return procs
-
-
 @pytest.mark.parametrize("sub", SUBPACKAGES)
 def test_each_subpackage_imports_alone(
     sub: str, alone_imports: dict[str, subprocess.Popen[str]]
@@ -186,7 +200,7 @@ def test_each_subpackage_imports_alone(
 
 def _private_imports(path: Path, importer: str) -> Iterator[str]:
     """``module.name`` for each private name of the package that ``path`` imports."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
             continue
