@@ -11,6 +11,7 @@ tokens and knows nothing of chat messages, templates or output formats.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +31,13 @@ SUBPACKAGES = ("resolution", "llama", "cache", "runtime", "templates", "formats"
 FRONT_END = ("chat", "templates", "formats")
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once for all the checks of this module."""
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
 def _modules() -> dict[str, Path]:
     out = {}
     for path in sorted(ROOT.rglob("*.py")):
@@ -53,7 +61,7 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
 def _imports(name: str, path: Path, *, type_only: bool = True) -> Iterator[tuple[str, int]]:
     """Every module ``name`` imports (function bodies included); with ``type_only``
     False, only those that run (not the ones under ``if TYPE_CHECKING:``)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     skip = set() if type_only else _type_checking_lines(tree)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     for node in ast.walk(tree):
@@ -74,6 +82,7 @@ def _imports(name: str, path: Path, *, type_only: bool = True) -> Iterator[tuple
                 yield f"{mod}.{alias.name}", node.lineno
 
 
+@functools.cache
 def _graph(*, type_only: bool = True) -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
@@ -88,6 +97,33 @@ def _layer(module: str) -> int:
     parts = module.split(".")
     top = parts[1] if len(parts) > 1 else ""
     return LAYERS.index(top) if top in LAYERS else LAYERS.index("")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def alone_imports() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Every subpackage imported in its own fresh interpreter, all started at once with
+    the module's first test (the source checks run meanwhile); each prints the package
+    modules it ended up with."""
+    procs = {}
+    for sub in SUBPACKAGES:
+        code = (
+            f"import importlib, pkgutil, sys, {PKG}.{sub} as p\n"
+            "for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.'):\n"
+            "    importlib.import_module(m.name)\n"
+            f"print(*sorted(n for n in sys.modules if n.startswith('{PKG}.')))\n"
+        )
+        procs[sub] = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT.parent,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    yield procs
+    for proc in procs.values():  # the tests that read them may have been deselected
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_only_llama_imports_llama_cpp() -> None:
@@ -147,37 +183,24 @@ def test_no_import_circles() -> None:
     assert cycles == []
 
 
-@pytest.fixture(scope="module")
-def alone_imports() -> dict[str, subprocess.Popen[str]]:
-    """Every subpackage imported in its own fresh interpreter, all started at once."""
-    procs = {}
-    for sub in SUBPACKAGES:
-        code = (
-            f"import importlib, pkgutil, {PKG}.{sub} as p\n"
-            "for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.'):\n"
-            "    importlib.import_module(m.name)\n"
-        )
-        procs[sub] = subprocess.Popen(
-            [sys.executable, "-c", code],
-            cwd=ROOT.parent,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    return procs
-
-
 @pytest.mark.parametrize("sub", SUBPACKAGES)
 def test_each_subpackage_imports_alone(
     sub: str, alone_imports: dict[str, subprocess.Popen[str]]
 ) -> None:
-    _, stderr = alone_imports[sub].communicate(timeout=300)
+    """Imported first in a fresh interpreter, a subpackage and every module in it import
+    without help, and bring in no module of a layer above (the package root imports its
+    public names on first use, so importing one layer is not importing them all)."""
+    stdout, stderr = alone_imports[sub].communicate(timeout=300)
     assert alone_imports[sub].returncode == 0, stderr
+    loaded = stdout.split()
+    assert f"{PKG}.{sub}" in loaded
+    above = [m for m in loaded if _layer(m) > _layer(f"{PKG}.{sub}")]
+    assert above == []
 
 
 def _private_imports(path: Path, importer: str) -> Iterator[str]:
     """``module.name`` for each private name of the package that ``path`` imports."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
             continue
@@ -203,3 +226,19 @@ def test_no_private_name_is_imported_across_modules() -> None:
     for path in sorted(tests_root.rglob("*.py")):
         offenders += _private_imports(path, str(path.relative_to(tests_root.parent)))
     assert offenders == []
+
+
+def test_the_package_root_gives_every_public_name_and_module() -> None:
+    """The root imports its public names on first use: each one is there, ``import *``
+    gives them all, a module of the package is an attribute as a loaded one would be,
+    and an unknown name is an ``AttributeError``."""
+    names: dict[str, object] = {}
+    exec(f"from {PKG} import *", names)
+    assert set(langchain_llamacpp_local.__all__) <= set(names)
+    assert set(langchain_llamacpp_local.__all__) <= set(dir(langchain_llamacpp_local))
+    for name in langchain_llamacpp_local.__all__:
+        assert getattr(langchain_llamacpp_local, name).__name__ == name
+    assert langchain_llamacpp_local.chat_models.ChatLlamaCpp is names["ChatLlamaCpp"]
+    assert langchain_llamacpp_local.rpc_server.__name__ == f"{PKG}.rpc_server"
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = langchain_llamacpp_local.not_a_name  # type: ignore[attr-defined]
