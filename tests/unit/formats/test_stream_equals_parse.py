@@ -384,12 +384,25 @@ def stream_every_cut(text: str, fmt: str, opts: dict[str, Any], truncate: bool =
     also ends at every position (as ``max_tokens`` would): each such stream is the
     parse of what was generated."""
     whole = parse(text, fmt, **opts)
+    valid = {c["id"] for c in whole.tool_calls}
     sp = StreamParser(fmt, **opts)
     deltas: list[Any] = []
+    content: list[str] = []
+    reasoning: list[str] = []
     for k in range(len(text) + 1):
         if k:
-            deltas += sp.feed(text[k - 1])
-        sent = _streamed(deltas, whole)
+            new = sp.feed(text[k - 1])
+            deltas += new
+            # what _streamed(deltas, whole) reads, kept up as the deltas come (each
+            # delta read once, not once per later cut)
+            for d in new:
+                if d.kind == "content":
+                    content.append(d.text)
+                elif d.kind == "reasoning":
+                    reasoning.append(d.text)
+                elif d.kind == "tool_call" and d.id in valid:
+                    json.loads(d.args)  # a call the parse keeps arrives as JSON
+        sent = _view("".join(content), "".join(reasoning), [], [])
         assert whole.content.startswith(sent["content"]), (k, text[:k], sent, whole)
         assert (whole.reasoning or "").startswith(sent["reasoning"] or ""), (k, text[:k], sent)
         if truncate and k < len(text):
