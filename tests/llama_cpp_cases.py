@@ -30,8 +30,18 @@ def case_id(case: dict[str, Any]) -> str:
 
 
 @cache
+def template_file(name: str, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+    """llama.cpp's template file ``name``, one instance per process for every module that
+    reads it: the package keeps compiled templates in a bounded cache, which one pass over
+    all the files would turn over before the next module asked for the same ones."""
+    source = TEMPLATES.joinpath(name).read_text(encoding="utf-8")
+    return ChatTemplate(source, origin=name, bos_token=bos_token, eos_token=eos_token)
+
+
 def _template(name: str) -> ChatTemplate:
-    return ChatTemplate(TEMPLATES.joinpath(name).read_text(encoding="utf-8"), origin=name)
+    # the instances the template tests use; a generation prompt is the end of a render,
+    # the same with these tokens as without them for every case
+    return template_file(name, bos_token="<s>", eos_token="</s>")
 
 
 @cache

@@ -367,14 +367,43 @@ def _fork(sp: StreamParser) -> StreamParser:
 
 def _streamed(deltas: list[Any], result: ParsedOutput) -> dict[str, Any]:
     """The deltas merged (texts joined, each call read as the result says it is)."""
-    valid = {c["id"] for c in result.tool_calls}
-    calls = [d for d in deltas if d.kind == "tool_call"]
-    return _view(
-        "".join(d.text for d in deltas if d.kind == "content"),
-        "".join(d.text for d in deltas if d.kind == "reasoning"),
-        [{"name": d.name, "args": json.loads(d.args), "id": d.id} for d in calls if d.id in valid],
-        [{"name": d.name, "args": d.args, "id": d.id} for d in calls if d.id not in valid],
-    )
+    return _SentSoFar().add(deltas).merged(result)
+
+
+class _SentSoFar:
+    """A stream's deltas split by kind as they come (each kind in order), so that a check
+    after every cut reads each delta once rather than all of them again."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: list[Any] = []
+
+    def add(self, deltas: list[Any]) -> _SentSoFar:
+        for d in deltas:
+            if d.kind == "content":
+                self.content.append(d.text)
+            elif d.kind == "reasoning":
+                self.reasoning.append(d.text)
+            elif d.kind == "tool_call":
+                self.calls.append(d)
+        return self
+
+    def merged(self, result: ParsedOutput, more: list[Any] | None = None) -> dict[str, Any]:
+        """``_streamed(deltas + more, result)`` for the deltas added so far."""
+        tail = _SentSoFar().add(more or [])
+        valid = {c["id"] for c in result.tool_calls}
+        calls = [*self.calls, *tail.calls]
+        return _view(
+            "".join(self.content) + "".join(tail.content),
+            "".join(self.reasoning) + "".join(tail.reasoning),
+            [
+                {"name": d.name, "args": json.loads(d.args), "id": d.id}
+                for d in calls
+                if d.id in valid
+            ],
+            [{"name": d.name, "args": d.args, "id": d.id} for d in calls if d.id not in valid],
+        )
 
 
 def stream_every_cut(text: str, fmt: str, opts: dict[str, Any], truncate: bool = False) -> None:
@@ -384,17 +413,25 @@ def stream_every_cut(text: str, fmt: str, opts: dict[str, Any], truncate: bool =
     also ends at every position (as ``max_tokens`` would): each such stream is the
     parse of what was generated."""
     whole = parse(text, fmt, **opts)
+    valid = {c["id"] for c in whole.tool_calls}
     sp = StreamParser(fmt, **opts)
     deltas: list[Any] = []
+    so_far = _SentSoFar()
     for k in range(len(text) + 1):
         if k:
-            deltas += sp.feed(text[k - 1])
-        sent = _streamed(deltas, whole)
+            new = sp.feed(text[k - 1])
+            deltas += new
+            so_far.add(new)
+            for d in new:  # what _streamed(deltas, whole) would read of the calls
+                if d.kind == "tool_call" and d.id in valid:
+                    json.loads(d.args)
+        sent = _view("".join(so_far.content), "".join(so_far.reasoning), [], [])
         assert whole.content.startswith(sent["content"]), (k, text[:k], sent, whole)
         assert (whole.reasoning or "").startswith(sent["reasoning"] or ""), (k, text[:k], sent)
         if truncate and k < len(text):
             cut = _fork(sp)
-            streamed = _streamed(deltas + cut.finish(), cut.result)
+            tail = cut.finish()
+            streamed = so_far.merged(cut.result, tail)  # _streamed(deltas + tail, ...)
             assert streamed == _of(cut.result), (k, text[:k])
             assert _of(cut.result, ids=False) == _of(parse(text[:k], fmt, **opts), ids=False)
     deltas += sp.finish()

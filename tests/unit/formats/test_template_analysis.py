@@ -31,6 +31,7 @@ from langchain_llamacpp_local.formats.auto import (
 from langchain_llamacpp_local.formats.auto import analyzer as ta
 from langchain_llamacpp_local.formats.auto import parser as ta_parser
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate
+from tests.llama_cpp_cases import template_file
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "llama_cpp_templates"
 ALL_TEMPLATES = sorted(p.name for p in TEMPLATES.glob("*.jinja"))
@@ -41,9 +42,8 @@ def source(name: str) -> str:
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
 
-@functools.cache
 def compiled(name: str) -> ChatTemplate:
-    return ChatTemplate(source(name), origin=name, bos_token="<s>", eos_token="</s>")
+    return template_file(name, bos_token="<s>", eos_token="</s>")
 
 
 @functools.cache

@@ -18,6 +18,7 @@ from langchain_llamacpp_local.templates.chat_template import (
     short_tool_call_id,
 )
 from langchain_llamacpp_local.templates.messages import convert_messages
+from tests.llama_cpp_cases import template_file
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "data" / "llama_cpp_templates"
 TEMPLATES = sorted(p.name for p in TEMPLATE_DIR.glob("*.jinja"))
@@ -95,8 +96,7 @@ ONE_CALL_PER_TURN = {
 
 
 def load(name: str) -> ChatTemplate:
-    source = (TEMPLATE_DIR / name).read_text(encoding="utf-8")
-    return ChatTemplate(source, origin=name, bos_token="<s>", eos_token="</s>")
+    return template_file(name, bos_token="<s>", eos_token="</s>")
 
 
 def test_all_llama_cpp_templates_are_present() -> None:
