@@ -305,9 +305,21 @@ def conversation_key(messages: Sequence[dict[str, Any]]) -> str:
     text = json.dumps(
         [chosen.get("role"), chosen.get("content")] if chosen is not None else None,
         sort_keys=True,
-        default=repr,
+        default=_identity,
     )
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _identity(obj: Any) -> Any:
+    """What stands for a non-JSON value in a key: a decoded image by its pixel digest
+    (its repr would spell out megabytes of pixels, holding the GIL meanwhile), bytes by
+    their hash, anything else by its repr."""
+    digest = getattr(obj, "digest", None)
+    if isinstance(digest, str):
+        return {"digest": digest}
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return hashlib.sha256(obj).hexdigest()
+    return repr(obj)
 
 
 class MissWarnings:
@@ -356,7 +368,7 @@ class LastKwargs:
 
 def kwargs_key(*options: Any) -> str:
     """A hash of what a request gives the template besides its messages and tools."""
-    text = json.dumps(options, sort_keys=True, default=repr)
+    text = json.dumps(options, sort_keys=True, default=_identity)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

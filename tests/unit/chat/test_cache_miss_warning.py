@@ -112,3 +112,18 @@ def test_last_kwargs_names_a_change_per_conversation() -> None:
     assert last.changed(a, tuesday)
     assert not last.changed(a, tuesday)
     assert kwargs_key({"x": 1, "y": 2}) == kwargs_key({"y": 2, "x": 1})
+
+
+def test_a_decoded_image_counts_in_the_key_by_its_digest_not_its_pixels() -> None:
+    """The key never spells out an image's pixels (megabytes, under the GIL)."""
+    from langchain_llamacpp_local.chat.cache_report import conversation_key
+    from langchain_llamacpp_local.chat.images import DecodedImage
+
+    def conv(rgb: bytes, digest: str) -> list[dict]:
+        image = DecodedImage(width=1, height=1, rgb=rgb, digest=digest)
+        part = {"type": "image", "image": image}
+        return [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}]
+
+    same = conversation_key(conv(b"\x00" * 3, "abc"))
+    assert conversation_key(conv(b"\xff" * 3, "abc")) == same  # pixels not serialised
+    assert conversation_key(conv(b"\x00" * 3, "abd")) != same  # another image
