@@ -95,13 +95,7 @@ def main() -> None:
         t0 = time.perf_counter()
         last.changed(
             cache_report.conversation_key(job.messages),
-            cache_report.kwargs_key(
-                job.chat_template,
-                job.chat_template_kwargs,
-                job.reasoning,
-                job.reasoning_effort,
-                job.reasoning_budget == 0,
-            ),
+            cache_report.job_kwargs_key(job),
         )
         cache_report.warn_on_miss(hit, usage, 0, job.messages, warned)
         fe_s.append(time.perf_counter() - t0)

@@ -372,6 +372,17 @@ def kwargs_key(*options: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def job_kwargs_key(job: Any) -> str:
+    """:func:`kwargs_key` of a chat job: its template and the arguments that reach it."""
+    return kwargs_key(
+        job.chat_template,
+        job.chat_template_kwargs,
+        job.reasoning,
+        job.reasoning_effort,
+        job.reasoning_budget == 0,
+    )
+
+
 def reread_tokens(cache: dict[str, Any] | None, usage: dict[str, Any]) -> int:
     """Prompt tokens a call read again because it left the cached prompt (0: no miss)."""
     if not cache or not cache.get("mismatch"):

@@ -128,13 +128,7 @@ class Frontend:
         prepared = prompts.prepare(self.format, job, eng, self._tokenize_media)
         prepared.kwargs_changed = self.last_kwargs.changed(
             cache_report.conversation_key(job.messages),
-            cache_report.kwargs_key(
-                job.chat_template,
-                job.chat_template_kwargs,
-                job.reasoning,
-                job.reasoning_effort,
-                job.reasoning_budget == 0,
-            ),
+            cache_report.job_kwargs_key(job),
         )
         logger.debug("prepared a prompt of %d tokens", len(prepared.tokens))
         lora, lora_start = job.lora, 0
