@@ -25,6 +25,7 @@ from langchain_llamacpp_local.errors import (
     RequestCancelledError,
 )
 from langchain_llamacpp_local.llama import model_handle, mtmd, vocab
+from langchain_llamacpp_local.llama.abort import DecodeAbort
 from langchain_llamacpp_local.llama.backend import aborting, init_backend
 from langchain_llamacpp_local.llama.context import (
     fill_batch,
@@ -127,9 +128,8 @@ class Engine(vocab.VocabMethods):
                 cparams.rope_freq_base = config.rope_freq_base
             if config.rope_freq_scale:
                 cparams.rope_freq_scale = config.rope_freq_scale
-            self._abort_flag: Callable[[], bool] | None = None
-            self._abort_cb = C.ggml_abort_callback(self._should_abort)
-            cparams.abort_callback = self._abort_cb
+            self._abort = DecodeAbort()
+            self._abort.install(cparams)
             ctx = new_context(
                 model, cparams, f"a context of {n_ctx} tokens for {config.model_path}"
             )
@@ -228,13 +228,6 @@ class Engine(vocab.VocabMethods):
 
     # ------------------------------------------------------------------ decode
 
-    def _should_abort(self, _data: ctypes.c_void_p) -> bool:
-        flag = self._abort_flag
-        if flag is not None and flag():
-            aborting.active = True
-            return True
-        return False
-
     def decode(
         self,
         tokens: Sequence[int],
@@ -289,18 +282,17 @@ class Engine(vocab.VocabMethods):
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
         fill_batch(batch, tokens, positions, seq_ids, outputs)
-        self._abort_flag = cancel
         try:
-            if self._budget is not None:
-                plan = self.thread_plan
-                want = plan.n_threads if n == 1 else plan.n_threads_batch
-                with self._budget.threads(self.team, want) as got:
-                    self._use_threads(min(plan.n_threads, got), min(plan.n_threads_batch, got))
+            with self._abort.watch(self.ctx, cancel):
+                if self._budget is not None:
+                    plan = self.thread_plan
+                    want = plan.n_threads if n == 1 else plan.n_threads_batch
+                    with self._budget.threads(self.team, want) as got:
+                        self._use_threads(min(plan.n_threads, got), min(plan.n_threads_batch, got))
+                        rc = C.llama_decode(self.ctx, batch)
+                else:
                     rc = C.llama_decode(self.ctx, batch)
-            else:
-                rc = C.llama_decode(self.ctx, batch)
         finally:
-            self._abort_flag = None
             aborting.active = False
         if rc == 2:
             raise RequestCancelledError("cancelled during decoding")
@@ -435,6 +427,9 @@ class Engine(vocab.VocabMethods):
             self.mtmd = None
         free_context(self.ctx, self._batch)
         self.ctx = self._batch = None
+        abort = getattr(self, "_abort", None)
+        if abort is not None:
+            abort.close()
         self.model = None
         ref = getattr(self, "_model_ref", None)
         if ref is not None:

@@ -260,3 +260,24 @@ def test_a_parser_failure_fails_its_request_only(
     assert isinstance(results["poison me"], ValueError)
     assert_same_greedy(results["a healthy request"], ok_ref, tol=0.0)
     assert llm._worker is not None and llm._worker.alive
+
+
+def test_a_timeout_stops_a_prompt_piece_mid_decode(smollm2: str) -> None:
+    """One long prompt piece (a single ``llama_decode``) is stopped from inside by the
+    native abort flag: the next request does not wait for the piece to finish."""
+    llm = ChatLlamaCpp(
+        model_path=smollm2, n_ctx=2048, n_batch=2048, n_ubatch=512, max_tokens=1, **_GREEDY
+    ).load()
+    prompt = "The committee reviewed the quarterly figures. " * 100
+    t0 = time.perf_counter()
+    whole = llm.invoke(prompt, cache_prompt=False)
+    piece_s = time.perf_counter() - t0
+    timings = whole.response_metadata["timings"]
+    assert timings["prompt_n"] > 600
+    with pytest.raises(TimeoutError):
+        llm.invoke(prompt, cache_prompt=False, timeout=0.2)
+    t1 = time.perf_counter()
+    again = llm.invoke("Say hello.", max_tokens=4)
+    # the aborted piece would have held the worker for most of piece_s
+    assert time.perf_counter() - t1 < 0.2 + piece_s / 3, piece_s
+    assert again.content
