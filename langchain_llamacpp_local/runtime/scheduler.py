@@ -11,7 +11,7 @@ touches llama.cpp, so the order, grouping and cuts are tested without a model.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from langchain_llamacpp_local.cache.chunking import balanced_groups, fast_piece_end, piece_end
@@ -86,6 +86,9 @@ class StepPlan(Generic[T]):
     """The draft each of ``verify`` checks after its pending token (same order)."""
     prompt: PromptPiece[T] | None = None
     """The prompt piece read last (after the generation calls)."""
+    with_prompt: tuple[T, ...] = ()
+    """Generating requests whose next token rides in the prompt piece's call (not in
+    ``decode_groups``): the running streams wait for one call, not for two."""
 
     def verifies(self) -> Iterator[tuple[T, tuple[int, ...]]]:
         """``(request, draft)`` pairs, in order."""
@@ -166,6 +169,7 @@ def plan_step(
     drafts: Callable[[T], Sequence[int]] | None = None,
     reading: Sequence[tuple[T, PromptRead]] = (),
     rules: PieceRules | None = None,
+    mix: bool = False,
 ) -> StepPlan[T]:
     """Plan one step for ``generating`` (in slot order) and ``reading`` (in arrival order).
 
@@ -175,6 +179,13 @@ def plan_step(
     context); ``turn`` rotates which set goes first; each set's requests are split
     into the fewest calls of at most ``limit`` rows. The oldest request still reading
     its prompt reads one piece of it (:func:`plan_piece`, ``rules`` needed then).
+
+    With ``mix`` (the memory can drop the rows of an aborted call) and outside
+    deterministic mode, the first decode group with the piece's adapter set joins the
+    piece's call, as llama.cpp's server batches the next tokens with a prompt chunk: the
+    piece gives up as many tokens as the group has rows, so the call stays within
+    ``n_batch``, and the running streams wait for that one call instead of their own
+    call and then the piece's.
     """
     draft_of = {id(r): tuple(drafts(r)) for r in generating} if drafts is not None else {}
 
@@ -194,5 +205,21 @@ def plan_step(
     if reading:
         if rules is None:
             raise ValueError("plan_step(reading=...) needs the piece rules")
-        piece = plan_piece(*reading[0], rules)
+        request, read = reading[0]
+        piece = plan_piece(request, read, rules)
+        # (not before an aLoRA's activation: the piece decodes without the request's set)
+        if mix and not rules.deterministic and piece.end > piece.start and piece.adapters:
+            lora = lora_of(request)
+            for i, group in enumerate(groups):
+                if len(group) < rules.n_batch and lora_of(group[0]) == lora:
+                    piece = plan_piece(
+                        request, read, replace(rules, n_batch=rules.n_batch - len(group))
+                    )
+                    return StepPlan(
+                        groups[:i] + groups[i + 1 :],
+                        verify,
+                        tuple(draft_of.get(id(r), ()) for r in verify),
+                        piece,
+                        group,
+                    )
     return StepPlan(groups, verify, tuple(draft_of.get(id(r), ()) for r in verify), piece)

@@ -39,6 +39,7 @@ from langchain_llamacpp_local.errors import (
 )
 from langchain_llamacpp_local.llama.engine import Engine
 from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.llama.probes import MemoryKind
 from langchain_llamacpp_local.llama.sampling import Sampler
 from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
 from langchain_llamacpp_local.runtime.channel import Channel
@@ -562,9 +563,12 @@ class _WorkerState:
             if act in self.active:
                 self._decode_verify(act, list(draft))
         piece = plan.prompt
+        riding = [a for a in plan.with_prompt if a in self.active]
         # a request whose memory was lost with another's (adapters overflowed) ended
         if piece is not None and piece.request in self.active:
-            self._decode_prompt_piece(piece)
+            self._decode_prompt_piece(piece, riding)
+        elif riding:
+            self._decode_generation(riding)
 
     def _plan(self) -> StepPlan[_Active]:
         """What this step decodes: the drafts are proposed here (a proposer may run a
@@ -590,6 +594,8 @@ class _WorkerState:
             turn=self.lora_turn,
             reading=[] if reading is None else [(reading, self._prompt_read(reading))],
             rules=self.piece_rules,
+            # a row of an aborted call is dropped with seq_rm, which recurrent memory lacks
+            mix=eng.memory_kind is not MemoryKind.FULL_ONLY,
         )
 
     @property
@@ -725,8 +731,11 @@ class _WorkerState:
         n = len(rows)
         eng.decode_batch(rows, range(start, start + n), [act.slot.seq_id] * n, [False] * n)
 
-    def _decode_prompt_piece(self, piece: PromptPiece[_Active]) -> None:
-        """Read the planned piece: its images, then its tokens in one decode call."""
+    def _decode_prompt_piece(
+        self, piece: PromptPiece[_Active], gen: Sequence[_Active] = ()
+    ) -> None:
+        """Read the planned piece: its images, then its tokens in one decode call that
+        also carries ``gen``'s next tokens (rows ``0..len(gen)``)."""
         eng = self.engine
         memory = self.memory
         assert eng is not None and memory is not None
@@ -738,6 +747,8 @@ class _WorkerState:
                 self._eval_media(act, media[pos])
         except Exception as exc:  # a decode error or a bad image: this request's error
             self._finish_error(act, exc)
+            if gen:
+                self._decode_generation(list(gen))
             return
         start, end = piece.start, piece.end  # the images read, the slot ends at start
         n_prompt = len(act.tokens)
@@ -751,16 +762,28 @@ class _WorkerState:
             lora = _lora_of(act) if piece.adapters else ()
             eng.set_lora(lora)  # LoRA hook
             eng.decode_batch(
-                chunk,
-                range(start, end),
-                [slot.seq_id] * len(chunk),
+                [*(a.pending for a in gen), *chunk],  # type: ignore[misc]
+                [*(a.slot.n_past for a in gen), *range(start, end)],
+                [*(a.slot.seq_id for a in gen), *[slot.seq_id] * len(chunk)],
                 # under adapters every piece's last row too: its logits show an overflow
-                [i == n_prompt - 1 or (bool(lora) and i == end - 1) for i in range(start, end)],
+                [True] * len(gen)
+                + [i == n_prompt - 1 or (bool(lora) and i == end - 1) for i in range(start, end)],
                 cancel=job.cancelled if len(chunk) > 1 else None,
             )
+        except NonFiniteOutputError as exc:
+            self._after_non_finite([*gen, act], exc)
+            return
         except (RequestCancelledError, DecodeError) as exc:
+            # the piece's failure or cancel: the rows beside it lose only this step's
+            # entry and decode their pending token again next step
+            for a in gen:
+                memory.sync(a.slot)
             self._after_failed_decode([act], exc)
             return
+        for i, a in enumerate(gen):
+            memory.record(a.slot, [a.pending], exact=False)
+            a.pending = None
+            self._guarded(a, self._sample, a, i)
         memory.record(slot, chunk, exact=True)
         if job.prompt_progress:
             job.channel.put(PromptProgress(n_prompt, act.n_keep, slot.n_past - act.n_keep))
@@ -771,7 +794,7 @@ class _WorkerState:
             return
         memory.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
-        self._guarded(act, self._sample, act, len(chunk) - 1)
+        self._guarded(act, self._sample, act, len(gen) + len(chunk) - 1)
         if piece.window and slot.n_past == n_prompt:
             # the prompt's end, after its first token went out: a regenerate of this
             # prompt resumes one entry back from it

@@ -156,3 +156,50 @@ def test_the_oldest_reading_request_reads_one_piece() -> None:
     assert step.prompt == PromptPiece("x", (), 0, 256)
     with pytest.raises(ValueError, match="rules"):
         plan_step([], limit=1, lora_of=lambda r: "", turn=0, reading=[("x", PromptRead(0, 9))])
+
+
+# --------------------------------------------------------------------------- generation beside a piece
+
+
+def _mixed(generating: list[str], lora: dict[str, str], read: PromptRead, **kw: object) -> StepPlan:
+    return plan_step(
+        generating,
+        limit=8,
+        lora_of=lambda r: lora.get(r, ""),
+        turn=0,
+        reading=[("x", read)],
+        rules=kw.pop("rules", FAST),  # type: ignore[arg-type]
+        mix=kw.pop("mix", True),  # type: ignore[arg-type]
+    )
+
+
+def test_generation_rides_in_the_piece_call_and_the_piece_makes_room() -> None:
+    step = _mixed(["a", "b", "c"], {}, PromptRead(0, 1000))
+    assert step.decode_groups == () and step.with_prompt == ("a", "b", "c")
+    # the call stays within n_batch: the piece gives up one token per row
+    assert (step.prompt.start, step.prompt.end) == (0, 253)
+    # the prompt's short tail is not cut shorter
+    assert _mixed(["a"], {}, PromptRead(900, 1000)).prompt.end == 1000
+
+
+def test_only_the_group_with_the_piece_adapters_rides() -> None:
+    lora = {"a": "sql", "x": "sql"}
+    step = _mixed(["a", "b"], lora, PromptRead(0, 1000))
+    assert step.with_prompt == ("a",) and step.decode_groups == (("b",),)
+    assert step.prompt.end == 255
+    none = _mixed(["b"], lora, PromptRead(0, 1000))
+    assert none.with_prompt == () and none.decode_groups == (("b",),)
+    assert none.prompt.end == 256
+
+
+def test_no_riding_in_deterministic_mode_without_mix_or_before_an_alora() -> None:
+    exact = PieceRules(
+        deterministic=True, n_batch=256, n_ubatch=256, align=64, window_checkpoints=False
+    )
+    assert _mixed(["a"], {}, PromptRead(0, 1000), rules=exact).with_prompt == ()
+    assert _mixed(["a"], {}, PromptRead(0, 1000), mix=False).with_prompt == ()
+    before = _mixed(["a"], {}, PromptRead(0, 1000, lora_start=50))
+    assert before.with_prompt == () and not before.prompt.adapters
+    # an image-only piece has no call to ride in
+    img = _mixed(["a"], {}, PromptRead(10, 30, media={10: 20}))
+    assert img.with_prompt == () and img.decode_groups == (("a",),)
