@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from langchain_llamacpp_local.chat.prompts import OutputParser, PreparedPrompt
-from langchain_llamacpp_local.errors import RequestTimeoutError
+from langchain_llamacpp_local.errors import RequestTimeoutError, WorkerDeadError
 from langchain_llamacpp_local.formats import StreamDelta
 from langchain_llamacpp_local.runtime.requests import (
     EngineRequest,
@@ -55,6 +55,10 @@ def usage_of(fin: Finished) -> dict[str, Any]:
     if fin.n_reasoning:
         usage["output_token_details"] = {"reasoning": fin.n_reasoning}
     return usage
+
+
+#: Why a miss carries no place in the messages (reading it needs the model's vocabulary).
+UNLOADED = "the model was unloaded before the reply was read"
 
 
 class Reply:
@@ -94,7 +98,13 @@ class Reply:
             out = self._pieces(self.parser.finish())
             cache = item.cache
             if cache is not None and cache["mismatch"] and self.explain_miss is not None:
-                cache = {**cache, "miss": self.explain_miss(self.prepared, cache)}
+                try:
+                    miss = self.explain_miss(self.prepared, cache)
+                except WorkerDeadError:
+                    # unloaded between the reply's end and its reading (evicted, closed):
+                    # the reply stands; only the miss's place in the messages is unknown
+                    miss = {"cause": f"not explained: {UNLOADED}"}
+                cache = {**cache, "miss": miss}
             done = Done(
                 item.finish_reason,
                 usage_of(item),

@@ -123,3 +123,24 @@ def test_stream_tool_args_reaches_the_parser_from_the_model_and_the_call() -> No
     assert spoil.args == '"]' and done.parsed.tool_calls == []
     (bad,) = done.parsed.invalid_tool_calls
     assert bad["args"] == '{"text":"a long note"]'
+
+
+def test_a_miss_the_unloaded_model_cannot_explain_leaves_the_reply_whole() -> None:
+    """The worker finished, then the model was unloaded (evicted by another model, or
+    closed) before the caller read the end: the reply is still returned, its miss says
+    why it has no place in the messages."""
+    from langchain_llamacpp_local.chat.reply import UNLOADED
+    from langchain_llamacpp_local.errors import WorkerDeadError
+
+    reply = _reply(logprobs=False)
+
+    def gone(*_a: object) -> dict:
+        raise WorkerDeadError("the model worker has stopped")
+
+    reply.explain_miss = gone
+    cache = {"source": "slot", "at": 1, "mismatch": [7, 8]}
+    out = reply.handle(_finished(cache=cache))
+    done = out[-1][1]
+    assert out[-1][0] == "done" and isinstance(done, Done)
+    assert done.cache["miss"] == {"cause": f"not explained: {UNLOADED}"}
+    assert done.cache["mismatch"] == [7, 8]
