@@ -284,6 +284,10 @@ STRONG = 0.3
 PROBE_AFTER_S = 2.0
 #: Decodes whose waits are averaged before the budget moves.
 WINDOW = 8
+#: ...or this much decode time, whichever comes first: one prompt piece of seconds is a
+#: window of its own (counting decodes only, a lowered budget read eight long pieces,
+#: tens of seconds, on one thread after the load that lowered it had gone).
+WINDOW_S = 0.25
 #: A team counts as busy this long after its last decode: two models decoding by turns
 #: (a chat reply and an embedding batch) split the CPUs instead of oversubscribing them.
 BUSY_FOR_S = 0.1
@@ -296,35 +300,47 @@ class ContentionState:
     usable: int
     limit: int
     waits: list[float] = field(default_factory=list)
+    #: decode time the window's waits were measured over (0 where not given)
+    walls: list[float] = field(default_factory=list)
     lowered_at: float = 0.0
     probing: bool = False
 
 
-def next_limit(state: ContentionState, wait_share: float, now: float, team: int = 2) -> int:
-    """Decide the budget's CPU limit after one decode by ``team`` threads whose calling
-    thread waited ``wait_share`` of its time for a CPU. Pure: it updates ``state`` and
-    returns the new limit.
+def next_limit(
+    state: ContentionState, wait_share: float, now: float, team: int = 2, wall_s: float = 0.0
+) -> int:
+    """Decide the budget's CPU limit after one decode by ``team`` threads that took
+    ``wall_s`` seconds and whose calling thread waited ``wait_share`` of its time for a
+    CPU. Pure: it updates ``state`` and returns the new limit.
 
     Only a team of several threads says anything: a lone thread has no barrier to wait
     at, so its wait costs no more than the CPU time it lost; it counts as quiet (so a
     lowered limit is still tried again). A decode past :data:`STRONG`, or past
     :data:`CONTENDED` while one more CPU is being tried, gives one CPU back at once;
-    otherwise :data:`WINDOW` decodes are averaged. An uncontended limit below ``usable``
-    tries one more CPU every :data:`PROBE_AFTER_S` seconds.
+    otherwise :data:`WINDOW` decodes, or :data:`WINDOW_S` seconds of them, are averaged
+    (weighted by their time). An uncontended limit below ``usable`` tries one more CPU
+    every :data:`PROBE_AFTER_S` seconds.
     """
     if team < 2:
         wait_share = 0.0
     if state.limit > 1 and (wait_share >= STRONG or (state.probing and wait_share > CONTENDED)):
         state.probing = False
         state.waits.clear()
+        state.walls.clear()
         state.limit -= 1
         state.lowered_at = now
         return state.limit
     state.waits.append(wait_share)
-    if len(state.waits) < WINDOW:
+    state.walls.append(max(0.0, wall_s))
+    total = sum(state.walls)
+    if len(state.waits) < WINDOW and total < WINDOW_S:
         return state.limit
-    mean = sum(state.waits) / len(state.waits)
+    if total > 0:
+        mean = sum(w * t for w, t in zip(state.waits, state.walls, strict=True)) / total
+    else:
+        mean = sum(state.waits) / len(state.waits)
     state.waits.clear()
+    state.walls.clear()
     if mean > CONTENDED and state.limit > 1:
         state.limit -= 1
         state.lowered_at = now
@@ -402,7 +418,7 @@ class CpuBudget:
                 if w0 is not None and w1 is not None and wall > 0:
                     before = self._state.limit
                     share = (w1 - w0) / wall
-                    after = next_limit(self._state, share, time.monotonic(), n)
+                    after = next_limit(self._state, share, time.monotonic(), n, wall / 1e9)
                     if after != before:
                         logger.debug("CPU budget %d -> %d (other programs' load)", before, after)
                 self._cond.notify_all()

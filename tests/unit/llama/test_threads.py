@@ -311,3 +311,19 @@ def test_a_team_inside_a_long_decode_still_counts_as_busy() -> None:
     t.join(10)
     assert n == 1
     assert waited < 1.0
+
+
+def test_one_long_decode_is_a_window_of_its_own() -> None:
+    """A lowered budget tries a CPU more after one quiet prompt piece of seconds, not
+    after eight of them; and one long contended piece lowers it as eight short ones do."""
+    state = ContentionState(usable=2, limit=1, lowered_at=0.0)
+    assert next_limit(state, 0.0, now=T.PROBE_AFTER_S + 1, team=1, wall_s=3.0) == 2
+    loaded = ContentionState(usable=2, limit=2)
+    assert next_limit(loaded, 0.2, now=10.0, wall_s=3.0) == 1
+    # short decodes still wait for the window, weighted by their time
+    short = ContentionState(usable=2, limit=2)
+    assert next_limit(short, 0.25, now=10.0, wall_s=0.01) == 2
+    for _ in range(T.WINDOW - 2):
+        assert next_limit(short, 0.0, now=10.0, wall_s=0.001) == 2
+    # the long-ish contended decode outweighs the quiet short ones
+    assert next_limit(short, 0.25, now=10.0, wall_s=0.05) == 1
