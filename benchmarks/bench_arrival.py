@@ -15,11 +15,12 @@ tokens of any running stream that overlaps the window; the streams' median gap b
 the arrival; and the decode time of the costliest prompt piece: the prompt's last
 ``n_batch`` tokens decoded alone after the rest of it (a piece's attention grows with
 the tokens before it, so on a CPU the last piece of a long prompt costs several times
-the first), measured after the runs, while the streams' conversations still take their
-cells of the shared KV pool (a piece attends over every cell in use). The goal: the
-largest gap is no more than that piece's decode time plus 10 ms (the arrival costs the
-running streams at most the piece that is decoded beside them); the average piece (the
-whole prompt's ``prompt_ms`` over its pieces) is recorded too.
+the first), measured after each run, while the streams' conversations still take their
+cells of the shared KV pool and the arrival's prompt its own slot (a piece attends over
+every cell in use). The goal: in every run the largest gap is no more than that piece's
+decode time plus 10 ms (the arrival costs the running streams at most the piece that is
+decoded beside them); the average piece (the whole prompt's ``prompt_ms`` over its
+pieces, decoded alone at the end) is recorded too.
 
 Public API only (``ChatLlamaCpp``), so the same script measures any version of the
 package. Records the CPU flags and thread settings (benchmarks/machine.py).
@@ -114,12 +115,8 @@ def _stream(llm: Any, prompt: str, max_tokens: int, times: list[float]) -> None:
             times.append(time.perf_counter())
 
 
-def piece_ms(llm: Any, messages: list[Any], kwargs: dict[str, Any], n_batch: int) -> dict:
-    """The prompt's pieces' decode time: ``average`` (the long prompt decoded alone, over
-    its pieces) and ``last`` (its last ``n_batch`` tokens decoded after the rest, the
-    costliest piece), each the best of 2."""
-    from langchain_core.messages import HumanMessage
-
+def average_piece(llm: Any, messages: list[Any], kwargs: dict[str, Any], n_batch: int) -> dict:
+    """The long prompt decoded alone, over its pieces (best of 2)."""
     runs = []
     for _ in range(2):
         out = llm.invoke(messages, max_tokens=1, cache_prompt=False, **kwargs)
@@ -127,7 +124,15 @@ def piece_ms(llm: Any, messages: list[Any], kwargs: dict[str, Any], n_batch: int
         pieces = max(1, math.ceil(t["prompt_n"] / n_batch))
         runs.append({"prompt_n": t["prompt_n"], "prompt_ms": t["prompt_ms"], "pieces": pieces})
     best = min(runs, key=lambda r: r["prompt_ms"])
-    # the prompt less about one piece, cached; then the whole prompt reads the rest
+    return {**best, "average_piece_ms": best["prompt_ms"] / best["pieces"]}
+
+
+def last_piece_ms(llm: Any, messages: list[Any], kwargs: dict[str, Any], n_batch: int) -> float:
+    """The prompt's last ``n_batch`` tokens decoded alone after the rest (the costliest
+    piece), best of 2: the prompt less about one piece is read from the cache (the slot
+    that holds it), then the whole prompt reads the rest."""
+    from langchain_core.messages import HumanMessage
+
     text = messages[-1].content
     cut = len(llm.get_token_ids(text)) - n_batch
     head = llm.get_token_ids(text)[: max(1, cut)]
@@ -139,12 +144,7 @@ def piece_ms(llm: Any, messages: list[Any], kwargs: dict[str, Any], n_batch: int
         t = out.response_metadata["timings"]
         # scaled to a whole piece when the kept prefix left it a little short
         last.append(t["prompt_ms"] * n_batch / max(1, min(n_batch, t["prompt_n"])))
-    return {
-        **best,
-        "average_piece_ms": best["prompt_ms"] / best["pieces"],
-        "last_piece_ms": min(last),
-        "piece_ms": min(last),
-    }
+    return min(last)
 
 
 def _detok(llm: Any, text: str, n_tokens: int) -> str:
@@ -160,7 +160,9 @@ def _detok(llm: Any, text: str, n_tokens: int) -> str:
     return " ".join(words[:lo])
 
 
-def one_run(llm: Any, messages: list[Any], kwargs: dict[str, Any], stream_tokens: int) -> dict:
+def one_run(
+    llm: Any, messages: list[Any], kwargs: dict[str, Any], stream_tokens: int, n_batch: int
+) -> dict:
     times: list[list[float]] = [[] for _ in STREAM_PROMPTS]
     threads = [
         threading.Thread(target=_stream, args=(llm, p, stream_tokens, t))
@@ -190,7 +192,12 @@ def one_run(llm: Any, messages: list[Any], kwargs: dict[str, Any], stream_tokens
                 gaps_in.append((b - a) * 1000)
             elif b <= t_arrive:
                 gaps_before.append((b - a) * 1000)
+    # the bound, in the state the arrival's pieces met: the streams' cells still in the
+    # shared pool, the arrival's prompt in its own slot (a piece attends over every cell
+    # in use, so the same piece in an emptier pool is cheaper)
+    piece = last_piece_ms(llm, messages, kwargs, n_batch)
     return {
+        "last_piece_ms": piece,
         "arrival_to_first_token_ms": (t_first - t_arrive) * 1000,
         "largest_gap_ms": max(gaps_in, default=0.0),
         "median_gap_before_ms": statistics.median(gaps_before) if gaps_before else None,
@@ -239,12 +246,14 @@ def main() -> None:
     t0 = time.perf_counter()
     llm.render_prompt(messages, **kwargs)
     render_ms = (time.perf_counter() - t0) * 1000
-    runs = [one_run(llm, messages, kwargs, args.stream_tokens) for _ in range(args.repeats)]
-    # after the runs: the streams' conversations still hold their cells of the pool, so
-    # the piece's attention spans as many cells as it did beside them
-    piece = piece_ms(llm, messages, kwargs, n_batch)
+    runs = [
+        one_run(llm, messages, kwargs, args.stream_tokens, n_batch) for _ in range(args.repeats)
+    ]
+    piece = average_piece(llm, messages, kwargs, n_batch)
     largest = max(r["largest_gap_ms"] for r in runs)
-    goal = piece["piece_ms"] + GOAL_SLACK_MS
+    # each run against its own bound; the reported goal is the worst run's
+    worst = max(runs, key=lambda r: r["largest_gap_ms"] - r["last_piece_ms"])
+    goal = worst["last_piece_ms"] + GOAL_SLACK_MS
     result = {
         "model": Path(path).name,
         "settings": {
@@ -262,22 +271,24 @@ def main() -> None:
         "runs": runs,
         "largest_gap_ms": largest,
         "goal_ms": goal,
-        "goal_met": largest <= goal,
+        "goal_met": all(r["largest_gap_ms"] <= r["last_piece_ms"] + GOAL_SLACK_MS for r in runs),
+        "worst_gap_over_piece_ms": worst["largest_gap_ms"] - worst["last_piece_ms"],
         "threads": llm.model_info.threads,
         "thread_settings": thread_settings(),
         "machine": info,
     }
     for r in runs:
         print(
-            f"largest gap {r['largest_gap_ms']:.1f} ms (median before "
+            f"largest gap {r['largest_gap_ms']:.1f} ms against the last piece alone "
+            f"{r['last_piece_ms']:.1f} ms (median before "
             f"{r['median_gap_before_ms'] or 0:.1f} ms), arrival to first token "
             f"{r['arrival_to_first_token_ms']:.0f} ms, streams {r['stream_tokens']}"
         )
     print(
         f"prompt of {n_prompt} tokens; pieces of {n_batch}: average {piece['average_piece_ms']:.1f}"
-        f" ms, the last {piece['last_piece_ms']:.1f} ms; "
-        f"render_prompt {render_ms:.0f} ms; largest gap {largest:.1f} ms; goal <= "
-        f"{goal:.1f} ms: {'met' if result['goal_met'] else 'NOT met'}"
+        f" ms alone; render_prompt {render_ms:.0f} ms; worst run: gap {worst['largest_gap_ms']:.1f}"
+        f" ms, goal <= {goal:.1f} ms (its last piece + {GOAL_SLACK_MS:.0f} ms); every run: "
+        f"{'met' if result['goal_met'] else 'NOT met'}"
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

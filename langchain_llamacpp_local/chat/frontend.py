@@ -39,6 +39,7 @@ from langchain_llamacpp_local.errors import (
     WorkerDeadError,
 )
 from langchain_llamacpp_local.llama.sampling import Sampler
+from langchain_llamacpp_local.llama.threads import cpu_budget
 from langchain_llamacpp_local.runtime.lora import activate, key_tokens
 from langchain_llamacpp_local.runtime.requests import EngineRequest, cancel_error
 from langchain_llamacpp_local.runtime.worker import ModelInfo, ModelWorker
@@ -112,7 +113,7 @@ class Frontend:
         adapter...); a cancel or timeout that stopped the templating is raised as such.
         """
         try:
-            with self.holding_vocab():
+            with self.holding_vocab(), cpu_budget().own_work():
                 return self._prepare(job)
         except Exception as exc:
             try:

@@ -372,6 +372,10 @@ class CpuBudget:
         self._holding: dict[int, int] = {}
         self._state = ContentionState(usable=usable, limit=usable)
         self._adaptive = adaptive
+        #: callers preparing a prompt now (this process's own CPU work), and whether the
+        #: limit was lowered while one ran
+        self._own = 0
+        self._lowered_by_own = False
 
     @property
     def limit(self) -> int:
@@ -389,6 +393,32 @@ class CpuBudget:
         busy = len(self._busy.keys() | self._holding.keys())
         share = max(1, self._state.limit // busy)
         return max(1, min(want, share))
+
+    @contextlib.contextmanager
+    def own_work(self) -> Iterator[None]:
+        """Bracket this process's own CPU work beside the decodes (a caller rendering and
+        tokenizing a prompt). A limit lowered while it ran is restored when the last such
+        work ends: the load that lowered it has gone, and otherwise the next prompt
+        pieces (seconds each) would run on fewer threads until the next probe. Load from
+        other programs lowers it again at the first contended decode (it is a probe)."""
+        with self._cond:
+            self._own += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._own -= 1
+                st = self._state
+                if self._own == 0 and self._lowered_by_own and st.limit < st.usable:
+                    logger.debug("CPU budget %d -> %d (own work ended)", st.limit, st.usable)
+                    st.limit = st.usable
+                    st.probing = True
+                    st.waits.clear()
+                    st.walls.clear()
+                    st.lowered_at = time.monotonic()
+                if self._own == 0:
+                    self._lowered_by_own = False
+                self._cond.notify_all()
 
     @contextlib.contextmanager
     def threads(self, team: int, want: int) -> Iterator[int]:
@@ -419,6 +449,8 @@ class CpuBudget:
                     before = self._state.limit
                     share = (w1 - w0) / wall
                     after = next_limit(self._state, share, time.monotonic(), n, wall / 1e9)
+                    if after < before and self._own:
+                        self._lowered_by_own = True
                     if after != before:
                         logger.debug("CPU budget %d -> %d (other programs' load)", before, after)
                 self._cond.notify_all()
