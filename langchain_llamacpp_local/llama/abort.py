@@ -43,14 +43,16 @@ def _native_strlen() -> int | None:
     if sys.platform == "win32":
         candidates += [lambda: ctypes.CDLL("ucrtbase"), lambda: ctypes.CDLL("msvcrt")]
     else:
-        candidates.append(lambda: ctypes.CDLL(None))
-        name = ctypes.util.find_library("c")
-        if name:
-            candidates.append(lambda: ctypes.CDLL(name))
+        # the process's own symbols first: find_library runs ldconfig (a subprocess,
+        # a fifth of a second), so only where that fails
+        candidates += [
+            lambda: ctypes.CDLL(None),
+            lambda: ctypes.CDLL(ctypes.util.find_library("c")),
+        ]
     for load in candidates:
         try:
             fn = load().strlen
-        except (OSError, AttributeError):
+        except (OSError, AttributeError, TypeError):
             continue
         addr = ctypes.cast(fn, ctypes.c_void_p).value
         if addr:
