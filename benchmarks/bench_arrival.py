@@ -142,8 +142,9 @@ def last_piece_ms(llm: Any, messages: list[Any], kwargs: dict[str, Any], n_batch
         llm.invoke(prefix, max_tokens=1, **kwargs)
         out = llm.invoke(messages, max_tokens=1, **kwargs)
         t = out.response_metadata["timings"]
-        # scaled to a whole piece when the kept prefix left it a little short
-        last.append(t["prompt_ms"] * n_batch / max(1, min(n_batch, t["prompt_n"])))
+        # per token, times a piece: the template's end after the message makes the read
+        # a few tokens longer than one piece (a second, tiny decode call), or shorter
+        last.append(t["prompt_ms"] * n_batch / max(1, t["prompt_n"]))
     return min(last)
 
 
