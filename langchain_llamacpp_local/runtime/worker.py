@@ -640,6 +640,13 @@ class _WorkerState:
         except (RequestCancelledError, DecodeError) as exc:
             self._after_failed_decode(gen, exc)
             return
+        self._generated(gen)
+
+    def _generated(self, gen: Sequence[_Active]) -> None:
+        """After a decode whose first rows were ``gen``'s pending tokens: record them
+        and sample each request's next token from its row."""
+        memory = self.memory
+        assert memory is not None
         for i, act in enumerate(gen):
             memory.record(act.slot, [act.pending], exact=False)
             act.pending = None
@@ -780,10 +787,7 @@ class _WorkerState:
                 memory.sync(a.slot)
             self._after_failed_decode([act], exc)
             return
-        for i, a in enumerate(gen):
-            memory.record(a.slot, [a.pending], exact=False)
-            a.pending = None
-            self._guarded(a, self._sample, a, i)
+        self._generated(gen)
         memory.record(slot, chunk, exact=True)
         if job.prompt_progress:
             job.channel.put(PromptProgress(n_prompt, act.n_keep, slot.n_past - act.n_keep))
