@@ -172,22 +172,29 @@ def decode(c: Any) -> dict[str, Any]:
     return {"decode_tok_s": (n - 1) / max(1e-9, total - first)}
 
 
-def decode_vs_raw(c: _Ours, path: str, n: int = 96) -> dict[str, Any]:
+def decode_vs_raw(c: _Ours, path: str, n: int = 96, rounds: int = 3) -> dict[str, Any]:
     """Our reply's decode rate against a bare llama.cpp decode loop (greedy argmax, no
-    sampler, no request path) with the same team, in the same process."""
+    sampler, no request path) with the same team, in a process of its own; the two
+    take turns, ``rounds`` times, so a slow spell of the machine falls on both."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from machine import STORY_PROMPT, bare_decode_rate
+    from machine import STORY_PROMPT, bare_decode_rate_fresh
 
     t = c.threads
-    raw = bare_decode_rate(path, int(t["n_threads"]), int(t["n_threads_batch"]), n)
-    ours = []
-    for _ in range(3):
-        msg = c.llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
-        ours.append(msg.response_metadata["timings"]["predicted_per_second"])
+    raw: list[float] = []
+    ours: list[float] = []
+    for _ in range(rounds):
+        for _ in range(2):
+            msg = c.llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
+            ours.append(msg.response_metadata["timings"]["predicted_per_second"])
+        raw.append(
+            bare_decode_rate_fresh(path, int(t["n_threads"]), int(t["n_threads_batch"]), n, runs=2)
+        )
     return {
-        "raw_decode_tok_s": raw,
+        "raw_decode_tok_s": statistics.median(raw),
+        "raw_decode_tok_s_runs": raw,
         "ours_reply_decode_tok_s": statistics.median(ours),
-        "decode_ours_over_raw": statistics.median(ours) / raw,
+        "ours_reply_decode_tok_s_runs": ours,
+        "decode_ours_over_raw": statistics.median(ours) / statistics.median(raw),
     }
 
 

@@ -169,3 +169,27 @@ def bare_decode_rate(
     finally:
         eng.close()
     return statistics.median(rates)
+
+
+def bare_decode_rate_fresh(
+    path: str, n_threads: int, n_threads_batch: int, n: int, *, n_ctx: int = 1024, runs: int = 3
+) -> float:
+    """:func:`bare_decode_rate` in a process of its own, as raw llama.cpp runs beside
+    nothing. In the benchmark's own process the loop would be a second thread running
+    OpenMP teams: libgomp keeps each such thread's helpers, and once they outnumber the
+    CPUs every barrier sleeps instead of spinning, which slowed both the loop and the
+    reply measured after it by about a fifth (see ``llama/omp.py``)."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import json, sys\n"
+        f"sys.path[:0] = [{str(root)!r}, {str(Path(__file__).resolve().parent)!r}]\n"
+        "from machine import bare_decode_rate\n"
+        f"print(json.dumps(bare_decode_rate({path!r}, {n_threads}, {n_threads_batch}, {n}, "
+        f"n_ctx={n_ctx}, runs={runs})))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(json.loads(res.stdout.strip().splitlines()[-1]))

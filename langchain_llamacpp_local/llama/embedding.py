@@ -48,6 +48,7 @@ from langchain_llamacpp_local.llama.context import (
     free_context,
     new_context,
 )
+from langchain_llamacpp_local.llama.omp import ran_team, release_team
 from langchain_llamacpp_local.llama.settings import MAX_SEQ
 from langchain_llamacpp_local.llama.threads import (
     cpu_budget,
@@ -355,13 +356,17 @@ class EmbeddingEngine:
         width = self.n_cls_out if self.pooling == "rank" else self.n_embd
         out = np.empty((len(token_lists), width), dtype=np.float32)
         lengths = [len(t) for t in token_lists]
-        with self.lock:
-            self._check_open()
-            per_call = 1 if self.config.deterministic else self.n_seq_max
-            for start, end in pack(lengths, self.n_batch, per_call):
-                if cancelled is not None and cancelled():
-                    raise RequestCancelledError("the call was cancelled by close()")
-                out[start:end] = self._embed_group(token_lists[start:end], width)
+        try:
+            with self.lock:
+                self._check_open()
+                per_call = 1 if self.config.deterministic else self.n_seq_max
+                for start, end in pack(lengths, self.n_batch, per_call):
+                    if cancelled is not None and cancelled():
+                        raise RequestCancelledError("the call was cancelled by close()")
+                    out[start:end] = self._embed_group(token_lists[start:end], width)
+        finally:
+            # the caller's thread is done decoding: its OpenMP helpers go (see .omp)
+            release_team()
         return out
 
     def token_vectors(self, tokens: Sequence[int]) -> np.ndarray:
@@ -369,13 +374,16 @@ class EmbeddingEngine:
         if self.pooling != "none":
             raise ValueError("token_vectors() needs an engine with pooling='none'")
         pack([len(tokens)], self.n_batch, 1)  # validates the length
-        with self.lock:
-            self._check_open()
-            self._decode([tokens])
-            try:
-                return self._rows(len(tokens)).copy()
-            finally:
-                self._clear()
+        try:
+            with self.lock:
+                self._check_open()
+                self._decode([tokens])
+                try:
+                    return self._rows(len(tokens)).copy()
+                finally:
+                    self._clear()
+        finally:
+            release_team()
 
     def _embed_group(self, group: Sequence[Sequence[int]], width: int) -> np.ndarray:
         self._decode(group)
@@ -416,6 +424,7 @@ class EmbeddingEngine:
                 rc = C.llama_decode(self.ctx, batch)
         else:
             rc = C.llama_decode(self.ctx, batch)
+        ran_team(self._threads_set)
         if rc != 0:
             self._clear()
             raise DecodeError(f"llama_decode failed with code {rc} on an embedding batch")

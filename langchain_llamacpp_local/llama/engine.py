@@ -43,6 +43,7 @@ from langchain_llamacpp_local.llama.loading import (
 )
 from langchain_llamacpp_local.llama.lora_registry import alora_invocation_tokens, load_adapter
 from langchain_llamacpp_local.llama.mtmd import MediaChunk
+from langchain_llamacpp_local.llama.omp import ran_team
 from langchain_llamacpp_local.llama.probes import probe_exactness, probe_memory
 from langchain_llamacpp_local.llama.settings import DEFAULT_MAX_CTX
 from langchain_llamacpp_local.llama.threads import (
@@ -294,6 +295,7 @@ class Engine(vocab.VocabMethods):
                     rc = C.llama_decode(self.ctx, batch)
         finally:
             aborting.active = False
+            ran_team(self._threads_set[0 if n == 1 else 1])
         if rc == 2:
             raise RequestCancelledError("cancelled during decoding")
         if rc != 0:

@@ -39,6 +39,7 @@ from langchain_llamacpp_local.errors import (
 )
 from langchain_llamacpp_local.llama.engine import Engine
 from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.llama.omp import release_team
 from langchain_llamacpp_local.llama.probes import MemoryKind
 from langchain_llamacpp_local.llama.sampling import Sampler
 from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
@@ -382,6 +383,10 @@ class _WorkerState:
         """Serve until told to stop: admit requests into free slots, then step them all."""
         while True:
             idle = not self.active and not self.pending
+            if idle:
+                # nothing to decode: this thread's OpenMP helpers go, so that a pool kept
+                # idle here never slows another model's barriers (see llama.omp)
+                release_team()
             try:
                 item = q.get() if idle else q.get_nowait()
             except queue.Empty:
