@@ -174,27 +174,47 @@ def decode(c: Any) -> dict[str, Any]:
 
 def decode_vs_raw(c: _Ours, path: str, n: int = 96, rounds: int = 3) -> dict[str, Any]:
     """Our reply's decode rate against a bare llama.cpp decode loop (greedy argmax, no
-    sampler, no request path) with the same team, in a process of its own; the two
-    take turns, ``rounds`` times, so a slow spell of the machine falls on both."""
+    sampler, no request path) with the same team, in a process of its own; they take
+    turns, ``rounds`` times, so a slow spell of the machine falls on all of them.
+
+    Ours twice: a fresh context of the loop's size (the same KV cache content: the
+    request path's own cost) and the contender's context after the workloads above,
+    whose unified KV cache still holds their conversations. Without flash attention a
+    decode attends over every used cell of that cache, masked or not, so those cached
+    conversations slow each token (with flash attention on, ggml's CPU kernel skips
+    masked cells, but it is slower over a sequence's own long history)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from machine import STORY_PROMPT, bare_decode_rate_fresh
 
+    from langchain_llamacpp_local import ChatLlamaCpp
+
     t = c.threads
+    fresh = ChatLlamaCpp(model_path=path, n_ctx=1024, temperature=0).load()
     raw: list[float] = []
     ours: list[float] = []
-    for _ in range(rounds):
-        for _ in range(2):
-            msg = c.llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
-            ours.append(msg.response_metadata["timings"]["predicted_per_second"])
-        raw.append(
-            bare_decode_rate_fresh(path, int(t["n_threads"]), int(t["n_threads_batch"]), n, runs=2)
-        )
+    used: list[float] = []
+    try:
+        for _ in range(rounds):
+            for llm, out in ((fresh, ours), (c.llm, used)):
+                for _ in range(2):
+                    msg = llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
+                    out.append(msg.response_metadata["timings"]["predicted_per_second"])
+            raw.append(
+                bare_decode_rate_fresh(
+                    path, int(t["n_threads"]), int(t["n_threads_batch"]), n, runs=2
+                )
+            )
+    finally:
+        fresh.close()
     return {
         "raw_decode_tok_s": statistics.median(raw),
         "raw_decode_tok_s_runs": raw,
         "ours_reply_decode_tok_s": statistics.median(ours),
         "ours_reply_decode_tok_s_runs": ours,
         "decode_ours_over_raw": statistics.median(ours) / statistics.median(raw),
+        "ours_after_workloads_decode_tok_s": statistics.median(used),
+        "ours_after_workloads_decode_tok_s_runs": used,
+        "decode_after_workloads_over_raw": statistics.median(used) / statistics.median(raw),
     }
 
 
@@ -350,16 +370,18 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
         if "decode_tok_s" in o and "decode_tok_s" in raw:
             row["decode_ours_over_llama"] = o["decode_tok_s"] / raw["decode_tok_s"]
         one = summary.get("ours_1thread", {}).get(cond, {})
-        if "short_calls_s" in one and "short_calls_s" in o:
-            row["short_calls_s_over_1thread"] = o["short_calls_s"] / one["short_calls_s"]
+        for k in ("short_calls_s", "agent_loop_ttft_s"):
+            if k in one and k in o:
+                row[f"{k}_over_1thread"] = o[k] / one[k]
         if "mixed_chat_together_s" in o:
             both = o["mixed_chat_alone_s"] + o["mixed_embed_alone_s"]
             row["mixed_chat_together_over_sequential"] = o["mixed_chat_together_s"] / both
             row["mixed_embed_together_over_sequential"] = o["mixed_embed_together_s"] / both
         if "batching_speedup" in o:
             row["batching_speedup"] = o["batching_speedup"]
-        if "decode_ours_over_raw" in o:
-            row["decode_ours_over_raw"] = o["decode_ours_over_raw"]
+        for k in ("decode_ours_over_raw", "decode_after_workloads_over_raw"):
+            if k in o:
+                row[k] = o[k]
         out[cond] = row
     return out
 
