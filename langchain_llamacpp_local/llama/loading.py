@@ -294,9 +294,12 @@ def flash_attn_setting(config: LoadConfig) -> bool | None:
     """Flash attention for ``config``: True/False, or None for llama.cpp's "auto".
 
     Unless set, it is on for a quantized V cache (which needs it, as in llama.cpp's
-    auto), llama.cpp's auto when layers leave the CPU, and off on the CPU: ggml's CPU
-    kernel reads a prompt piece one query row at a time and is slower there than the
-    matrix-multiply path (benchmarks/run.py, as llama-cpp-python's ``Llama`` default).
+    auto), llama.cpp's auto when layers leave the CPU, and off on the CPU, as
+    llama-cpp-python's ``Llama`` default: ggml's CPU kernel was slower for an agent
+    turn's prompt piece on Gemma 3 270M (benchmarks/run.py) and far slower decoding
+    over a small model's own long history (SmolLM2 at 3,000 tokens: 17 against 45 tok/s),
+    though it skips the masked cells of other cached conversations, which the
+    matrix-multiply path attends over (docs/configuration.md).
     Deterministic mode needs it off as well: the CPU kernel rounds a query row
     differently with the shape of its micro-batch, so a warm suffix would not match
     a fresh prompt (measured: up to 0.03 in a logit; 0.0 without it).
