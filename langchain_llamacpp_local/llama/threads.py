@@ -305,6 +305,11 @@ class ContentionState:
     lowered_at: float = 0.0
     probing: bool = False
 
+    def new_window(self) -> None:
+        """Forget the decodes averaged so far (after the limit moved)."""
+        self.waits.clear()
+        self.walls.clear()
+
 
 def next_limit(
     state: ContentionState, wait_share: float, now: float, team: int = 2, wall_s: float = 0.0
@@ -325,8 +330,7 @@ def next_limit(
         wait_share = 0.0
     if state.limit > 1 and (wait_share >= STRONG or (state.probing and wait_share > CONTENDED)):
         state.probing = False
-        state.waits.clear()
-        state.walls.clear()
+        state.new_window()
         state.limit -= 1
         state.lowered_at = now
         return state.limit
@@ -339,8 +343,7 @@ def next_limit(
         mean = sum(w * t for w, t in zip(state.waits, state.walls, strict=True)) / total
     else:
         mean = sum(state.waits) / len(state.waits)
-    state.waits.clear()
-    state.walls.clear()
+    state.new_window()
     if mean > CONTENDED and state.limit > 1:
         state.limit -= 1
         state.lowered_at = now
@@ -413,8 +416,7 @@ class CpuBudget:
                     logger.debug("CPU budget %d -> %d (own work ended)", st.limit, st.usable)
                     st.limit = st.usable
                     st.probing = True
-                    st.waits.clear()
-                    st.walls.clear()
+                    st.new_window()
                     st.lowered_at = time.monotonic()
                 if self._own == 0:
                     self._lowered_by_own = False
