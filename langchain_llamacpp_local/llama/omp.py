@@ -88,8 +88,3 @@ def release_team() -> None:
     fn = _pause()
     if fn is not None and fn(_OMP_PAUSE_SOFT) != 0:
         logger.debug("omp_pause_resource_all refused: this thread is inside a parallel region")
-
-
-def holds_team() -> bool:
-    """Whether this thread may hold an OpenMP helper pool now."""
-    return bool(_pool.pooled)
