@@ -329,20 +329,28 @@ def test_one_long_decode_is_a_window_of_its_own() -> None:
     assert next_limit(short, 0.25, now=10.0, wall_s=0.05) == 1
 
 
-def test_a_limit_lowered_during_own_work_is_restored_when_it_ends() -> None:
+def test_a_limit_lowered_during_own_work_is_restored_when_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A caller preparing a prompt competes with the decodes for a CPU; once it is done
-    the CPU is free again, so the next decodes get the whole team back (as a probe)."""
+    the CPU is free again, so the next decodes get the whole team back (as a probe).
+    Driven through ``threads()``, with the kernel's wait counter reporting a decode that
+    waited for a CPU longer than it ran (past :data:`STRONG`)."""
+    clock = iter(range(0, 10**12, 10**10))  # each read: 10 s more waiting
+    monkeypatch.setattr(T, "_thread_wait_ns", lambda: next(clock))
+
+    def contended_decode(budget: T.CpuBudget) -> None:
+        with budget.threads(team=1, want=2) as n:
+            assert n == budget.usable
+
     budget = T.CpuBudget(2)
     with budget.own_work():
-        budget._state.limit = 2
-        with budget._cond:  # what a contended decode decides, as threads() applies it
-            budget._lowered_by_own = budget._own > 0
-            budget._state.limit = next_limit(budget._state, T.STRONG + 0.1, now=1.0)
+        contended_decode(budget)
         assert budget.limit == 1
     assert budget.limit == 2 and budget._state.probing
     # lowered by other programs' load alone: left to the probes
-    with budget._cond:
-        budget._state.limit = next_limit(budget._state, T.STRONG + 0.1, now=2.0)
+    contended_decode(budget)
+    assert budget.limit == 1
     with budget.own_work():
         pass
     assert budget.limit == 1
