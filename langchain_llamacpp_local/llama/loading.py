@@ -297,9 +297,10 @@ def flash_attn_setting(config: LoadConfig) -> bool | None:
     auto), llama.cpp's auto when layers leave the CPU, and off on the CPU, as
     llama-cpp-python's ``Llama`` default: ggml's CPU kernel was slower for an agent
     turn's prompt piece on Gemma 3 270M (benchmarks/run.py) and far slower decoding
-    over a small model's own long history (SmolLM2 at 3,000 tokens: 17 against 45 tok/s),
-    though it skips the masked cells of other cached conversations, which the
-    matrix-multiply path attends over (docs/configuration.md).
+    over a small model's own long history (SmolLM2 at 3,000 tokens: 10.8 against
+    34.1 tok/s, benchmarks/bench_flash_attn.py), though it skips the masked cells of
+    other cached conversations, which the matrix-multiply path attends over
+    (docs/configuration.md).
     Deterministic mode needs it off as well: the CPU kernel rounds a query row
     differently with the shape of its micro-batch, so a warm suffix would not match
     a fresh prompt (measured: up to 0.03 in a logit; 0.0 without it).

@@ -9,9 +9,9 @@ sleeps in the kernel (``do_spin`` in libgomp's ``config/linux/wait.h``). A decod
 hundreds of barriers per token, and each one then waits to be woken.
 
 One idle pool beside a busy one is enough to trip that count when the busy team uses
-all the CPUs. A chat worker's decode ran at 61 instead of 77 tok/s (SmolLM2, 2 CPUs)
-while one other thread of the process held a pool doing nothing, and would stay that
-slow for as long as that thread lived.
+all the CPUs. A chat worker's decode ran at 49 instead of 63 tok/s (SmolLM2, 2 CPUs,
+benchmarks/bench_omp_pool.py) while one other thread of the process held a pool doing
+nothing, and would stay that slow for as long as that thread lived.
 
 So a thread gives its pool back (``omp_pause_resource_all``, which ends the calling
 thread's pool) when it stops decoding: a model's worker when no request is left, an
