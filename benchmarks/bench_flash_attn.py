@@ -9,7 +9,8 @@ Per model, two contexts that differ only in ``flash_attn``, taking turns (2 thre
 * ``ChatLlamaCpp`` (4 slots, one unified KV cache): a 96-token reply from a fresh
   context, then again after 3 other conversations of about 800 tokens were cached
   (their cells are masked for the reply: flash attention skips them, the
-  matrix-multiply path attends over them).
+  matrix-multiply path attends over them). ``prompt_cache_bytes=0`` keeps them in
+  their slots: with the host-RAM cache a request decoding alone has them parked.
 
 Prints the medians and every run, with the CPU flags and thread settings.
 """
@@ -78,7 +79,9 @@ def chat(path: str) -> dict[str, Any]:
     from langchain_llamacpp_local import ChatLlamaCpp
 
     llms = {
-        k: ChatLlamaCpp(model_path=path, n_ctx=4096, temperature=0, flash_attn=fa).load()
+        k: ChatLlamaCpp(
+            model_path=path, n_ctx=4096, temperature=0, flash_attn=fa, prompt_cache_bytes=0
+        ).load()
         for k, fa in (("off", False), ("on", True))
     }
 

@@ -44,6 +44,7 @@ from langchain_llamacpp_local.cache.slot_plan import (
     choose_slot,
     disk_beats,
     plan_fill,
+    plan_solo_parking,
     usable_cached,
 )
 from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
@@ -188,15 +189,20 @@ class SlotMemory:
         cache_prompt: bool,
         marks: Sequence[int] = (),
         room: tuple[int, int] | None = None,
+        waiting: int = 0,
     ) -> tuple[Slot, int]:
         """A free slot for ``tokens`` and how many of its entries the request keeps.
 
         ``room`` (unified cache): the request's ``needed`` positions and what running
         requests have ``reserved``; idle slots are parked to make that room once the
         slot is chosen and before it is filled, so a restored conversation finds free
-        cells (:meth:`fits` must have said the request can start)."""
+        cells (:meth:`fits` must have said the request can start). A request that
+        decodes alone (nothing in ``busy``, no others ``waiting``) has the other idle
+        conversations parked too (:func:`~.slot_plan.plan_solo_parking`)."""
         self._restored_file = None
         slot = self._choose(tokens, busy, room)
+        if room is not None:
+            self.park_beside(slot, busy, waiting)
         if not cache_prompt:
             self.reset(slot)
         try:
@@ -390,6 +396,23 @@ class SlotMemory:
                 n_prompt=slot.n_prompt,
             )
         )
+
+    def park_beside(self, target: Slot, busy: set[int], waiting: int) -> None:
+        """Park the idle conversations :func:`~.slot_plan.plan_solo_parking` names, each
+        removed from the cache only once host RAM holds it (one over the byte budget stays
+        where it is: nothing is dropped to make a decode faster)."""
+        plan = plan_solo_parking(
+            self._states(()),
+            busy,
+            target.seq_id,
+            waiting=waiting,
+            attention=self.engine.memory_kind is not MemoryKind.FULL_ONLY,
+        )
+        for seq_id in plan:
+            slot = self.slots[seq_id]
+            self.park(slot)
+            if self.ram.best(slot.entries)[1] >= slot.n_past:
+                self.reset(slot)
 
     def restore(self, slot: Slot, cached: CachedPrompt) -> bool:
         """Load a parked or saved conversation into ``slot`` (cleared first). False, the

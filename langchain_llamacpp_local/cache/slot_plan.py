@@ -82,6 +82,25 @@ def choose_slot(
     return SlotChoice(target.seq_id, park_first=False)
 
 
+def plan_solo_parking(
+    slots: Sequence[SlotState], busy: Set[int], target: int, *, waiting: int, attention: bool
+) -> tuple[int, ...]:
+    """The idle slots to park in host RAM before slot ``target`` decodes alone.
+
+    A unified KV cache is one pool of cells, and a decode step attends over the pool up
+    to its highest cell in use, other conversations' cells masked but still computed
+    (flash attention on the CPU still walks them). Idle conversations kept beside the
+    one being decoded slow each of its tokens and prompt chunks; parked (one copy each,
+    restored on their next turn) they leave the request the short pool llama.cpp has
+    when it decodes one conversation. Only when nothing else runs or waits (``busy``
+    slots, ``waiting`` requests): parking beside running requests stalls them, and their
+    cells set the span anyway. Recurrent memory (``attention`` False) has no span.
+    """
+    if not attention or waiting or busy - {target}:
+        return ()
+    return tuple(s.seq_id for s in slots if s.seq_id != target and s.n_past > 0)
+
+
 def usable_cached(n_match: int, exact: int, n_tokens: int, n_entries: int) -> int:
     """Entries a cached conversation can give a request: its common prefix, capped where
     it stops being exact and before the prompt's last token (sampling needs that one's

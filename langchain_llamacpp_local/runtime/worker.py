@@ -484,6 +484,7 @@ class _WorkerState:
             cache_prompt=job.cache_prompt,
             marks=marks,
             room=(needed, reserved) if eng.kv_unified else None,
+            waiting=len(self.pending) - 1,
         )
         targets = memory.checkpoint_targets(n_keep, tokens, job.boundaries, spans, slot, marks)
         sampler = job.sampler or Sampler(eng.vocab, job.sampling, n_ctx=eng.n_ctx)

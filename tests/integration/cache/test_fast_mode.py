@@ -200,3 +200,40 @@ def test_a_waiting_request_takes_no_room_from_a_running_one(tiny_llama: str) -> 
         assert isinstance(results.get(name), AIMessage), (name, results.get(name))
     assert results["running"].usage_metadata["output_tokens"] == long_max
     assert _cached(results["waiting"]) > 60  # it still found the parked conversation
+
+
+def _held(llm: ChatLlamaCpp) -> list[tuple[int, int]]:
+    """Each slot's tracked entries and the last position llama.cpp's memory holds for it."""
+    worker = llm._worker
+    assert worker is not None
+    return worker.call(
+        lambda st: [(s.n_past, st.engine.seq_pos_max(s.seq_id)) for s in st.memory.slots]
+    )
+
+
+@pytest.mark.parametrize("ram", [True, False])
+def test_a_request_decoding_alone_has_the_shared_pool_to_itself(scripted: str, ram: bool) -> None:
+    """Idle conversations are parked in host RAM while another decodes alone (a decode
+    attends over the pool up to its highest cell in use), and restored on their next
+    turn with the same answer; without a host-RAM cache they stay where they are."""
+    kw: dict[str, Any] = {} if ram else {"prompt_cache_bytes": 0}
+    llm = ChatLlamaCpp(model_path=scripted, n_slots=3, **GREEDY, **kw)
+    a: list[BaseMessage] = [HumanMessage("a")]
+    a1 = llm.invoke(a, max_tokens=12)
+    assert sum(n > 0 for n, _ in _held(llm)) == 1
+    llm.invoke([HumanMessage("c")], max_tokens=12)
+    held = _held(llm)
+    # the memory holds only what the slots say, and with RAM only the last conversation
+    assert all(pos == n - 1 for n, pos in held)
+    assert sum(n > 0 for n, _ in held) == (1 if ram else 2)
+
+    a2_msgs = [*a, AIMessage(str(a1.content)), HumanMessage("d")]
+    a2 = llm.invoke(a2_msgs, max_tokens=12)
+    assert a2.response_metadata["cache"]["source"] == ("host_ram" if ram else "slot")
+    assert _cached(a2) >= a1.usage_metadata["input_tokens"]  # type: ignore[index]
+    fresh = ChatLlamaCpp(model_path=scripted, n_slots=3, **GREEDY)
+    try:
+        assert a2.content == fresh.invoke(a2_msgs, max_tokens=12).content
+    finally:
+        fresh.close()
+        llm.close()

@@ -18,6 +18,7 @@ from langchain_llamacpp_local.cache.slot_plan import (
     choose_slot,
     disk_beats,
     plan_fill,
+    plan_solo_parking,
     usable_cached,
 )
 
@@ -133,3 +134,28 @@ def test_a_disk_record_must_beat_what_is_at_hand_and_be_long_enough() -> None:
     assert not disk_beats(DISK_MIN_ENTRIES - 1, 0)
     assert not disk_beats(100, 100)
     assert disk_beats(101, 100)
+
+
+# --------------------------------------------------------------------------- solo parking
+
+
+def test_a_request_decoding_alone_parks_every_idle_conversation() -> None:
+    slots = [slot(0, 300), slot(1, 0), slot(2, 120), slot(3, 40)]
+    assert plan_solo_parking(slots, set(), 1, waiting=0, attention=True) == (0, 2, 3)
+
+
+def test_the_target_keeps_its_own_conversation() -> None:
+    slots = [slot(0, 300), slot(1, 200)]
+    assert plan_solo_parking(slots, set(), 0, waiting=0, attention=True) == (1,)
+
+
+def test_nothing_is_parked_beside_running_or_waiting_requests() -> None:
+    slots = [slot(0, 300), slot(1, 200), slot(2, 100)]
+    assert plan_solo_parking(slots, {2}, 0, waiting=0, attention=True) == ()
+    assert plan_solo_parking(slots, set(), 0, waiting=1, attention=True) == ()
+    # the target itself counts as nobody else
+    assert plan_solo_parking(slots, {0}, 0, waiting=0, attention=True) == (1, 2)
+
+
+def test_recurrent_memory_has_no_span_to_shorten() -> None:
+    assert plan_solo_parking([slot(0, 10), slot(1, 10)], set(), 0, waiting=0, attention=False) == ()
