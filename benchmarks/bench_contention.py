@@ -172,49 +172,54 @@ def decode(c: Any) -> dict[str, Any]:
     return {"decode_tok_s": (n - 1) / max(1e-9, total - first)}
 
 
-def decode_vs_raw(c: _Ours, path: str, n: int = 96, rounds: int = 3) -> dict[str, Any]:
+def decode_vs_raw(c: _Ours, path: str, n: int = 96, rounds: int = 5) -> dict[str, Any]:
     """Our reply's decode rate against a bare llama.cpp decode loop (greedy argmax, no
-    sampler, no request path) with the same team, in a process of its own; they take
-    turns, ``rounds`` times, so a slow spell of the machine falls on all of them.
+    sampler, no request path) with the same team.
 
-    Ours twice: a fresh context of the loop's size (the same KV cache content: the
-    request path's own cost) and the contender's context after the workloads above,
-    whose unified KV cache still holds their conversations. Without flash attention a
-    decode attends over every used cell of that cache, masked or not, so those cached
-    conversations slow each token (with flash attention on, ggml's CPU kernel skips
-    masked cells, but it is slower over a sequence's own long history)."""
+    Each side alone in a process of its own (a fresh ``ChatLlamaCpp`` with the defaults,
+    n_ctx 1024, and the loop), ``rounds`` times, taking turns in alternating order; the
+    ratio is the median of the rounds' ratios, so a slow spell of the machine (runs here
+    drift by a fifth within a minute) falls on both sides of a pair.
+
+    Then the contender's own context after the workloads above, in this process: its
+    unified KV cache has served their conversations (a request that decodes alone has
+    the idle ones parked in host RAM, see docs/cache.md)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from machine import STORY_PROMPT, bare_decode_rate_fresh
-
-    from langchain_llamacpp_local import ChatLlamaCpp
+    from machine import STORY_PROMPT, bare_decode_rate_fresh, reply_decode_rate_fresh
 
     t = c.threads
-    fresh = ChatLlamaCpp(model_path=path, n_ctx=1024, temperature=0).load()
     raw: list[float] = []
     ours: list[float] = []
     used: list[float] = []
-    try:
-        for _ in range(rounds):
-            for llm, out in ((fresh, ours), (c.llm, used)):
-                for _ in range(2):
-                    msg = llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
-                    out.append(msg.response_metadata["timings"]["predicted_per_second"])
+    for r in range(rounds):
+
+        def mine() -> None:
+            ours.append(reply_decode_rate_fresh(path, n))
+
+        def loop() -> None:
             raw.append(
                 bare_decode_rate_fresh(
                     path, int(t["n_threads"]), int(t["n_threads_batch"]), n, runs=2
                 )
             )
-    finally:
-        fresh.close()
+
+        for side in (mine, loop) if r % 2 == 0 else (loop, mine):
+            side()
+        for _ in range(2):
+            msg = c.llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
+            used.append(msg.response_metadata["timings"]["predicted_per_second"])
+    pairs = [o / w for o, w in zip(ours, raw, strict=True)]
+    used_pairs = [statistics.median(used[2 * i : 2 * i + 2]) / w for i, w in enumerate(raw)]
     return {
         "raw_decode_tok_s": statistics.median(raw),
         "raw_decode_tok_s_runs": raw,
         "ours_reply_decode_tok_s": statistics.median(ours),
         "ours_reply_decode_tok_s_runs": ours,
-        "decode_ours_over_raw": statistics.median(ours) / statistics.median(raw),
+        "decode_ours_over_raw": statistics.median(pairs),
+        "decode_ours_over_raw_rounds": pairs,
         "ours_after_workloads_decode_tok_s": statistics.median(used),
         "ours_after_workloads_decode_tok_s_runs": used,
-        "decode_after_workloads_over_raw": statistics.median(used) / statistics.median(raw),
+        "decode_after_workloads_over_raw": statistics.median(used_pairs),
     }
 
 

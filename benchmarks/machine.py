@@ -193,3 +193,40 @@ def bare_decode_rate_fresh(
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def reply_decode_rate(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) -> float:
+    """Decode tokens/s of a greedy ``ChatLlamaCpp`` reply of ``n`` tokens to
+    :data:`STORY_PROMPT` (the reply's own ``timings``), from a fresh model with the
+    package's defaults; the median of ``runs`` replies."""
+    import statistics
+
+    from langchain_llamacpp_local import ChatLlamaCpp
+
+    llm = ChatLlamaCpp(model_path=path, n_ctx=n_ctx, temperature=0).load()
+    try:
+        rates = []
+        for _ in range(runs):
+            msg = llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
+            rates.append(float(msg.response_metadata["timings"]["predicted_per_second"]))
+    finally:
+        llm.close()
+    return statistics.median(rates)
+
+
+def reply_decode_rate_fresh(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) -> float:
+    """:func:`reply_decode_rate` in a process of its own, as
+    :func:`bare_decode_rate_fresh` runs the bare loop: each side alone in its process."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import json, sys\n"
+        f"sys.path[:0] = [{str(root)!r}, {str(Path(__file__).resolve().parent)!r}]\n"
+        "from machine import reply_decode_rate\n"
+        f"print(json.dumps(reply_decode_rate({path!r}, {n}, n_ctx={n_ctx}, runs={runs})))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(json.loads(res.stdout.strip().splitlines()[-1]))
