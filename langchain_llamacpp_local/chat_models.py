@@ -159,7 +159,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     A request goes to the slot sharing the longest prefix with it, and concurrent
     requests run together in one batch (see ``kv_unified`` for how they share KV memory)."""
     prompt_cache_bytes: int = CacheOptions.prompt_cache_bytes
-    """Host-RAM budget for conversations evicted from the slots (0 disables it)."""
+    """Host-RAM budget for conversations evicted from the slots, and for idle ones parked
+    while a request decodes alone in the unified KV pool (so it attends over its own cells
+    only). 0 disables it: they then stay in the pool."""
     prompt_cache_dir: str | None = None
     """Directory of a prompt cache on disk that outlives the process: a new process's
     first call restores the longest saved prefix (system prompt, tools, history) instead

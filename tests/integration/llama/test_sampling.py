@@ -160,6 +160,45 @@ def test_greedy_is_deterministic(tiny: TinyModel) -> None:
     assert a == b and len(a[0]) > 0
 
 
+def test_greedy_takes_the_token_llama_cpps_greedy_sampler_takes(tiny: TinyModel) -> None:
+    """Greedy alone reads the logits with numpy instead of llama.cpp's candidate array;
+    on a real context's logits, rewritten in place with ties and a NaN, both pick the
+    same token (the first maximum; a NaN is left to llama.cpp)."""
+    import numpy as np
+
+    cp = C.llama_context_default_params()
+    cp.n_ctx, cp.n_threads, cp.n_threads_batch = 128, 1, 1
+    ctx = C.llama_init_from_model(tiny.model, cp)
+    assert ctx
+    ref = C.llama_sampler_init_greedy()
+    try:
+        toks = (C.llama_token * 2)(1, 5)
+        assert C.llama_decode(ctx, C.llama_batch_get_one(toks, 2)) == 0
+        n_vocab = C.llama_vocab_n_tokens(tiny.vocab)
+        logits = np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+        real = logits.copy()
+        rng = np.random.default_rng(7)
+        cases = [real]
+        for _ in range(20):
+            tied = real.copy()
+            top = rng.choice(n_vocab, size=3, replace=False)
+            tied[top] = real.max() + 1.0
+            cases.append(tied)
+        with_nan = real.copy()
+        with_nan[rng.integers(n_vocab)] = np.nan
+        cases.append(with_nan)
+        with Sampler(tiny.vocab, SamplingParams(temperature=0)) as ours:
+            assert ours._argmax_only  # the numpy path is the one compared
+            for case in cases:
+                logits[:] = case
+                got = ours.sample(ctx, -1)
+                logits[:] = case
+                assert got == C.llama_sampler_sample(ref, ctx, -1)
+    finally:
+        C.llama_sampler_free(ref)
+        C.llama_free(ctx)
+
+
 def test_seeded_sampling_is_reproducible(tiny: TinyModel) -> None:
     p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=42)
     a = tiny.generate(p, 40)
