@@ -11,7 +11,8 @@ defaults. Each runs the agent loop of ``bench_contention.py`` (2 conversations o
 turns) 4 times in one process, the first as warm-up, so the pool has served earlier
 conversations, as an agent's process does after a while; then one 96-token reply
 (streamed, rate measured by the caller). Prints the medians (agent-loop time to first
-token, decode tokens/s) and every run, with the CPU flags and thread settings.
+token, decode tokens/s) and every run, with the CPU flags and thread settings, and
+writes them to ``benchmarks/results/parking.json``.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def main() -> None:
         "runs": runs,
     }
     print(json.dumps(out, indent=2))
+    (ROOT / "benchmarks" / "results" / "parking.json").write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -219,6 +219,37 @@ def test_a_conversation_is_parked_in_host_ram_and_restored() -> None:
     memory.check()
 
 
+@pytest.mark.parametrize("ram", [True, False])
+def test_idle_conversations_leave_the_unified_pool_while_one_decodes_alone(ram: bool) -> None:
+    store = FakeStore(n_seq_max=4)  # a slot each: nothing is pushed out
+    store.kv_unified = True
+    memory = _memory(store, **({} if ram else {"prompt_cache_bytes": 0}))
+    room = (100, 0)
+    a, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True, room=room)
+    _read(memory, store, a, PROMPT, len(PROMPT))
+    b_tokens = [5] * 30
+    b, _ = memory.acquire(b_tokens, [], set(), cache_prompt=True, room=room)
+    assert b is not a
+    assert _held(store, a) == ([] if ram else PROMPT)  # parked while b decodes alone
+    _read(memory, store, b, b_tokens, len(b_tokens))
+    # beside a running request, or with another waiting, nothing is parked
+    c_tokens = [6] * 20
+    c, _ = memory.acquire(c_tokens, [], {b.seq_id}, cache_prompt=True, room=room)
+    _read(memory, store, c, c_tokens, len(c_tokens))
+    d_tokens = [7] * 20
+    d, _ = memory.acquire(d_tokens, [], set(), cache_prompt=True, room=room, waiting=1)
+    assert _held(store, b) == b_tokens and _held(store, c) == c_tokens
+    _read(memory, store, d, d_tokens, len(d_tokens))
+    memory.check()
+
+    # the first conversation comes back: restored (or still in its slot), not decoded
+    back, n_keep = memory.acquire([*PROMPT, 1], [], set(), cache_prompt=True, room=room)
+    assert n_keep == len(PROMPT) and _held(store, back) == PROMPT
+    others = [_held(store, s) for s in memory.slots if s is not back]
+    assert all(h == [] for h in others) if ram else sorted(map(len, others)) == [20, 20, 30]
+    memory.check()
+
+
 def test_a_refused_state_leaves_the_slot_empty() -> None:
     store = FakeStore(n_seq_max=1)
     memory = _memory(store)
