@@ -20,6 +20,8 @@ Workloads (SmolLM2-135M-Instruct, ChatML; Gemma 3 270M for batching):
   32-token Gemma generations against the same 4 one after another.
 * ``chat_and_embeddings`` (this package only): a chat reply and a batch of embeddings in
   one process, alone and both at once from two threads.
+* ``decode_vs_raw`` (this package, idle): a reply's decode rate against a bare llama.cpp
+  loop with the same threads, each in a process of its own, taking turns.
 
 Writes ``benchmarks/results/contention.json``.
 """
