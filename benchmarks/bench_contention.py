@@ -193,18 +193,16 @@ def decode_vs_raw(c: _Ours, path: str, n: int = 96, rounds: int = 5) -> dict[str
     raw: list[float] = []
     ours: list[float] = []
     used: list[float] = []
+
+    def mine() -> None:
+        ours.append(reply_decode_rate_fresh(path, n))
+
+    def loop() -> None:
+        raw.append(
+            bare_decode_rate_fresh(path, int(t["n_threads"]), int(t["n_threads_batch"]), n, runs=2)
+        )
+
     for r in range(rounds):
-
-        def mine() -> None:
-            ours.append(reply_decode_rate_fresh(path, n))
-
-        def loop() -> None:
-            raw.append(
-                bare_decode_rate_fresh(
-                    path, int(t["n_threads"]), int(t["n_threads_batch"]), n, runs=2
-                )
-            )
-
         for side in (mine, loop) if r % 2 == 0 else (loop, mine):
             side()
         for _ in range(2):

@@ -179,20 +179,10 @@ def bare_decode_rate_fresh(
     OpenMP teams: libgomp keeps each such thread's helpers, and once they outnumber the
     CPUs every barrier sleeps instead of spinning, which slowed both the loop and the
     reply measured after it by about a fifth (see ``llama/omp.py``)."""
-    import json
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    code = (
-        "import json, sys\n"
-        f"sys.path[:0] = [{str(root)!r}, {str(Path(__file__).resolve().parent)!r}]\n"
-        "from machine import bare_decode_rate\n"
-        f"print(json.dumps(bare_decode_rate({path!r}, {n_threads}, {n_threads_batch}, {n}, "
-        f"n_ctx={n_ctx}, runs={runs})))\n"
+    return _in_own_process(
+        f"bare_decode_rate({path!r}, {n_threads}, {n_threads_batch}, {n}, "
+        f"n_ctx={n_ctx}, runs={runs})"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(json.loads(res.stdout.strip().splitlines()[-1]))
 
 
 def reply_decode_rate(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) -> float:
@@ -217,6 +207,12 @@ def reply_decode_rate(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) ->
 def reply_decode_rate_fresh(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) -> float:
     """:func:`reply_decode_rate` in a process of its own, as
     :func:`bare_decode_rate_fresh` runs the bare loop: each side alone in its process."""
+    return _in_own_process(f"reply_decode_rate({path!r}, {n}, n_ctx={n_ctx}, runs={runs})")
+
+
+def _in_own_process(call: str) -> float:
+    """The float that ``call`` (an expression over this module's names) returns, run in
+    a fresh Python process with this repository and this folder on its path."""
     import json
     import subprocess
     import sys
@@ -225,8 +221,8 @@ def reply_decode_rate_fresh(path: str, n: int, *, n_ctx: int = 1024, runs: int =
     code = (
         "import json, sys\n"
         f"sys.path[:0] = [{str(root)!r}, {str(Path(__file__).resolve().parent)!r}]\n"
-        "from machine import reply_decode_rate\n"
-        f"print(json.dumps(reply_decode_rate({path!r}, {n}, n_ctx={n_ctx}, runs={runs})))\n"
+        "import machine\n"
+        f"print(json.dumps(machine.{call}))\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(json.loads(res.stdout.strip().splitlines()[-1]))

@@ -49,13 +49,15 @@ class PromptCache:
         return sum(i.size for i in self.items)
 
     def put(self, item: CachedPrompt) -> bool:
-        """Store ``item``; returns False when it is not worth keeping or does not fit."""
+        """Store ``item``; returns whether the cache holds its conversation afterwards
+        (stored, or already covered by a longer one): False when it is disabled, the
+        item is empty or bigger than the whole budget."""
         if self.max_bytes <= 0 or not item.entries or item.size > self.max_bytes:
             return False
         n = len(item.entries)
         for other in self.items:
             if len(other.entries) >= n and other.entries[:n] == item.entries:
-                return False  # already covered by a longer conversation
+                return True  # already covered by a longer conversation
         self.items = [
             o
             for o in self.items

@@ -382,12 +382,13 @@ class SlotMemory:
             return False
         return lo == 0 or eng.memory_kind is not MemoryKind.PARTIAL
 
-    def park(self, slot: Slot) -> None:
-        """Save a conversation to the host-RAM cache before its slot is reused."""
+    def park(self, slot: Slot) -> bool:
+        """Save a conversation to the host-RAM cache before its slot is reused; returns
+        whether the cache holds it (see :meth:`~.host_ram.PromptCache.put`)."""
         if slot.n_past == 0 or self.ram.max_bytes <= 0:
-            return
+            return False
         data = self.engine.state_get(slot.seq_id, 0)
-        self.ram.put(
+        return self.ram.put(
             CachedPrompt(
                 tuple(slot.entries),
                 data,
@@ -410,8 +411,7 @@ class SlotMemory:
         )
         for seq_id in plan:
             slot = self.slots[seq_id]
-            self.park(slot)
-            if self.ram.best(slot.entries)[1] >= slot.n_past:
+            if self.park(slot):
                 self.reset(slot)
 
     def restore(self, slot: Slot, cached: CachedPrompt) -> bool:
