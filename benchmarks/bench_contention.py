@@ -144,25 +144,31 @@ def short_calls(c: Any) -> dict[str, Any]:
     return {"short_calls_s": time.perf_counter() - t0}
 
 
-def agent_loop(c: Any, turns: int = 6, conversations: int = 2) -> dict[str, Any]:
+def agent_conversation(c: Any, r: int, turns: int = 6) -> list[float]:
+    """Conversation ``r`` of a tool-using loop: the time to first token of turns 2 to
+    ``turns`` (the first reads the whole system prompt)."""
     ttfts: list[float] = []
-    for r in range(conversations):
-        history = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"How many items of kind {r} are in stock?"},
+    history = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"How many items of kind {r} are in stock?"},
+    ]
+    for turn in range(turns):
+        t, text, _ = c.stream(history, 24)
+        if turn > 0:
+            ttfts.append(t)
+        call = f'<tool_call>\n{{"name": "stock", "arguments": {{"item": "item {turn}"}}}}\n</tool_call>'
+        history += [
+            {"role": "assistant", "content": text + "\n" + call},
+            {
+                "role": "user",
+                "content": f'<tool_response>\n{{"item {turn}": {turn * 7}}}\n</tool_response>\nAnd item {turn + 1}?',
+            },
         ]
-        for turn in range(turns):
-            t, text, _ = c.stream(history, 24)
-            if turn > 0:
-                ttfts.append(t)
-            call = f'<tool_call>\n{{"name": "stock", "arguments": {{"item": "item {turn}"}}}}\n</tool_call>'
-            history += [
-                {"role": "assistant", "content": text + "\n" + call},
-                {
-                    "role": "user",
-                    "content": f'<tool_response>\n{{"item {turn}": {turn * 7}}}\n</tool_response>\nAnd item {turn + 1}?',
-                },
-            ]
+    return ttfts
+
+
+def agent_loop(c: Any, turns: int = 6, conversations: int = 2) -> dict[str, Any]:
+    ttfts = [t for r in range(conversations) for t in agent_conversation(c, r, turns)]
     return {"agent_loop_ttft_s": statistics.median(ttfts)}
 
 
@@ -172,55 +178,6 @@ def decode(c: Any) -> dict[str, Any]:
     first, _, n = c.stream(msgs, 96)
     total = time.perf_counter() - t0
     return {"decode_tok_s": (n - 1) / max(1e-9, total - first)}
-
-
-def decode_vs_raw(c: _Ours, path: str, n: int = 96, rounds: int = 5) -> dict[str, Any]:
-    """Our reply's decode rate against a bare llama.cpp decode loop (greedy argmax, no
-    sampler, no request path) with the same team.
-
-    Each side alone in a process of its own (a fresh ``ChatLlamaCpp`` with the defaults,
-    n_ctx 1024, and the loop), ``rounds`` times, taking turns in alternating order; the
-    ratio is the median of the rounds' ratios, so a slow spell of the machine (runs here
-    drift by a fifth within a minute) falls on both sides of a pair.
-
-    Then the contender's own context after the workloads above, in this process: its
-    unified KV cache has served their conversations (a request that decodes alone has
-    the idle ones parked in host RAM, see docs/cache.md)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from machine import STORY_PROMPT, bare_decode_rate_fresh, reply_decode_rate_fresh
-
-    t = c.threads
-    raw: list[float] = []
-    ours: list[float] = []
-    used: list[float] = []
-
-    def mine() -> None:
-        ours.append(reply_decode_rate_fresh(path, n))
-
-    def loop() -> None:
-        raw.append(
-            bare_decode_rate_fresh(path, int(t["n_threads"]), int(t["n_threads_batch"]), n, runs=2)
-        )
-
-    for r in range(rounds):
-        for side in (mine, loop) if r % 2 == 0 else (loop, mine):
-            side()
-        for _ in range(2):
-            msg = c.llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
-            used.append(msg.response_metadata["timings"]["predicted_per_second"])
-    pairs = [o / w for o, w in zip(ours, raw, strict=True)]
-    used_pairs = [statistics.median(used[2 * i : 2 * i + 2]) / w for i, w in enumerate(raw)]
-    return {
-        "raw_decode_tok_s": statistics.median(raw),
-        "raw_decode_tok_s_runs": raw,
-        "ours_reply_decode_tok_s": statistics.median(ours),
-        "ours_reply_decode_tok_s_runs": ours,
-        "decode_ours_over_raw": statistics.median(pairs),
-        "decode_ours_over_raw_rounds": pairs,
-        "ours_after_workloads_decode_tok_s": statistics.median(used),
-        "ours_after_workloads_decode_tok_s_runs": used,
-        "decode_after_workloads_over_raw": statistics.median(used_pairs),
-    }
 
 
 def batching() -> dict[str, Any]:
@@ -252,7 +209,11 @@ def batching() -> dict[str, Any]:
     }
 
 
-def chat_and_embeddings(path: str) -> dict[str, Any]:
+def chat_and_embeddings(path: str, rounds: int = 3) -> dict[str, Any]:
+    """A chat reply and 64 embeddings in one process: one after the other, then both at
+    once from two threads, ``rounds`` times with the order of the two runs alternating
+    (a slow spell of the machine falls on both); each one's finish when together over
+    the sequential pair's total, the median of the rounds."""
     from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings
 
     llm = ChatLlamaCpp(model_path=path, n_ctx=1024, temperature=0).load()
@@ -265,34 +226,52 @@ def chat_and_embeddings(path: str) -> dict[str, Any]:
     def embed() -> None:
         emb.embed_documents(texts)
 
+    def sequential() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        chat()
+        t1 = time.perf_counter()
+        embed()
+        return t1 - t0, time.perf_counter() - t1
+
+    def together() -> tuple[float, float]:
+        done: dict[str, float] = {}
+        t0 = time.perf_counter()
+
+        def timed(name: str, fn: Any) -> None:
+            fn()
+            done[name] = time.perf_counter() - t0
+
+        ts = [
+            threading.Thread(target=timed, args=("chat", chat)),
+            threading.Thread(target=timed, args=("embed", embed)),
+        ]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return done["chat"], done["embed"]
+
     chat()
     embed()
-    t0 = time.perf_counter()
-    chat()
-    chat_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    embed()
-    emb_s = time.perf_counter() - t0
-    done: dict[str, float] = {}
-    t0 = time.perf_counter()
-
-    def timed(name: str, fn: Any) -> None:
-        fn()
-        done[name] = time.perf_counter() - t0
-
-    ts = [
-        threading.Thread(target=timed, args=("chat", chat)),
-        threading.Thread(target=timed, args=("embed", embed)),
-    ]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    alone: list[tuple[float, float]] = []
+    both: list[tuple[float, float]] = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            alone.append(sequential())
+            both.append(together())
+        else:
+            both.append(together())
+            alone.append(sequential())
+    chat_ratio = [b[0] / sum(a) for a, b in zip(alone, both, strict=True)]
+    embed_ratio = [b[1] / sum(a) for a, b in zip(alone, both, strict=True)]
     return {
-        "mixed_chat_alone_s": chat_s,
-        "mixed_embed_alone_s": emb_s,
-        "mixed_chat_together_s": done["chat"],
-        "mixed_embed_together_s": done["embed"],
+        "mixed_chat_alone_s": statistics.median(a[0] for a in alone),
+        "mixed_embed_alone_s": statistics.median(a[1] for a in alone),
+        "mixed_chat_together_s": statistics.median(b[0] for b in both),
+        "mixed_embed_together_s": statistics.median(b[1] for b in both),
+        "mixed_chat_together_over_sequential": statistics.median(chat_ratio),
+        "mixed_embed_together_over_sequential": statistics.median(embed_ratio),
+        "mixed_embed_together_over_sequential_rounds": embed_ratio,
     }
 
 
@@ -310,11 +289,119 @@ def child(contender: str, condition: str, extras: bool) -> dict[str, Any]:
     out.update(agent_loop(c))
     out.update(decode(c))
     if extras and contender == "ours":
-        if condition == "idle":
-            out.update(decode_vs_raw(c, path))
         out.update(batching())
         out.update(chat_and_embeddings(path))
     return out
+
+
+# --------------------------------------------------------------------------- paired stage
+
+
+def serve(contender: str, threads: str | None) -> None:
+    """A contender kept loaded in a process of its own, doing one piece of work per
+    request line on stdin (``agent R``: conversation R of the agent loop, its turns'
+    times to first token; ``decode N``: one N-token reply's decode rate) and answering
+    one JSON line: the paired stage takes turns between such processes piece by piece."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import STORY_PROMPT, BareLoop
+
+    path = smollm2_path()
+    c: Any
+    if contender == "raw":
+        n_threads, n_threads_batch = (int(x) for x in (threads or "2,2").split(","))
+        c = BareLoop(path, n_threads, n_threads_batch, n_ctx=4096)
+        info: Any = {"n_threads": n_threads, "n_threads_batch": n_threads_batch}
+    else:
+        c = _Llama(path) if contender == "llama" else _Ours(path)
+        info = c.threads
+    print(json.dumps({"threads": info}), flush=True)
+    for line in sys.stdin:
+        op, arg = line.split()
+        if op == "agent":
+            out: Any = agent_conversation(c, int(arg))
+        elif contender == "raw":
+            out = c.rate(int(arg))
+        else:
+            msg = c.llm.invoke(STORY_PROMPT, max_tokens=int(arg), stop=[])
+            out = float(msg.response_metadata["timings"]["predicted_per_second"])
+        print(json.dumps(out), flush=True)
+
+
+class _Server:
+    """The parent's handle on a :func:`serve` process."""
+
+    def __init__(self, contender: str, threads: str | None = None) -> None:
+        cmd = [sys.executable, __file__, "--serve", contender]
+        if threads:
+            cmd += ["--threads", threads]
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+        }
+        env["PYTHONPATH"] = str(ROOT)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        self.threads = self._answer()["threads"]
+
+    def _answer(self) -> Any:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"benchmark server {self.proc.args} exited")
+        return json.loads(line)
+
+    def ask(self, request: str) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(request + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def paired_idle(rounds: int) -> dict[str, Any]:
+    """The idle goals closest to 1, measured so this machine's drift (a fifth within a
+    minute) cancels: ours, ``Llama`` and the bare loop each loaded once in a process of
+    its own, taking turns one piece of work at a time in alternating order, ``rounds``
+    times; each ratio is the median over the rounds of ours over the other's piece just
+    before or after it. The agent loop: one 6-turn conversation each (median time to
+    first token of turns 2-6); decode: one 96-token reply against the bare loop with
+    ours' threads (ours' reply comes after its conversations: the idle ones are parked
+    while it decodes alone, docs/cache.md)."""
+    ours = _Server("ours")
+    t = ours.threads
+    others = {
+        "llama": _Server("llama"),
+        "raw": _Server("raw", f"{t['n_threads']},{t['n_threads_batch']}"),
+    }
+    ttft: dict[str, list[float]] = {"ours": [], "llama": []}
+    rate: dict[str, list[float]] = {"ours": [], "raw": []}
+    try:
+        for r in range(rounds):
+            turn = [("ours", ours), ("llama", others["llama"])]
+            for name, srv in turn if r % 2 == 0 else turn[::-1]:
+                ttft[name].append(statistics.median(srv.ask(f"agent {r}")))
+            turn = [("ours", ours), ("raw", others["raw"])]
+            for name, srv in turn[::-1] if r % 2 == 0 else turn:
+                rate[name].append(srv.ask("decode 96"))
+    finally:
+        for srv in (ours, *others.values()):
+            srv.close()
+    agent = [o / w for o, w in zip(ttft["ours"], ttft["llama"], strict=True)]
+    dec = [o / w for o, w in zip(rate["ours"], rate["raw"], strict=True)]
+    return {
+        "rounds": rounds,
+        "threads": {"ours": t, "llama": others["llama"].threads, "raw": others["raw"].threads},
+        "agent_ttft_s": ttft,
+        "agent_ttft_ours_over_llama": statistics.median(agent),
+        "agent_ttft_ours_over_llama_rounds": agent,
+        "decode_tok_s": rate,
+        "decode_ours_over_raw": statistics.median(dec),
+        "decode_ours_over_raw_rounds": dec,
+    }
 
 
 # --------------------------------------------------------------------------- parent side
@@ -378,15 +465,11 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
         for k in ("short_calls_s", "agent_loop_ttft_s"):
             if k in one and k in o:
                 row[f"{k}_over_1thread"] = o[k] / one[k]
-        if "mixed_chat_together_s" in o:
-            both = o["mixed_chat_alone_s"] + o["mixed_embed_alone_s"]
-            row["mixed_chat_together_over_sequential"] = o["mixed_chat_together_s"] / both
-            row["mixed_embed_together_over_sequential"] = o["mixed_embed_together_s"] / both
-        if "batching_speedup" in o:
-            row["batching_speedup"] = o["batching_speedup"]
-        for k in ("decode_ours_over_raw", "decode_after_workloads_over_raw"):
+        for k in ("mixed_chat_together_over_sequential", "mixed_embed_together_over_sequential"):
             if k in o:
                 row[k] = o[k]
+        if "batching_speedup" in o:
+            row["batching_speedup"] = o["batching_speedup"]
         out[cond] = row
     return out
 
@@ -395,11 +478,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", nargs=2, metavar=("CONTENDER", "CONDITION"))
     ap.add_argument("--extras", action="store_true")
+    ap.add_argument("--serve", metavar="CONTENDER")
+    ap.add_argument("--threads")
+    ap.add_argument("--paired-rounds", type=int, default=8)
+    ap.add_argument("--out", default="contention.json", help="file name under benchmarks/results")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     args = ap.parse_args()
+    if args.serve:
+        sys.path.insert(0, str(ROOT))
+        serve(args.serve, args.threads)
+        return
     if args.child:
         sys.path.insert(0, str(ROOT))
         print(json.dumps(child(args.child[0], args.child[1], args.extras)))
@@ -431,6 +522,14 @@ def main() -> None:
                 sys.stdout.flush()
     runs = {c: {k: v for k, v in by.items() if v} for c, by in runs.items()}
     summary = summarize(runs)
+    paired = None
+    if "idle" in conditions and args.paired_rounds > 0:
+        paired = paired_idle(args.paired_rounds)
+        print(
+            "paired idle: agent loop ours/Llama "
+            f"{[round(x, 3) for x in paired['agent_ttft_ours_over_llama_rounds']]}, "
+            f"decode ours/raw {[round(x, 3) for x in paired['decode_ours_over_raw_rounds']]}"
+        )
     result = {
         "machine": info,
         "thread_settings": thread_settings(),
@@ -439,8 +538,12 @@ def main() -> None:
         "ratios": ratios(summary),
         "runs": runs,
     }
+    if paired is not None:
+        result["paired_idle"] = paired
+        for k in ("agent_ttft_ours_over_llama", "decode_ours_over_raw"):
+            result["ratios"].setdefault("idle", {})[f"paired_{k}"] = paired[k]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "contention.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result["ratios"], indent=2))
 
 

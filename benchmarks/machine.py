@@ -130,45 +130,57 @@ _AVOIDED = "Llama loads without the AMX buffer type (its kernel crashes on this 
 STORY_PROMPT = "Write a long story about the sea."
 
 
+class BareLoop:
+    """A bare llama.cpp decode loop (greedy argmax, no sampler, no request path) after
+    :data:`STORY_PROMPT`: the floor a reply's decode rate is compared with. The team is
+    explicit, so the loop stays outside the package's CPU budget."""
+
+    def __init__(self, path: str, n_threads: int, n_threads_batch: int, n_ctx: int = 1024):
+        from langchain_llamacpp_local.llama.engine import Engine
+        from langchain_llamacpp_local.llama.loading import LoadConfig
+
+        self.engine = Engine(
+            LoadConfig(
+                model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch
+            )
+        )
+        self.prompt = self.engine.tokenize(STORY_PROMPT, add_special=True)
+
+    def rate(self, n: int) -> float:
+        """Tokens/s of ``n`` decode steps after the prompt, from an empty memory."""
+        import time
+
+        import llama_cpp
+        import numpy as np
+
+        eng = self.engine
+        eng.clear()
+        eng.decode(self.prompt, 0, 0)
+        t0 = time.perf_counter()
+        pos = len(self.prompt)
+        for _i in range(n):
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,)
+            )
+            eng.decode([int(logits.argmax())], pos, 0)
+            pos += 1
+        return n / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
 def bare_decode_rate(
     path: str, n_threads: int, n_threads_batch: int, n: int, *, n_ctx: int = 1024, runs: int = 3
 ) -> float:
-    """Tokens/s of a bare llama.cpp decode loop (greedy argmax, no sampler, no request
-    path) after :data:`STORY_PROMPT`: the floor a reply's decode rate is compared with.
-    The team is explicit, so the loop stays outside the package's CPU budget; the median
-    of ``runs``."""
+    """The median of ``runs`` :meth:`BareLoop.rate` measurements of a fresh loop."""
     import statistics
-    import time
 
-    import llama_cpp
-    import numpy as np
-
-    from langchain_llamacpp_local.llama.engine import Engine
-    from langchain_llamacpp_local.llama.loading import LoadConfig
-
-    eng = Engine(
-        LoadConfig(
-            model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch
-        )
-    )
+    loop = BareLoop(path, n_threads, n_threads_batch, n_ctx)
     try:
-        toks = eng.tokenize(STORY_PROMPT, add_special=True)
-        rates = []
-        for _ in range(runs):
-            eng.clear()
-            eng.decode(toks, 0, 0)
-            t0 = time.perf_counter()
-            pos = len(toks)
-            for _i in range(n):
-                logits = np.ctypeslib.as_array(
-                    llama_cpp.llama_get_logits_ith(eng.ctx, -1), shape=(eng.n_vocab,)
-                )
-                eng.decode([int(logits.argmax())], pos, 0)
-                pos += 1
-            rates.append(n / (time.perf_counter() - t0))
+        return statistics.median(loop.rate(n) for _ in range(runs))
     finally:
-        eng.close()
-    return statistics.median(rates)
+        loop.close()
 
 
 def bare_decode_rate_fresh(
@@ -183,31 +195,6 @@ def bare_decode_rate_fresh(
         f"bare_decode_rate({path!r}, {n_threads}, {n_threads_batch}, {n}, "
         f"n_ctx={n_ctx}, runs={runs})"
     )
-
-
-def reply_decode_rate(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) -> float:
-    """Decode tokens/s of a greedy ``ChatLlamaCpp`` reply of ``n`` tokens to
-    :data:`STORY_PROMPT` (the reply's own ``timings``), from a fresh model with the
-    package's defaults; the median of ``runs`` replies."""
-    import statistics
-
-    from langchain_llamacpp_local import ChatLlamaCpp
-
-    llm = ChatLlamaCpp(model_path=path, n_ctx=n_ctx, temperature=0).load()
-    try:
-        rates = []
-        for _ in range(runs):
-            msg = llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
-            rates.append(float(msg.response_metadata["timings"]["predicted_per_second"]))
-    finally:
-        llm.close()
-    return statistics.median(rates)
-
-
-def reply_decode_rate_fresh(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) -> float:
-    """:func:`reply_decode_rate` in a process of its own, as
-    :func:`bare_decode_rate_fresh` runs the bare loop: each side alone in its process."""
-    return _in_own_process(f"reply_decode_rate({path!r}, {n}, n_ctx={n_ctx}, runs={runs})")
 
 
 def _in_own_process(call: str) -> float:

@@ -198,9 +198,12 @@ class SlotMemory:
         slot is chosen and before it is filled, so a restored conversation finds free
         cells (:meth:`fits` must have said the request can start). A request that
         decodes alone (nothing in ``busy``, no others ``waiting``) has the other idle
-        conversations parked too (:func:`~.slot_plan.plan_solo_parking`)."""
+        conversations parked too (:func:`~.slot_plan.plan_solo_parking`), before a
+        parked conversation is restored into the slot: restored beside them it would
+        land in the cells after theirs, and every step attends over the pool up to its
+        highest cell in use."""
         self._restored_file = None
-        slot = self._choose(tokens, busy, room)
+        slot = self._choose(tokens, busy, room, waiting)
         if room is not None:
             self.park_beside(slot, busy, waiting)
         if not cache_prompt:
@@ -224,7 +227,11 @@ class SlotMemory:
         ]
 
     def _choose(
-        self, tokens: Sequence[Hashable], busy: set[int], room: tuple[int, int] | None
+        self,
+        tokens: Sequence[Hashable],
+        busy: set[int],
+        room: tuple[int, int] | None,
+        waiting: int = 0,
     ) -> Slot:
         """Take the free slot :func:`~.slot_plan.choose_slot` picks for ``tokens`` and fill
         it as :func:`~.slot_plan.plan_fill` says (park, restore, copy)."""
@@ -255,8 +262,12 @@ class SlotMemory:
         self._note_source(plan.action, plan.source, choice.target, cached, from_disk, tokens)
         if plan.action == "restore":
             assert cached is not None
-            # Take it out first: parking the target may evict cache entries (this one too).
+            # Take it out first: parking the target, or the idle conversations beside a
+            # request that decodes alone, may evict cache entries (this one too).
             self.ram.take(cached)
+            if room is not None:
+                # before the state comes back: llama.cpp puts it in the first free cells
+                self.park_beside(target, busy, waiting)
             self.park(target)
             if self.restore(target, cached):
                 self._restored_file = from_disk

@@ -54,6 +54,7 @@ class FakeStore:
         self.kv_unified = False
         self.cells: list[dict[int, int]] = [{} for _ in range(n_seq_max)]
         self.refuse_states = False  # state_set answers False (a state llama.cpp rejects)
+        self.events: list[tuple[str, int]] = []  # ("remove" | "load", seq): their order
         self.decoded = 0  # rows decoded
 
     # -- decoding (what the engine's decode calls do to the memory)
@@ -88,8 +89,11 @@ class FakeStore:
             if p0 <= last < p1:
                 cells.clear()
             return True
-        for pos in [p for p in cells if p0 <= p < p1]:
+        gone = [p for p in cells if p0 <= p < p1]
+        for pos in gone:
             del cells[pos]
+        if gone:
+            self.events.append(("remove", seq_id))
         return True
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -117,6 +121,7 @@ class FakeStore:
         if self.refuse_states:
             return False
         self.cells[seq_id] = {int(p): int(t) for p, t in json.loads(data)}
+        self.events.append(("load", seq_id))
         return True
 
     def wipe_memory(self, drop: set[int]) -> frozenset[int]:
@@ -247,6 +252,26 @@ def test_idle_conversations_leave_the_unified_pool_while_one_decodes_alone(ram: 
     assert n_keep == len(PROMPT) and _held(store, back) == PROMPT
     others = [_held(store, s) for s in memory.slots if s is not back]
     assert all(h == [] for h in others) if ram else sorted(map(len, others)) == [20, 20, 30]
+    memory.check()
+
+
+def test_the_pool_is_emptied_before_a_conversation_comes_back_into_it() -> None:
+    # llama.cpp puts a restored state in the first free cells: loaded beside an idle
+    # conversation, it would sit above that one's cells for its whole turn
+    store = FakeStore(n_seq_max=2)
+    store.kv_unified = True
+    memory = _memory(store)
+    room = (100, 0)
+    a, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True, room=room)
+    _read(memory, store, a, PROMPT, len(PROMPT))
+    b_tokens = [5] * 30
+    b, _ = memory.acquire(b_tokens, [], set(), cache_prompt=True, room=room)
+    _read(memory, store, b, b_tokens, len(b_tokens))
+    store.events.clear()
+    back, n_keep = memory.acquire([*PROMPT, 1], [], set(), cache_prompt=True, room=room)
+    assert n_keep == len(PROMPT) and _held(store, back) == PROMPT
+    assert store.events.index(("remove", b.seq_id)) < store.events.index(("load", back.seq_id))
+    assert _held(store, b) == []
     memory.check()
 
 
