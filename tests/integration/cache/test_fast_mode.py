@@ -9,6 +9,8 @@ re-tokenize as the vocab's space token, which the common prefix then stops at).
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -236,4 +238,33 @@ def test_a_request_decoding_alone_has_the_shared_pool_to_itself(scripted: str, r
         assert a2.content == fresh.invoke(a2_msgs, max_tokens=12).content
     finally:
         fresh.close()
+        llm.close()
+
+
+def test_a_restored_conversation_comes_back_to_the_bottom_of_the_pool(
+    scripted: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A conversation restored for a request that decodes alone comes back after the idle
+    ones have left the pool: llama.cpp puts a state in the first free cells, and every
+    step attends over the pool up to its highest cell in use. llama.cpp's own account:
+    with ``LLAMA_KV_CACHE_DEBUG`` each cell search logs that span (``n``) and the cells
+    in use (``used``); they must be equal, no hole below the conversation."""
+    monkeypatch.setenv("LLAMA_KV_CACHE_DEBUG", "1")  # read when the context is made
+    caplog.set_level(logging.DEBUG, logger="langchain_llamacpp_local.llama_cpp")
+    llm = ChatLlamaCpp(model_path=scripted, n_slots=3, **GREEDY)
+    try:
+        a: list[BaseMessage] = [HumanMessage("a" * 40)]
+        a1 = llm.invoke(a, max_tokens=12)
+        llm.invoke([HumanMessage("c" * 40)], max_tokens=12)  # "a" is parked meanwhile
+        caplog.clear()
+        a2 = llm.invoke([*a, AIMessage(str(a1.content)), HumanMessage("d")], max_tokens=12)
+        assert a2.response_metadata["cache"]["source"] == "host_ram"
+        spans = [
+            (int(m.group(1)), int(m.group(2)))
+            for r in caplog.records
+            if (m := re.search(r"find_slot: .* n =\s*(\d+), used =\s*(\d+)", r.getMessage()))
+        ]
+        assert len(spans) >= 2, "llama.cpp logged no cell search"
+        assert all(n == used for n, used in spans), spans
+    finally:
         llm.close()
