@@ -144,27 +144,38 @@ def short_calls(c: Any) -> dict[str, Any]:
     return {"short_calls_s": time.perf_counter() - t0}
 
 
-def agent_conversation(c: Any, r: int, turns: int = 6) -> list[float]:
-    """Conversation ``r`` of a tool-using loop: the time to first token of turns 2 to
-    ``turns`` (the first reads the whole system prompt)."""
-    ttfts: list[float] = []
-    history = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"How many items of kind {r} are in stock?"},
-    ]
-    for turn in range(turns):
-        t, text, _ = c.stream(history, 24)
-        if turn > 0:
-            ttfts.append(t)
+class AgentConversation:
+    """Conversation ``r`` of a tool-using loop, one turn at a time: the model answers,
+    the loop appends a tool call and its result and asks for the next item."""
+
+    def __init__(self, r: int) -> None:
+        self.turn = 0
+        self.history = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"How many items of kind {r} are in stock?"},
+        ]
+
+    def step(self, c: Any) -> float:
+        """One turn; its time to first token."""
+        t, text, _ = c.stream(self.history, 24)
+        turn = self.turn
         call = f'<tool_call>\n{{"name": "stock", "arguments": {{"item": "item {turn}"}}}}\n</tool_call>'
-        history += [
+        self.history += [
             {"role": "assistant", "content": text + "\n" + call},
             {
                 "role": "user",
                 "content": f'<tool_response>\n{{"item {turn}": {turn * 7}}}\n</tool_response>\nAnd item {turn + 1}?',
             },
         ]
-    return ttfts
+        self.turn += 1
+        return t
+
+
+def agent_conversation(c: Any, r: int, turns: int = 6) -> list[float]:
+    """Conversation ``r``: the time to first token of turns 2 to ``turns`` (the first
+    reads the whole system prompt)."""
+    conv = AgentConversation(r)
+    return [conv.step(c) for _ in range(turns)][1:]
 
 
 def agent_loop(c: Any, turns: int = 6, conversations: int = 2) -> dict[str, Any]:
@@ -299,9 +310,10 @@ def child(contender: str, condition: str, extras: bool) -> dict[str, Any]:
 
 def serve(contender: str, threads: str | None) -> None:
     """A contender kept loaded in a process of its own, doing one piece of work per
-    request line on stdin (``agent R``: conversation R of the agent loop, its turns'
-    times to first token; ``decode N``: one N-token reply's decode rate) and answering
-    one JSON line: the paired stage takes turns between such processes piece by piece."""
+    request line on stdin (``turn R``: the next turn of conversation R of the agent
+    loop, its time to first token; ``decode N``: one N-token reply's decode rate) and
+    answering one JSON line: the paired stage takes turns between such processes piece
+    by piece."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from machine import STORY_PROMPT, BareLoop
 
@@ -315,10 +327,11 @@ def serve(contender: str, threads: str | None) -> None:
         c = _Llama(path) if contender == "llama" else _Ours(path)
         info = c.threads
     print(json.dumps({"threads": info}), flush=True)
+    conversations: dict[int, AgentConversation] = {}
     for line in sys.stdin:
         op, arg = line.split()
-        if op == "agent":
-            out: Any = agent_conversation(c, int(arg))
+        if op == "turn":
+            out: Any = conversations.setdefault(int(arg), AgentConversation(int(arg))).step(c)
         elif contender == "raw":
             out = c.rate(int(arg))
         else:
@@ -367,10 +380,11 @@ def paired_idle(rounds: int) -> dict[str, Any]:
     minute) cancels: ours, ``Llama`` and the bare loop each loaded once in a process of
     its own, taking turns one piece of work at a time in alternating order, ``rounds``
     times; each ratio is the median over the rounds of ours over the other's piece just
-    before or after it. The agent loop: one 6-turn conversation each (median time to
-    first token of turns 2-6); decode: one 96-token reply against the bare loop with
-    ours' threads (ours' reply comes after its conversations: the idle ones are parked
-    while it decodes alone, docs/cache.md)."""
+    before or after it. The agent loop: one 6-turn conversation each, the two taking
+    turns turn by turn (a round's figure: the median time to first token of turns 2-6);
+    decode: one 96-token reply against the bare loop with ours' threads (ours' reply
+    comes after its conversations: the idle ones are parked while it decodes alone,
+    docs/cache.md)."""
     ours = _Server("ours")
     t = ours.threads
     others = {
@@ -381,9 +395,13 @@ def paired_idle(rounds: int) -> dict[str, Any]:
     rate: dict[str, list[float]] = {"ours": [], "raw": []}
     try:
         for r in range(rounds):
-            turn = [("ours", ours), ("llama", others["llama"])]
-            for name, srv in turn if r % 2 == 0 else turn[::-1]:
-                ttft[name].append(statistics.median(srv.ask(f"agent {r}")))
+            turns: dict[str, list[float]] = {"ours": [], "llama": []}
+            pair = [("ours", ours), ("llama", others["llama"])]
+            for k in range(6):
+                for name, srv in pair if (r + k) % 2 == 0 else pair[::-1]:
+                    turns[name].append(srv.ask(f"turn {r}"))
+            for name, ts in turns.items():
+                ttft[name].append(statistics.median(ts[1:]))
             turn = [("ours", ours), ("raw", others["raw"])]
             for name, srv in turn[::-1] if r % 2 == 0 else turn:
                 rate[name].append(srv.ask("decode 96"))

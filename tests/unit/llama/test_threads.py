@@ -354,3 +354,37 @@ def test_a_limit_lowered_during_own_work_is_restored_when_it_ends(
     with budget.own_work():
         pass
     assert budget.limit == 1
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="no schedstat")
+def test_each_thread_reads_its_own_wait_counter_from_a_file_it_keeps_open() -> None:
+    """The counter is the calling thread's (``/proc/thread-self`` names the thread that
+    opens it), read from a file opened once per thread and closed when the thread ends."""
+    import os
+
+    seen: dict[str, object] = {}
+
+    def busy_then_read() -> None:
+        first = T._thread_wait_ns()
+        f = T._per_thread.schedstat
+        second = T._thread_wait_ns()
+        assert T._per_thread.schedstat is f  # not opened again
+        assert f is not None and f.fd is not None
+        seen["fd"] = f.fd
+        seen["own"] = os.readlink(f"/proc/self/fd/{f.fd}")
+        seen["tid"] = threading.get_native_id()
+        seen["values"] = (first, second)
+
+    t = threading.Thread(target=busy_then_read)
+    t.start()
+    t.join()
+    first, second = seen["values"]  # type: ignore[misc]
+    assert isinstance(first, int) and isinstance(second, int) and second >= first
+    assert f"/task/{seen['tid']}/" in str(seen["own"])
+    try:  # closed with its thread (the number may since name another file)
+        now = os.readlink(f"/proc/self/fd/{seen['fd']}")
+    except OSError:
+        now = None
+    assert now != seen["own"]
+    mine = T._thread_wait_ns()
+    assert mine is not None and T._per_thread.schedstat is not None
