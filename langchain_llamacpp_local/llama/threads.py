@@ -310,8 +310,14 @@ CONTENDED = 0.15
 #: that big a share too large costs more at every barrier than a window of decodes is
 #: worth waiting for.
 STRONG = 0.3
-#: How long the budget stays lowered before it tries one more CPU again.
+#: How long the budget stays lowered before it tries one more CPU again...
 PROBE_AFTER_S = 2.0
+#: ...doubled after each try that met the load again, up to this: beside programs that
+#: keep every CPU busy one token on a team too large for its CPUs waits at each of its
+#: barriers for a descheduled thread (measured: one SmolLM2 token took 3.5 s with two
+#: CPU-bound processes on 2 CPUs, against 30 ms on one thread), so a try every 2 s
+#: halved the decode rate there.
+PROBE_MAX_S = 32.0
 #: Decodes whose waits are averaged before the budget moves.
 WINDOW = 8
 #: ...or this much decode time, whichever comes first: one prompt piece of seconds is a
@@ -334,6 +340,8 @@ class ContentionState:
     walls: list[float] = field(default_factory=list)
     lowered_at: float = 0.0
     probing: bool = False
+    #: how long a lowered limit waits before its next try (doubles while tries fail)
+    probe_after: float = PROBE_AFTER_S
 
     def new_window(self) -> None:
         """Forget the decodes averaged so far (after the limit moved)."""
@@ -354,11 +362,14 @@ def next_limit(
     :data:`CONTENDED` while one more CPU is being tried, gives one CPU back at once;
     otherwise :data:`WINDOW` decodes, or :data:`WINDOW_S` seconds of them, are averaged
     (weighted by their time). An uncontended limit below ``usable`` tries one more CPU
-    every :data:`PROBE_AFTER_S` seconds.
+    :data:`PROBE_AFTER_S` seconds after it was lowered; each try undone by the load
+    doubles that wait (up to :data:`PROBE_MAX_S`), a try that stays quiet resets it.
     """
     if team < 2:
         wait_share = 0.0
     if state.limit > 1 and (wait_share >= STRONG or (state.probing and wait_share > CONTENDED)):
+        if state.probing:
+            state.probe_after = min(PROBE_MAX_S, state.probe_after * 2)
         state.probing = False
         state.new_window()
         state.limit -= 1
@@ -375,12 +386,16 @@ def next_limit(
         mean = sum(state.waits) / len(state.waits)
     state.new_window()
     if mean > CONTENDED and state.limit > 1:
+        if state.probing:
+            state.probe_after = min(PROBE_MAX_S, state.probe_after * 2)
         state.limit -= 1
         state.lowered_at = now
         state.probing = False
     elif mean <= CONTENDED:
+        if state.probing:
+            state.probe_after = PROBE_AFTER_S
         state.probing = False
-        if state.limit < state.usable and now - state.lowered_at >= PROBE_AFTER_S:
+        if state.limit < state.usable and now - state.lowered_at >= state.probe_after:
             state.limit += 1
             state.lowered_at = now
             state.probing = True

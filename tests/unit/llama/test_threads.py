@@ -208,6 +208,41 @@ def test_a_lowered_limit_probes_one_more_cpu_later_and_keeps_it_if_quiet() -> No
     assert state.limit == 2 and not state.probing
 
 
+def test_tries_that_meet_the_load_again_come_ever_later_and_a_quiet_one_resets() -> None:
+    """Beside programs that keep every CPU busy each try costs a token on a team too
+    large for its CPUs: the wait between tries doubles while they fail (up to
+    PROBE_MAX_S), and is back to PROBE_AFTER_S once a try stays quiet."""
+    state = ContentionState(usable=2, limit=1, lowered_at=0.0)
+    now = 0.0
+    waits: list[float] = []
+    for _ in range(8):
+        lowered = state.lowered_at
+        while state.limit == 1:  # quiet decodes on one thread until the next try
+            now += 0.5
+            next_limit(state, 0.0, now=now, wall_s=0.05)
+            assert now < 1000
+        waits.append(now - lowered)
+        next_limit(state, 0.6, now=now, wall_s=0.05)  # the try meets the load
+        assert state.limit == 1 and not state.probing
+    assert waits[0] == pytest.approx(T.PROBE_AFTER_S, abs=0.5)
+    assert all(b >= a for a, b in zip(waits, waits[1:], strict=False))
+    assert waits[3] >= 8 * T.PROBE_AFTER_S
+    assert waits[-1] == pytest.approx(T.PROBE_MAX_S, abs=0.5)  # capped
+    # the load goes: the next try stays quiet, and the one after a later drop is soon
+    while state.limit == 1:
+        now += 0.5
+        next_limit(state, 0.0, now=now, wall_s=0.05)
+    for _ in range(T.WINDOW):
+        next_limit(state, 0.0, now=now, wall_s=0.05)
+    assert state.limit == 2 and not state.probing
+    assert state.probe_after == T.PROBE_AFTER_S
+    # a window-mean drop of a try doubles the wait too
+    state = ContentionState(usable=2, limit=2, probing=True)
+    for _ in range(T.WINDOW):
+        next_limit(state, T.CONTENDED + 0.05, now=1.0)
+    assert state.limit == 1 and state.probe_after == 2 * T.PROBE_AFTER_S
+
+
 def test_a_probe_that_meets_contention_is_undone_at_once() -> None:
     state = ContentionState(usable=2, limit=1, lowered_at=0.0)
     for _ in range(T.WINDOW):
