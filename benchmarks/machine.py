@@ -197,6 +197,31 @@ def bare_decode_rate_fresh(
     )
 
 
+def reply_decode_rate(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) -> float:
+    """Decode tokens/s of a greedy ``ChatLlamaCpp`` reply of ``n`` tokens to
+    :data:`STORY_PROMPT` (the reply's own ``timings``), from a fresh model with the
+    package's defaults; the median of ``runs`` replies."""
+    import statistics
+
+    from langchain_llamacpp_local import ChatLlamaCpp
+
+    llm = ChatLlamaCpp(model_path=path, n_ctx=n_ctx, temperature=0).load()
+    try:
+        rates = []
+        for _ in range(runs):
+            msg = llm.invoke(STORY_PROMPT, max_tokens=n, stop=[])
+            rates.append(float(msg.response_metadata["timings"]["predicted_per_second"]))
+    finally:
+        llm.close()
+    return statistics.median(rates)
+
+
+def reply_decode_rate_fresh(path: str, n: int, *, n_ctx: int = 1024, runs: int = 2) -> float:
+    """:func:`reply_decode_rate` in a process of its own, as
+    :func:`bare_decode_rate_fresh` runs the bare loop: each side alone in its process."""
+    return _in_own_process(f"reply_decode_rate({path!r}, {n}, n_ctx={n_ctx}, runs={runs})")
+
+
 def _in_own_process(call: str) -> float:
     """The float that ``call`` (an expression over this module's names) returns, run in
     a fresh Python process with this repository and this folder on its path."""
