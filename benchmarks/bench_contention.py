@@ -2,7 +2,8 @@
 confined to fewer CPUs; this package's defaults against ``Llama``'s defaults in one run.
 
     python benchmarks/bench_contention.py            # every condition, 2 repeats
-    python benchmarks/bench_contention.py --quick    # 1 repeat, fewer conditions
+    python benchmarks/bench_contention.py --quick    # 1 repeat
+    python benchmarks/bench_contention.py --conditions idle --out idle.json
 
 Conditions: ``idle``; ``busy1`` / ``busy2``: 1 or 2 background processes spinning on the
 CPU for the whole run; ``confined1``: the contender's process confined to one CPU by its
@@ -19,9 +20,13 @@ Workloads (SmolLM2-135M-Instruct, ChatML; Gemma 3 270M for batching):
 * ``batching`` (this package only; ``Llama`` serves one request at a time): 4 concurrent
   32-token Gemma generations against the same 4 one after another.
 * ``chat_and_embeddings`` (this package only): a chat reply and a batch of embeddings in
-  one process, alone and both at once from two threads.
-* ``decode_vs_raw`` (this package, idle): a reply's decode rate against a bare llama.cpp
-  loop with the same threads, each in a process of its own, taking turns.
+  one process, one after the other and both at once from two threads, 3 rounds in
+  alternating order.
+
+Then, idle, the paired stage (``--paired-rounds``, 0 to skip): ours, ``Llama`` and a
+bare llama.cpp decode loop kept loaded in processes of their own, taking turns one piece
+of work at a time (an agent-loop turn, a 96-token reply), so that the machine's drift
+falls on both sides of each ratio.
 
 Writes ``benchmarks/results/contention.json``.
 """
