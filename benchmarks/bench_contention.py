@@ -23,10 +23,11 @@ Workloads (SmolLM2-135M-Instruct, ChatML; Gemma 3 270M for batching):
   one process, one after the other and both at once from two threads, 3 rounds in
   alternating order.
 
-Then, idle, the paired stage (``--paired-rounds``, 0 to skip): ours, ``Llama`` and a
-bare llama.cpp decode loop kept loaded in processes of their own, taking turns one piece
-of work at a time (an agent-loop turn, a 96-token reply), so that the machine's drift
-falls on both sides of each ratio.
+Then the paired stage, idle and beside one busy process (``--paired-rounds``, 0 to
+skip; ``--paired-only``: this stage alone): ours, ``Llama`` and (idle) a bare llama.cpp
+decode loop kept loaded in processes of their own, taking turns one piece of work at a
+time (an agent-loop turn; a 96-token reply idle, the short calls busy), so that the
+machine's drift falls on both sides of each ratio.
 
 Writes ``benchmarks/results/contention.json``.
 """
@@ -313,12 +314,33 @@ def child(contender: str, condition: str, extras: bool) -> dict[str, Any]:
 # --------------------------------------------------------------------------- paired stage
 
 
+def _time_prompt_decodes() -> list[float]:
+    """Time every multi-token ``llama_decode`` of this process from now on (a prompt
+    piece; both contenders call llama.cpp's function through its module, ours and
+    ``Llama`` alike): the returned list's one item is the running total in seconds."""
+    import llama_cpp.llama_cpp as C
+
+    spent = [0.0]
+    decode = C.llama_decode
+
+    def timed(ctx: Any, batch: Any) -> int:
+        t0 = time.perf_counter()
+        rc = decode(ctx, batch)
+        if batch.n_tokens > 1:
+            spent[0] += time.perf_counter() - t0
+        return rc
+
+    C.llama_decode = timed
+    return spent
+
+
 def serve(contender: str, threads: str | None) -> None:
     """A contender kept loaded in a process of its own, doing one piece of work per
-    request line on stdin (``turn R``: the next turn of conversation R of the agent
-    loop, its time to first token; ``decode N``: one N-token reply's decode rate) and
-    answering one JSON line: the paired stage takes turns between such processes piece
-    by piece."""
+    request line on stdin and answering one JSON line: ``turn R``, the next turn of
+    conversation R of the agent loop (its time to first token, and the part of it spent
+    in llama.cpp's prompt decode: the floor both contenders share); ``decode N``, one
+    N-token reply's decode rate; ``short 0``, :func:`short_calls`. The paired stage
+    takes turns between such processes piece by piece."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from machine import STORY_PROMPT, BareLoop
 
@@ -331,12 +353,17 @@ def serve(contender: str, threads: str | None) -> None:
     else:
         c = _Llama(path) if contender == "llama" else _Ours(path)
         info = c.threads
+    spent = _time_prompt_decodes()
     print(json.dumps({"threads": info}), flush=True)
     conversations: dict[int, AgentConversation] = {}
     for line in sys.stdin:
         op, arg = line.split()
         if op == "turn":
-            out: Any = conversations.setdefault(int(arg), AgentConversation(int(arg))).step(c)
+            before = spent[0]
+            t = conversations.setdefault(int(arg), AgentConversation(int(arg))).step(c)
+            out: Any = [t, spent[0] - before]
+        elif op == "short":
+            out = short_calls(c)["short_calls_s"]
         elif contender == "raw":
             out = c.rate(int(arg))
         else:
@@ -380,50 +407,74 @@ class _Server:
         self.proc.wait(timeout=60)
 
 
-def paired_idle(rounds: int) -> dict[str, Any]:
-    """The idle goals closest to 1, measured so this machine's drift (a fifth within a
-    minute) cancels: ours, ``Llama`` and the bare loop each loaded once in a process of
-    its own, taking turns one piece of work at a time in alternating order, ``rounds``
-    times; each ratio is the median over the rounds of ours over the other's piece just
-    before or after it. The agent loop: one 6-turn conversation each, the two taking
-    turns turn by turn (a round's figure: the median time to first token of turns 2-6);
-    decode: one 96-token reply against the bare loop with ours' threads (ours' reply
-    comes after its conversations: the idle ones are parked while it decodes alone,
-    docs/cache.md)."""
-    ours = _Server("ours")
-    t = ours.threads
-    others = {
-        "llama": _Server("llama"),
-        "raw": _Server("raw", f"{t['n_threads']},{t['n_threads_batch']}"),
-    }
-    ttft: dict[str, list[float]] = {"ours": [], "llama": []}
-    rate: dict[str, list[float]] = {"ours": [], "raw": []}
+def paired(condition: str, rounds: int) -> dict[str, Any]:
+    """The goals closest to 1, measured so this machine's drift (a fifth within a
+    minute) cancels: ours, ``Llama`` and (idle) the bare loop each loaded once in a
+    process of its own, taking turns one piece of work at a time in alternating order,
+    ``rounds`` times; each ratio is the median over the rounds of ours over the other's
+    piece just before or after it. ``busy1``: one CPU-bound process runs throughout.
+
+    The agent loop: one 6-turn conversation each, the two taking turns turn by turn (a
+    round's figure: the median time to first token of turns 2-6), with the part of each
+    turn spent in llama.cpp's prompt decode (the same call for both: the floor), and the
+    rest. Idle, decode: one 96-token reply against the bare loop with ours' threads
+    (ours' reply comes after its conversations: the idle ones are parked while it
+    decodes alone, docs/cache.md). ``busy1``: :func:`short_calls` taking turns."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", _BURN])
+        for _ in range(int(condition[4:]) if condition.startswith("busy") else 0)
+    ]
+    servers: dict[str, _Server] = {}
     try:
+        time.sleep(0.3 if burners else 0)
+        servers["ours"] = _Server("ours")
+        t = servers["ours"].threads
+        servers["llama"] = _Server("llama")
+        if condition == "idle":
+            servers["raw"] = _Server("raw", f"{t['n_threads']},{t['n_threads_batch']}")
+        ttft: dict[str, list[float]] = {"ours": [], "llama": []}
+        floor: dict[str, list[float]] = {"ours": [], "llama": []}
+        rest: dict[str, list[float]] = {"ours": [], "llama": []}
+        other = "raw" if condition == "idle" else "llama"
+        second: dict[str, list[float]] = {"ours": [], other: []}
         for r in range(rounds):
-            turns: dict[str, list[float]] = {"ours": [], "llama": []}
-            pair = [("ours", ours), ("llama", others["llama"])]
+            turns: dict[str, list[list[float]]] = {"ours": [], "llama": []}
+            pair = ["ours", "llama"]
             for k in range(6):
-                for name, srv in pair if (r + k) % 2 == 0 else pair[::-1]:
-                    turns[name].append(srv.ask(f"turn {r}"))
+                for name in pair if (r + k) % 2 == 0 else pair[::-1]:
+                    turns[name].append(servers[name].ask(f"turn {r}"))
             for name, ts in turns.items():
-                ttft[name].append(statistics.median(ts[1:]))
-            turn = [("ours", ours), ("raw", others["raw"])]
-            for name, srv in turn[::-1] if r % 2 == 0 else turn:
-                rate[name].append(srv.ask("decode 96"))
+                ttft[name].append(statistics.median(x[0] for x in ts[1:]))
+                floor[name].append(statistics.median(x[1] for x in ts[1:]))
+                rest[name].append(statistics.median(x[0] - x[1] for x in ts[1:]))
+            op = "decode 96" if condition == "idle" else "short 0"
+            for name in ("ours", other) if r % 2 else (other, "ours"):
+                second[name].append(servers[name].ask(op))
     finally:
-        for srv in (ours, *others.values()):
+        for srv in servers.values():
             srv.close()
+        for b in burners:
+            b.kill()
+            b.wait()
     agent = [o / w for o, w in zip(ttft["ours"], ttft["llama"], strict=True)]
-    dec = [o / w for o, w in zip(rate["ours"], rate["raw"], strict=True)]
+    floors = [o / w for o, w in zip(floor["ours"], floor["llama"], strict=True)]
+    # decode: a rate (higher is better); short calls: seconds
+    two = [o / w for o, w in zip(second["ours"], second[other], strict=True)]
+    key = "decode_ours_over_raw" if condition == "idle" else "short_calls_ours_over_llama"
     return {
+        "condition": condition,
         "rounds": rounds,
-        "threads": {"ours": t, "llama": others["llama"].threads, "raw": others["raw"].threads},
+        "threads": {name: srv.threads for name, srv in servers.items()},
         "agent_ttft_s": ttft,
+        "agent_prompt_decode_s": floor,
+        "agent_ttft_rest_s": rest,
         "agent_ttft_ours_over_llama": statistics.median(agent),
         "agent_ttft_ours_over_llama_rounds": agent,
-        "decode_tok_s": rate,
-        "decode_ours_over_raw": statistics.median(dec),
-        "decode_ours_over_raw_rounds": dec,
+        "agent_prompt_decode_ours_over_llama": statistics.median(floors),
+        "agent_ttft_rest_ms": {k: 1000 * statistics.median(v) for k, v in rest.items()},
+        ("decode_tok_s" if condition == "idle" else "short_calls_s"): second,
+        key: statistics.median(two),
+        f"{key}_rounds": two,
     }
 
 
@@ -504,6 +555,7 @@ def main() -> None:
     ap.add_argument("--serve", metavar="CONTENDER")
     ap.add_argument("--threads")
     ap.add_argument("--paired-rounds", type=int, default=8)
+    ap.add_argument("--paired-only", action="store_true")
     ap.add_argument("--out", default="contention.json", help="file name under benchmarks/results")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
@@ -523,7 +575,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from machine import flags_line, machine_info, thread_settings
 
-    repeats = 1 if args.quick else args.repeats
+    repeats = 0 if args.paired_only else 1 if args.quick else args.repeats
     conditions = args.conditions.split(",")
     contenders = args.contenders.split(",")
     info = machine_info()
@@ -545,14 +597,12 @@ def main() -> None:
                 sys.stdout.flush()
     runs = {c: {k: v for k, v in by.items() if v} for c, by in runs.items()}
     summary = summarize(runs)
-    paired = None
-    if "idle" in conditions and args.paired_rounds > 0:
-        paired = paired_idle(args.paired_rounds)
-        print(
-            "paired idle: agent loop ours/Llama "
-            f"{[round(x, 3) for x in paired['agent_ttft_ours_over_llama_rounds']]}, "
-            f"decode ours/raw {[round(x, 3) for x in paired['decode_ours_over_raw_rounds']]}"
-        )
+    paired_runs: dict[str, dict[str, Any]] = {}
+    for cond in ("idle", "busy1"):
+        if cond in conditions and args.paired_rounds > 0:
+            pr = paired_runs[cond] = paired(cond, args.paired_rounds)
+            shown = {k: round(v, 3) for k, v in pr.items() if isinstance(v, float)}
+            print(f"paired {cond}: {shown} {pr['agent_ttft_rest_ms']}")
     result = {
         "machine": info,
         "thread_settings": thread_settings(),
@@ -561,10 +611,12 @@ def main() -> None:
         "ratios": ratios(summary),
         "runs": runs,
     }
-    if paired is not None:
-        result["paired_idle"] = paired
-        for k in ("agent_ttft_ours_over_llama", "decode_ours_over_raw"):
-            result["ratios"].setdefault("idle", {})[f"paired_{k}"] = paired[k]
+    for cond, pr in paired_runs.items():
+        result[f"paired_{cond}"] = pr
+        row = result["ratios"].setdefault(cond, {})
+        for k, v in pr.items():
+            if isinstance(v, float):
+                row[f"paired_{k}"] = v
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result["ratios"], indent=2))
