@@ -35,6 +35,7 @@ Writes ``benchmarks/results/contention.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -372,6 +374,33 @@ def serve(contender: str, threads: str | None) -> None:
         print(json.dumps(out), flush=True)
 
 
+_BURN = "import time\nend = time.time() + 3600\nx = 0\nwhile time.time() < end:\n    x += 1\n"
+
+
+@contextlib.contextmanager
+def _burning(condition: str) -> Iterator[None]:
+    """The condition's CPU-bound background processes (``busyN``: N of them) while the
+    block runs."""
+    n = int(condition[4:]) if condition.startswith("busy") else 0
+    burners = [subprocess.Popen([sys.executable, "-c", _BURN]) for _ in range(n)]
+    try:
+        if burners:
+            time.sleep(0.3)
+        yield
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+
+
+def _child_env() -> dict[str, str]:
+    """A contender process's environment: this repository on its path, and OpenMP's wait
+    settings as each contender's defaults leave them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
 class _Server:
     """The parent's handle on a :func:`serve` process."""
 
@@ -379,12 +408,8 @@ class _Server:
         cmd = [sys.executable, __file__, "--serve", contender]
         if threads:
             cmd += ["--threads", threads]
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-        }
-        env["PYTHONPATH"] = str(ROOT)
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_child_env()
         )
         self.threads = self._answer()["threads"]
 
@@ -420,42 +445,35 @@ def paired(condition: str, rounds: int) -> dict[str, Any]:
     rest. Idle, decode: one 96-token reply against the bare loop with ours' threads
     (ours' reply comes after its conversations: the idle ones are parked while it
     decodes alone, docs/cache.md). ``busy1``: :func:`short_calls` taking turns."""
-    burners = [
-        subprocess.Popen([sys.executable, "-c", _BURN])
-        for _ in range(int(condition[4:]) if condition.startswith("busy") else 0)
-    ]
     servers: dict[str, _Server] = {}
-    try:
-        time.sleep(0.3 if burners else 0)
-        servers["ours"] = _Server("ours")
-        t = servers["ours"].threads
-        servers["llama"] = _Server("llama")
-        if condition == "idle":
-            servers["raw"] = _Server("raw", f"{t['n_threads']},{t['n_threads_batch']}")
-        ttft: dict[str, list[float]] = {"ours": [], "llama": []}
-        floor: dict[str, list[float]] = {"ours": [], "llama": []}
-        rest: dict[str, list[float]] = {"ours": [], "llama": []}
-        other = "raw" if condition == "idle" else "llama"
-        second: dict[str, list[float]] = {"ours": [], other: []}
-        for r in range(rounds):
-            turns: dict[str, list[list[float]]] = {"ours": [], "llama": []}
-            pair = ["ours", "llama"]
-            for k in range(6):
-                for name in pair if (r + k) % 2 == 0 else pair[::-1]:
-                    turns[name].append(servers[name].ask(f"turn {r}"))
-            for name, ts in turns.items():
-                ttft[name].append(statistics.median(x[0] for x in ts[1:]))
-                floor[name].append(statistics.median(x[1] for x in ts[1:]))
-                rest[name].append(statistics.median(x[0] - x[1] for x in ts[1:]))
-            op = "decode 96" if condition == "idle" else "short 0"
-            for name in ("ours", other) if r % 2 else (other, "ours"):
-                second[name].append(servers[name].ask(op))
-    finally:
-        for srv in servers.values():
-            srv.close()
-        for b in burners:
-            b.kill()
-            b.wait()
+    ttft: dict[str, list[float]] = {"ours": [], "llama": []}
+    floor: dict[str, list[float]] = {"ours": [], "llama": []}
+    rest: dict[str, list[float]] = {"ours": [], "llama": []}
+    other = "raw" if condition == "idle" else "llama"
+    second: dict[str, list[float]] = {"ours": [], other: []}
+    with _burning(condition):
+        try:
+            servers["ours"] = _Server("ours")
+            t = servers["ours"].threads
+            servers["llama"] = _Server("llama")
+            if condition == "idle":
+                servers["raw"] = _Server("raw", f"{t['n_threads']},{t['n_threads_batch']}")
+            for r in range(rounds):
+                turns: dict[str, list[list[float]]] = {"ours": [], "llama": []}
+                pair = ["ours", "llama"]
+                for k in range(6):
+                    for name in pair if (r + k) % 2 == 0 else pair[::-1]:
+                        turns[name].append(servers[name].ask(f"turn {r}"))
+                for name, ts in turns.items():
+                    ttft[name].append(statistics.median(x[0] for x in ts[1:]))
+                    floor[name].append(statistics.median(x[1] for x in ts[1:]))
+                    rest[name].append(statistics.median(x[0] - x[1] for x in ts[1:]))
+                op = "decode 96" if condition == "idle" else "short 0"
+                for name in ("ours", other) if r % 2 else (other, "ours"):
+                    second[name].append(servers[name].ask(op))
+        finally:
+            for srv in servers.values():
+                srv.close()
     agent = [o / w for o, w in zip(ttft["ours"], ttft["llama"], strict=True)]
     floors = [o / w for o, w in zip(floor["ours"], floor["llama"], strict=True)]
     # decode: a rate (higher is better); short calls: seconds
@@ -481,27 +499,12 @@ def paired(condition: str, rounds: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- parent side
 
 
-_BURN = "import time\nend = time.time() + 3600\nx = 0\nwhile time.time() < end:\n    x += 1\n"
-
-
 def run_one(contender: str, condition: str, extras: bool) -> dict[str, Any]:
-    burners = []
-    if condition.startswith("busy"):
-        burners = [
-            subprocess.Popen([sys.executable, "-c", _BURN]) for _ in range(int(condition[4:]))
-        ]
-        time.sleep(0.3)
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env["PYTHONPATH"] = str(ROOT)
-    try:
-        cmd = [sys.executable, __file__, "--child", contender, condition]
-        if extras:
-            cmd.append("--extras")
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    finally:
-        for b in burners:
-            b.kill()
-            b.wait()
+    cmd = [sys.executable, __file__, "--child", contender, condition]
+    if extras:
+        cmd.append("--extras")
+    with _burning(condition):
+        res = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), timeout=1800)
     if res.returncode != 0:
         return {"error": res.stderr[-2000:]}
     return json.loads(res.stdout.strip().splitlines()[-1])
