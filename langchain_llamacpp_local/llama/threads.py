@@ -297,8 +297,7 @@ def _thread_wait_ns() -> int | None:
             local.schedstat = _SchedstatFile()
         assert local.schedstat.fd is not None
         return int(os.pread(local.schedstat.fd, 128, 0).split()[1])
-    except (OSError, ValueError, IndexError, AttributeError):
-        # AttributeError: no os.pread (not POSIX)
+    except (OSError, ValueError, IndexError):  # no such file where there is no os.pread
         local.unavailable = True
         return None
 
@@ -368,13 +367,7 @@ def next_limit(
     if team < 2:
         wait_share = 0.0
     if state.limit > 1 and (wait_share >= STRONG or (state.probing and wait_share > CONTENDED)):
-        if state.probing:
-            state.probe_after = min(PROBE_MAX_S, state.probe_after * 2)
-        state.probing = False
-        state.new_window()
-        state.limit -= 1
-        state.lowered_at = now
-        return state.limit
+        return _give_one_back(state, now)
     state.waits.append(wait_share)
     state.walls.append(max(0.0, wall_s))
     total = sum(state.walls)
@@ -386,11 +379,7 @@ def next_limit(
         mean = sum(state.waits) / len(state.waits)
     state.new_window()
     if mean > CONTENDED and state.limit > 1:
-        if state.probing:
-            state.probe_after = min(PROBE_MAX_S, state.probe_after * 2)
-        state.limit -= 1
-        state.lowered_at = now
-        state.probing = False
+        _give_one_back(state, now)
     elif mean <= CONTENDED:
         if state.probing:
             state.probe_after = PROBE_AFTER_S
@@ -399,6 +388,18 @@ def next_limit(
             state.limit += 1
             state.lowered_at = now
             state.probing = True
+    return state.limit
+
+
+def _give_one_back(state: ContentionState, now: float) -> int:
+    """Lower the limit by one CPU at ``now``; a try of one more CPU that met the load
+    doubles the wait before the next (up to :data:`PROBE_MAX_S`)."""
+    if state.probing:
+        state.probe_after = min(PROBE_MAX_S, state.probe_after * 2)
+    state.probing = False
+    state.new_window()
+    state.limit -= 1
+    state.lowered_at = now
     return state.limit
 
 
