@@ -204,8 +204,6 @@ class SlotMemory:
         highest cell in use."""
         self._restored_file = None
         slot = self._choose(tokens, busy, room, waiting)
-        if room is not None:
-            self.park_beside(slot, busy, waiting)
         if not cache_prompt:
             self.reset(slot)
         try:
@@ -234,7 +232,9 @@ class SlotMemory:
         waiting: int = 0,
     ) -> Slot:
         """Take the free slot :func:`~.slot_plan.choose_slot` picks for ``tokens`` and fill
-        it as :func:`~.slot_plan.plan_fill` says (park, restore, copy)."""
+        it as :func:`~.slot_plan.plan_fill` says (park, restore, copy). With ``room``,
+        the idle conversations beside a request that decodes alone are parked once:
+        before a restore, after any other fill (a copy's source must stay until then)."""
         can_copy = self.engine.memory_kind is MemoryKind.PARTIAL
         states = self._states(tokens)
         choice = choose_slot(states, busy, len(tokens), can_copy=can_copy)
@@ -279,6 +279,8 @@ class SlotMemory:
             self.copy(self.slots[plan.source], target, plan.n_copy)
         elif plan.action == "park":
             self.park(target)
+        if room is not None and plan.action != "restore":
+            self.park_beside(target, busy, waiting)
         return self._touch(target)
 
     def _note_source(
