@@ -313,7 +313,7 @@ STRONG = 0.3
 PROBE_AFTER_S = 2.0
 #: ...doubled after each try that met the load again, up to this: beside programs that
 #: keep every CPU busy one token on a team too large for its CPUs waits at each of its
-#: barriers for a descheduled thread (measured: one SmolLM2 token took 3.5 s with two
+#: barriers for a descheduled thread (an ad-hoc trace: one SmolLM2 token took 3.5 s with two
 #: CPU-bound processes on 2 CPUs, against 30 ms on one thread), so a try every 2 s
 #: halved the decode rate there.
 PROBE_MAX_S = 32.0
