@@ -591,20 +591,24 @@ def write_tiny_llama_vocab(
     extra_tokens: int = 0,
     renamed: dict[int, str] | None = None,
     add_bos: bool = True,
+    add_eos: bool = False,
 ) -> Path:
     """Write a :func:`write_tiny_llama`-shaped model with another vocabulary.
 
     ``extra_tokens`` user-defined tokens ``<extra_k>`` are appended (a vocab size
     difference), ``renamed`` replaces the text of the given token ids (a vocab whose
     texts differ), ``add_bos`` sets ``tokenizer.ggml.add_bos_token``: drafts that
-    llama.cpp's speculative compatibility check must refuse.
+    llama.cpp's speculative compatibility check must refuse. ``add_eos``: a tokenizer
+    that also adds EOS at the end of a text.
     """
     path = Path(path)
     n_vocab = N_VOCAB + extra_tokens
     w = gguf.GGUFWriter(path, "llama")
     t = _Weights(w, seed)
     _text_common(w, t, 2048, n_vocab=n_vocab, name="tiny-other-vocab")
-    _add_vocab(w, None, add_bos=add_bos, extra_tokens=extra_tokens, renamed=renamed)
+    _add_vocab(
+        w, None, add_bos=add_bos, add_eos=add_eos, extra_tokens=extra_tokens, renamed=renamed
+    )
     _llama_blocks(w, t, n_vocab)
     _finish(w)
     return path

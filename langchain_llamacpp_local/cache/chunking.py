@@ -67,20 +67,26 @@ def marker_cuts(tokens: Sequence[object], markers: Sequence[Sequence[object]]) -
     """Positions right after each occurrence of any of ``markers`` in ``tokens`` (ascending).
 
     A cut depends only on the tokens before it, so a prompt and any longer prompt
-    that begins with it find the same cuts there.
+    that begins with it find the same cuts there. Markers start with a control token,
+    rare in a prompt: occurrences are found from it (a scan in C).
     """
+    seq = tokens if isinstance(tokens, list) else list(tokens)
+    n = len(seq)
     cuts: set[int] = set()
     for marker in markers:
         m = len(marker)
-        if m == 0 or len(tokens) < m:
+        if m == 0 or n < m:
             continue
-        last = marker[-1]
-        whole = tuple(marker)
-        cuts.update(
-            j + 1
-            for j in range(m - 1, len(tokens))
-            if tokens[j] == last and tuple(tokens[j + 1 - m : j + 1]) == whole
-        )
+        first = marker[0]
+        whole = list(marker)
+        j = -1
+        while True:
+            try:
+                j = seq.index(first, j + 1, n - m + 1)
+            except ValueError:
+                break
+            if seq[j : j + m] == whole:
+                cuts.add(j + m)
     return sorted(cuts)
 
 

@@ -17,13 +17,14 @@ from langchain_llamacpp_local.cache.checkpoints import CheckpointStore
 def common_prefix_len(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     """Length of the longest common prefix of two entry sequences."""
     n = min(len(a), len(b))
+    if type(a) is not type(b):  # a tuple's slice never equals a list's
+        a, b = list(a[:n]), list(b[:n])
     i = 0
-    # Compare in blocks first: long shared histories are the common case.
-    step = 256
-    while i + step <= n and a[i : i + step] == b[i : i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
+    # Compare slices (in C), from blocks of 256 entries down to single ones: long shared
+    # histories are the common case, and each finer step runs at most 3 times.
+    for step in (256, 64, 16, 4, 1):
+        while i + step <= n and a[i : i + step] == b[i : i + step]:
+            i += step
     return i
 
 

@@ -20,6 +20,7 @@ by the first request's front end, and kept with the worker (:func:`frontend_for`
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -57,8 +58,8 @@ class Frontend:
         self.engine = eng
         with self.holding_vocab():
             self.format = prompts.ChatFormat.from_engine(eng)
-            #: token sequences prompts are cut after (chunking marks: message boundaries)
-            self.markers = prompts.chunk_markers(self.format.template, eng)
+        #: token sequences prompts are cut after (chunking marks: message boundaries)
+        self.markers = self.format.markers
         # what requests need of the vocabulary (control-token texts): not part of loading
         scan_in_background(eng)
         assert worker.info is not None
@@ -182,7 +183,7 @@ class Frontend:
             deadline=job.deadline,
             cancel=job.cancel,
             think=thinking.plan(
-                eng,
+                functools.partial(self.format.tokenizer.plain, eng),
                 self.format.call_format,
                 prepared.prefill,
                 job.reasoning_budget,

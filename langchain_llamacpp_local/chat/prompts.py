@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from langchain_llamacpp_local.chat.prompt_tokens import PromptTokenizer
 from langchain_llamacpp_local.chat.special_tokens import (
     check_fits,
     content_has_control_text,
@@ -75,6 +76,10 @@ class ChatFormat:
     eos_text: str
     _overrides: dict[str, ChatTemplate] = field(default_factory=dict)
     analysis: TemplateAnalysis | None = None  # the learned syntax when tool_format is "auto"
+    #: token sequences prompts are cut after (:func:`chunk_markers`: message boundaries)
+    markers: tuple[tuple[int, ...], ...] = ()
+    #: the prompts' tokenizer, cut before the markers' control tokens
+    tokenizer: PromptTokenizer = field(default_factory=lambda: PromptTokenizer(()))
 
     @classmethod
     def from_engine(cls, eng: Engine) -> ChatFormat:
@@ -91,7 +96,18 @@ class ChatFormat:
         )
         tool_format, analysis = resolve_format(tool_template or template)
         logger.debug("chat template %s, tool format %s", template.origin, tool_format)
-        return cls(meta, template, tool_template, tool_format, bos, eos, analysis=analysis)
+        markers = chunk_markers(template, eng)
+        return cls(
+            meta,
+            template,
+            tool_template,
+            tool_format,
+            bos,
+            eos,
+            analysis=analysis,
+            markers=markers,
+            tokenizer=PromptTokenizer([m[0] for m in markers]),
+        )
 
     @property
     def call_format(self) -> str:
@@ -502,8 +518,9 @@ def _strip_bos(eng: Engine, fmt: ChatFormat, text: str) -> str:
 
 
 def _tokenize(eng: Engine, fmt: ChatFormat, text: str) -> list[int]:
-    """Tokenize a rendered prompt with exactly one BOS where the model wants one."""
-    return eng.tokenize(_strip_bos(eng, fmt, text), add_special=True, parse_special=True)
+    """Tokenize a rendered prompt with exactly one BOS where the model wants one (only
+    the messages the format's tokenizer has not seen before are tokenized)."""
+    return fmt.tokenizer.tokenize(eng, _strip_bos(eng, fmt, text))
 
 
 MEDIA_MARKER = "<__media__>"  # llama.cpp mtmd's default marker

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from langchain_llamacpp_local.formats.registry import FAMILIES
 from langchain_llamacpp_local.runtime.thinking import ThinkPlan
@@ -45,16 +45,21 @@ def markers(fmt: str | None) -> tuple[str, str, str] | None:
 
 
 def plan(
-    eng: Any, fmt: str | None, prefill: str, budget: int | None, message: str | None
+    tokenize: Callable[[str], Sequence[int]],
+    fmt: str | None,
+    prefill: str,
+    budget: int | None,
+    message: str | None,
 ) -> ThinkPlan | None:
-    """The worker's :class:`ThinkPlan` for a prompt whose rendered end is ``prefill``."""
+    """The worker's :class:`ThinkPlan` for a prompt whose rendered end is ``prefill``;
+    ``tokenize``: a text's tokens, control-token texts parsed, nothing added."""
     found = markers(fmt)
     if found is None:
         return None
     start, end, close = found
 
     def ids(text: str) -> tuple[int, ...]:
-        return tuple(eng.tokenize(text, add_special=False, parse_special=True))
+        return tuple(tokenize(text))
 
     forced = ids((message or "") + close)
     return ThinkPlan(

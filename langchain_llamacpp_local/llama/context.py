@@ -6,6 +6,8 @@ Shared by the chat context (:mod:`.engine`) and the embedding context (:mod:`.em
 
 from __future__ import annotations
 
+import array
+import ctypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,15 +42,31 @@ def fill_batch(
     outputs: Sequence[bool],
 ) -> None:
     """Write one sequence id per token into ``batch`` (allocated for at least
-    ``len(tokens)`` tokens); ``outputs[i]`` asks for token ``i``'s logits or embedding."""
+    ``len(tokens)`` tokens); ``outputs[i]`` asks for token ``i``'s logits or embedding.
+
+    The token, position and output columns are copied in whole (one ``memmove`` each);
+    the sequence ids, one small array per token in llama.cpp's batch, one by one."""
     n = len(tokens)
+    if n > 1:
+        _copy_column(batch.token, tokens, "i")
+        _copy_column(batch.pos, positions, "i")
+        _copy_column(batch.logits, [1 if o else 0 for o in outputs], "b")
+    else:
+        batch.token[0] = tokens[0]
+        batch.pos[0] = positions[0]
+        batch.logits[0] = 1 if outputs[0] else 0
+    n_seq_id, seq_id = batch.n_seq_id, batch.seq_id
     for i in range(n):
-        batch.token[i] = tokens[i]
-        batch.pos[i] = positions[i]
-        batch.n_seq_id[i] = 1
-        batch.seq_id[i][0] = seq_ids[i]
-        batch.logits[i] = 1 if outputs[i] else 0
+        n_seq_id[i] = 1
+        seq_id[i][0] = seq_ids[i]
     batch.n_tokens = n
+
+
+def _copy_column(dest: Any, values: Sequence[int], code: str) -> None:
+    """``values`` into the C array ``dest`` points to (``code``: the ``array`` type of
+    its elements, int32 or int8)."""
+    arr = array.array(code, values)
+    ctypes.memmove(dest, arr.buffer_info()[0], len(arr) * arr.itemsize)
 
 
 def free_context(ctx: Any, batch: Any) -> None:

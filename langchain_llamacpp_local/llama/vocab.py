@@ -20,6 +20,8 @@ _ATTR_USER_DEFINED = 1 << 4
 _ATTR_LSTRIP = 1 << 7
 _ATTR_RSTRIP = 1 << 8
 _VOCAB_SPM, _VOCAB_BPE = 1, 2
+#: texts at least this long have their control-text scan remembered, up to this many
+_MEMO_MIN_CHARS, _MEMO_TEXTS = 256, 4096
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class VocabInfo:
         lengths = sorted({len(t) for t in self.control_texts}, reverse=True)
         object.__setattr__(self, "_head_re", re.compile(f"[{heads}]") if heads else None)
         object.__setattr__(self, "_lengths", lengths)
+        #: long texts already scanned (an agent loop sends its history again every turn)
+        object.__setattr__(self, "_found", {})
 
     def find_control(self, text: str) -> list[str]:
         """Control-token texts occurring in ``text``: at each possible first character, one
@@ -53,6 +57,12 @@ class VocabInfo:
         head_re: re.Pattern[str] | None = self._head_re  # type: ignore[attr-defined]
         if head_re is None or not text:
             return []
+        memo: dict[str, tuple[str, ...]] = self._found  # type: ignore[attr-defined]
+        long = len(text) >= _MEMO_MIN_CHARS
+        if long:
+            hit = memo.get(text)
+            if hit is not None:
+                return list(hit)
         lengths: list[int] = self._lengths  # type: ignore[attr-defined]
         controls = self.control_texts
         found: set[str] = set()
@@ -63,7 +73,12 @@ class VocabInfo:
                 if cand in controls:
                     found.add(cand)
                     break
-        return sorted(found, key=len, reverse=True)
+        out = sorted(found, key=len, reverse=True)
+        if long:
+            if len(memo) >= _MEMO_TEXTS:
+                memo.clear()
+            memo[text] = tuple(out)
+        return out
 
 
 @functools.cache

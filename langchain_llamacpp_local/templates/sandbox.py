@@ -386,6 +386,13 @@ def _power(left: Any, right: Any) -> Any:
 
 
 def _add(left: Any, right: Any) -> Any:
+    if type(left) is str and type(right) is str:  # the common case: one size check
+        cap = _budget().limits.max_output_chars
+        if len(left) + len(right) > cap:
+            raise TemplateLimitError(
+                f"a '+' result of {len(left) + len(right)} items exceeds the cap of {cap}"
+            )
+        return left + right
     # llama.cpp's runtime: none/undefined + string concatenates as the empty string
     if isinstance(left, str) and (right is None or isinstance(right, Undefined)):
         right = ""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from langchain_llamacpp_local.cache.chunking import (
     balanced_groups,
     exact_prefix,
@@ -84,6 +87,26 @@ def test_balanced_groups_use_the_fewest_calls_with_even_sizes() -> None:
     assert balanced_groups([1, 2, 3], 8) == [[1, 2, 3]]
     assert balanced_groups([], 3) == []
     assert balanced_groups([1, 2], 0) == [[1], [2]]
+
+
+@given(
+    st.lists(st.integers(0, 3), max_size=60),
+    st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=4), max_size=3),
+)
+def test_marker_cuts_are_the_ends_of_every_occurrence(
+    toks: list[int], markers: list[list[int]]
+) -> None:
+    naive = sorted(
+        {
+            j + len(m)
+            for m in markers
+            if m
+            for j in range(len(toks) - len(m) + 1)
+            if toks[j : j + len(m)] == m
+        }
+    )
+    assert marker_cuts(toks, markers) == naive
+    assert marker_cuts(tuple(toks), [tuple(m) for m in markers]) == naive
 
 
 def test_marker_cuts_follow_each_occurrence() -> None:

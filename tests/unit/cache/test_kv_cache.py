@@ -23,6 +23,17 @@ def test_common_prefix_matches_naive(a: list[int], b: list[int]) -> None:
     assert common_prefix_len(a, b) == n
 
 
+@given(st.lists(st.integers(0, 3), max_size=1500), tokens, tokens)
+def test_common_prefix_of_a_shared_history(shared: list[int], a: list[int], b: list[int]) -> None:
+    """Long shared prefixes (an agent's history) at every length, any tails after them."""
+    x, y = shared + a, shared + b
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    assert common_prefix_len(x, y) == n
+    assert common_prefix_len(tuple(x), y) == n  # a cached prompt's entries against tokens
+
+
 def test_common_prefix_long_block_path() -> None:
     a = list(range(1000))
     b = list(range(777)) + [-1] + list(range(300))
