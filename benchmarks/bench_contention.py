@@ -27,7 +27,9 @@ Then the paired stage, idle and beside one busy process (``--paired-rounds``, 0 
 skip; ``--paired-only``: this stage alone): ours, ``Llama`` and (idle) a bare llama.cpp
 decode loop kept loaded in processes of their own, taking turns one piece of work at a
 time (an agent-loop turn; a 96-token reply idle, the short calls busy), so that the
-machine's drift falls on both sides of each ratio.
+machine's drift falls on both sides of each ratio. Each ratio comes with a 90 %
+bootstrap interval of its median over the rounds: on this noisy machine an interval
+that holds 1 is a tie.
 
 Writes ``benchmarks/results/contention.json``.
 """
@@ -38,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -432,6 +435,16 @@ class _Server:
         self.proc.wait(timeout=60)
 
 
+def median_interval(ratios: list[float], level: float = 0.9) -> tuple[float, float]:
+    """A ``level`` bootstrap interval of the median of ``ratios`` (2,000 resamples, a
+    fixed seed: the same figures from the same rounds): how far this machine's noise
+    leaves the median uncertain."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+    cut = int((1 - level) / 2 * len(meds))
+    return meds[cut], meds[-cut - 1]
+
+
 def paired(condition: str, rounds: int) -> dict[str, Any]:
     """The goals closest to 1, measured so this machine's drift (a fifth within a
     minute) cancels: ours, ``Llama`` and (idle) the bare loop each loaded once in a
@@ -488,11 +501,13 @@ def paired(condition: str, rounds: int) -> dict[str, Any]:
         "agent_ttft_rest_s": rest,
         "agent_ttft_ours_over_llama": statistics.median(agent),
         "agent_ttft_ours_over_llama_rounds": agent,
+        "agent_ttft_ours_over_llama_interval_90": median_interval(agent),
         "agent_prompt_decode_ours_over_llama": statistics.median(floors),
         "agent_ttft_rest_ms": {k: 1000 * statistics.median(v) for k, v in rest.items()},
         ("decode_tok_s" if condition == "idle" else "short_calls_s"): second,
         key: statistics.median(two),
         f"{key}_rounds": two,
+        f"{key}_interval_90": median_interval(two),
     }
 
 
@@ -605,7 +620,10 @@ def main() -> None:
         if cond in conditions and args.paired_rounds > 0:
             pr = paired_runs[cond] = paired(cond, args.paired_rounds)
             shown = {k: round(v, 3) for k, v in pr.items() if isinstance(v, float)}
-            print(f"paired {cond}: {shown} {pr['agent_ttft_rest_ms']}")
+            spans = {
+                k: [round(x, 3) for x in v] for k, v in pr.items() if k.endswith("_interval_90")
+            }
+            print(f"paired {cond}: {shown} {spans} {pr['agent_ttft_rest_ms']}")
     result = {
         "machine": info,
         "thread_settings": thread_settings(),
@@ -618,7 +636,7 @@ def main() -> None:
         result[f"paired_{cond}"] = pr
         row = result["ratios"].setdefault(cond, {})
         for k, v in pr.items():
-            if isinstance(v, float):
+            if isinstance(v, float) or k.endswith("_interval_90"):
                 row[f"paired_{k}"] = v
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(result, indent=2))

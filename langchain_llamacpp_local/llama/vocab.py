@@ -21,7 +21,7 @@ _ATTR_LSTRIP = 1 << 7
 _ATTR_RSTRIP = 1 << 8
 _VOCAB_SPM, _VOCAB_BPE = 1, 2
 #: texts at least this long have their control-text scan remembered, up to this many
-_MEMO_MIN_CHARS, _MEMO_TEXTS = 256, 4096
+_MEMO_MIN_CHARS, _MEMO_TEXTS = 32, 4096
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ def test_a_long_text_scanned_again_gives_the_same_answer() -> None:
     assert info.find_control(text) == ["<|im_start|>", "<|im_end|>"]
     assert info.find_control("y" * 400) == []
     assert info.find_control("<|im_end|>") == ["<|im_end|>"]  # short: scanned each time
+    assert "<|im_end|>" not in info._found  # type: ignore[attr-defined]
 
 
 def test_the_scan_memo_is_bounded() -> None:
