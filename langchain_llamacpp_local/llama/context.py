@@ -51,7 +51,7 @@ def fill_batch(
         _copy_column(batch.token, tokens, "i")
         _copy_column(batch.pos, positions, "i")
         _copy_column(batch.logits, [1 if o else 0 for o in outputs], "b")
-    else:
+    elif n == 1:
         batch.token[0] = tokens[0]
         batch.pos[0] = positions[0]
         batch.logits[0] = 1 if outputs[0] else 0

@@ -47,5 +47,7 @@ def test_fill_batch_writes_every_column() -> None:
         fill_batch(batch, [9], [4], [1], [True])
         assert batch.n_tokens == 1
         assert (batch.token[0], batch.pos[0], batch.seq_id[0][0], batch.logits[0]) == (9, 4, 1, 1)
+        fill_batch(batch, [], [], [], [])
+        assert batch.n_tokens == 0
     finally:
         C.llama_batch_free(batch)
