@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -248,13 +249,19 @@ def test_big_integer_products_are_capped() -> None:
 # ----------------------------------------------------------------- one budget per request
 
 
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.monotonic()
+    fn()
+    return time.monotonic() - start
+
+
 def test_probes_and_render_share_one_budget() -> None:
     source = "{% for i in range(30000) %}{% endfor %}{{ messages[-1].content }}{{ tool_calls }}"
     tpl = ChatTemplate(source, origin="override")
     tpl.render(MSGS)  # compiled; later renders are the render alone
-    start = time.monotonic()
-    tpl.render(MSGS)
-    once = time.monotonic() - start
+    # each duration is the least of a few tries: a busy machine (CI's other tests) only
+    # ever adds time, and a preempted try would otherwise set the budget
+    once = min(_timed(lambda: tpl.render(MSGS)) for _ in range(3))
     messages = [
         {"role": "user", "content": "q"},
         {
@@ -268,22 +275,26 @@ def test_probes_and_render_share_one_budget() -> None:
     ]
     # each render fits in the limit, the probes plus the render do not: the budget sits
     # between the two (geometric mean), measured on an unlimited twin of the template
-    twin = ChatTemplate(source + "  ", origin="override")
-    start = time.monotonic()
-    twin.render(messages)
-    probed = time.monotonic() - start
-    assert probed > 4 * once  # the probes are several renders
+    # (a twin's probes are remembered after its first render: a new twin for each try)
+    probed = min(
+        _timed(lambda k=k: ChatTemplate(source + " " * k, origin="override").render(messages))
+        for k in (2, 3, 4)
+    )
+    assert probed > 4 * once  # the probes are several renders (about 9 here)
     budget = (once * probed) ** 0.5
     slow = ChatTemplate(source + " ", origin="override", limits=RenderLimits(timeout_s=budget))
     start = time.monotonic()
     with pytest.raises(ChatTemplateError, match="time limit"):
         slow.render(messages)
     assert time.monotonic() - start < budget + 1.0
-    # the failed probe is remembered: the next request fails at once
-    start = time.monotonic()
-    with pytest.raises(ChatTemplateError, match="time limit"):
-        slow.render(messages)
-    assert time.monotonic() - start < budget
+    # the failed probe is remembered: the next requests fail at once (the least of three
+    # tries: each would take the whole budget again if the probes ran again)
+
+    def fails() -> None:
+        with pytest.raises(ChatTemplateError, match="time limit"):
+            slow.render(messages)
+
+    assert min(_timed(fails) for _ in range(3)) < budget
 
 
 def test_wordwrap_checks_the_deadline_inside() -> None:
