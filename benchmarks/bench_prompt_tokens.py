@@ -11,7 +11,7 @@ weights not loaded, and times each turn's tokenizing both ways (thread CPU time)
 ``pieces`` is ours, the memo warmed by the turns before, as in a running agent. Each
 turn's two token lists are checked equal.
 
-Prints per-turn figures at turns 1, 10, 20 and 40 and writes JSON to
+Prints per-turn figures at turns 1, 10, 20 and 40, then the JSON it writes to
 ``benchmarks/results/prompt_tokens.json``. Model-free and single-threaded.
 """
 
@@ -122,7 +122,9 @@ def main() -> None:
                     f"  {row['pieces_ms']:9.2f}"
                 )
     recorded = {"turns": args.turns, "result_chars": args.result_chars}
-    Path(args.out).write_text(json.dumps({"args": recorded, "results": results}, indent=1))
+    out = json.dumps({"args": recorded, "results": results}, indent=1)
+    Path(args.out).write_text(out)
+    print(out)
 
 
 if __name__ == "__main__":

@@ -534,8 +534,13 @@ TOPICS: dict[str, tuple[list[str], list[str]]] = {
     "bench_speculative.py": ([], ["--runs", "1", "--max-tokens", "128"]),
     "bench_rpc.py": ([], ["--runs", "1"]),
     "bench_parsers.py": ([], []),
+    "bench_prompt_tokens.py": ([], []),
     "bench_template_analysis.py": ([], ["--quick"]),
 }
+
+
+#: topic benchmarks that load no model (no ``--model``)
+_MODEL_FREE = ("bench_parsers.py", "bench_prompt_tokens.py", "bench_template_analysis.py")
 
 
 def run_topics(model: str | None, quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
@@ -546,7 +551,7 @@ def run_topics(model: str | None, quick: bool, log: Callable[[str], None]) -> di
         if not path.exists():
             continue
         cmd = [sys.executable, str(path), *(short if quick else full)]
-        if model and script not in ("bench_parsers.py", "bench_template_analysis.py"):
+        if model and script not in _MODEL_FREE:
             cmd += ["--model", model]
         log(f"topic {script}...")
         proc = subprocess.run(cmd, capture_output=True, text=True)
