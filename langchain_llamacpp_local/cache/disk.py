@@ -519,8 +519,10 @@ class DiskPromptCache:
         """The file sharing the longest prefix with ``prompt``, and that length."""
         best: DiskEntry | None = None
         best_n = 0
+        # the entries are tuples: compared with a tuple, no copy per entry
+        key = tuple(prompt)
         for entry in self._index_entries():
-            n = common_prefix_len(entry.entries, prompt)
+            n = common_prefix_len(entry.entries, key)
             if n > best_n or (n == best_n and best is not None and entry.size < best.size):
                 best, best_n = entry, n
         return best, best_n

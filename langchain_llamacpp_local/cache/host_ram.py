@@ -79,8 +79,10 @@ class PromptCache:
         """The entry sharing the longest prefix with ``prompt`` and that length."""
         best: CachedPrompt | None = None
         best_n = 0
+        # the entries are tuples: compared with a tuple, no copy per entry
+        key = tuple(prompt)
         for item in self.items:
-            n = common_prefix_len(item.entries, prompt)
+            n = common_prefix_len(item.entries, key)
             if n > best_n:
                 best, best_n = item, n
         return best, best_n

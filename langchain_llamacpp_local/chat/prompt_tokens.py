@@ -68,7 +68,7 @@ def safe_cuts(specials: Sequence[SpecialToken], candidates: Iterable[int]) -> tu
         if text[0] in _C_SPACE or text[-1] in _C_SPACE:
             continue
         t = text.encode("utf-8")
-        if any(t.startswith(t[j:]) for j in range(1, len(t))):
+        if _overlaps(t, t):
             continue
         safe = True
         for other in specials:
@@ -135,38 +135,32 @@ class PromptTokenizer:
         if self._re is None:
             return eng.tokenize(text, add_special=True, parse_special=True)
         out: list[int] = []
-        memo = self._memo
         for i, piece in enumerate(self.pieces(text)):
-            key = (i == 0, piece)
-            with self._lock:
-                toks = memo.get(key)
-                if toks is not None:
-                    memo.move_to_end(key)
-            if toks is None:
-                toks = tuple(eng.tokenize(piece, add_special=i == 0, parse_special=True))
-                self._remember(key, toks)
-            out.extend(toks)
+            out.extend(self._piece(eng, piece, first=i == 0))
         return out
 
     def plain(self, eng: Engine, text: str) -> tuple[int, ...]:
         """``text``'s tokens without added tokens, control-token texts parsed (a marker
         every request of the model asks for: tokenized once)."""
-        key = (False, text)
+        return self._piece(eng, text, first=False)
+
+    def _piece(self, eng: Engine, piece: str, *, first: bool) -> tuple[int, ...]:
+        """``piece``'s tokens from the memo, or tokenized and remembered (``first``: with
+        the model's added tokens)."""
+        key = (first, piece)
         with self._lock:
             toks = self._memo.get(key)
-        if toks is None:
-            toks = tuple(eng.tokenize(text, add_special=False, parse_special=True))
-            self._remember(key, toks)
-        return toks
-
-    def _remember(self, key: tuple[bool, str], toks: tuple[int, ...]) -> None:
+            if toks is not None:
+                self._memo.move_to_end(key)
+                return toks
+        toks = tuple(eng.tokenize(piece, add_special=first, parse_special=True))
         if len(toks) > self._limit:
-            return
+            return toks
         with self._lock:
-            if key in self._memo:
-                return
-            self._memo[key] = toks
-            self._held += len(toks)
-            while self._held > self._limit:
-                _, old = self._memo.popitem(last=False)
-                self._held -= len(old)
+            if key not in self._memo:
+                self._memo[key] = toks
+                self._held += len(toks)
+                while self._held > self._limit:
+                    _, old = self._memo.popitem(last=False)
+                    self._held -= len(old)
+        return toks

@@ -47,14 +47,9 @@ def fill_batch(
     The token, position and output columns are copied in whole (one ``memmove`` each);
     the sequence ids, one small array per token in llama.cpp's batch, one by one."""
     n = len(tokens)
-    if n > 1:
-        _copy_column(batch.token, tokens, "i")
-        _copy_column(batch.pos, positions, "i")
-        _copy_column(batch.logits, [1 if o else 0 for o in outputs], "b")
-    elif n == 1:
-        batch.token[0] = tokens[0]
-        batch.pos[0] = positions[0]
-        batch.logits[0] = 1 if outputs[0] else 0
+    _copy_column(batch.token, tokens, "i")
+    _copy_column(batch.pos, positions, "i")
+    _copy_column(batch.logits, [1 if o else 0 for o in outputs], "b")
     n_seq_id, seq_id = batch.n_seq_id, batch.seq_id
     for i in range(n):
         n_seq_id[i] = 1
@@ -66,7 +61,8 @@ def _copy_column(dest: Any, values: Sequence[int], code: str) -> None:
     """``values`` into the C array ``dest`` points to (``code``: the ``array`` type of
     its elements, int32 or int8)."""
     arr = array.array(code, values)
-    ctypes.memmove(dest, arr.buffer_info()[0], len(arr) * arr.itemsize)
+    if arr:
+        ctypes.memmove(dest, arr.buffer_info()[0], len(arr) * arr.itemsize)
 
 
 def free_context(ctx: Any, batch: Any) -> None:

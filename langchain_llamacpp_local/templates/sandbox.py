@@ -386,26 +386,22 @@ def _power(left: Any, right: Any) -> Any:
 
 
 def _add(left: Any, right: Any) -> Any:
-    if type(left) is str and type(right) is str:  # the common case: one size check
-        cap = _budget().limits.max_output_chars
-        if len(left) + len(right) > cap:
-            raise TemplateLimitError(
-                f"a '+' result of {len(left) + len(right)} items exceeds the cap of {cap}"
-            )
-        return left + right
-    # llama.cpp's runtime: none/undefined + string concatenates as the empty string
-    if isinstance(left, str) and (right is None or isinstance(right, Undefined)):
-        right = ""
-    elif isinstance(right, str) and (left is None or isinstance(left, Undefined)):
-        left = ""
-    _int_bits(left, right)
-    if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+    # two strings, the common case, need only the size check of the result
+    if not (type(left) is str and type(right) is str):
+        # llama.cpp's runtime: none/undefined + string concatenates as the empty string
+        if isinstance(left, str) and (right is None or isinstance(right, Undefined)):
+            right = ""
+        elif isinstance(right, str) and (left is None or isinstance(left, Undefined)):
+            left = ""
+        _int_bits(left, right)
+        if not (isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple))):
+            return left + right
         _check_size(left, "an operand")
-        cap = _budget().limits.max_output_chars
-        if len(left) + len(right) > cap:
-            raise TemplateLimitError(
-                f"a '+' result of {len(left) + len(right)} items exceeds the cap of {cap}"
-            )
+    cap = _budget().limits.max_output_chars
+    if len(left) + len(right) > cap:
+        raise TemplateLimitError(
+            f"a '+' result of {len(left) + len(right)} items exceeds the cap of {cap}"
+        )
     return left + right
 
 
