@@ -96,11 +96,14 @@ class _Ours:
         self.threads = self.llm.model_info.threads
 
     def stream(self, msgs: list[dict[str, str]], max_tokens: int) -> tuple[float, str, int]:
+        # an agent built on LangChain holds its history as messages already: each
+        # contender gets its own input type before the clock starts (Llama: the dicts)
+        messages = _lc(msgs)
         t0 = time.perf_counter()
         first = None
         text = ""
         n = 0
-        for chunk in self.llm.stream(_lc(msgs), max_tokens=max_tokens):
+        for chunk in self.llm.stream(messages, max_tokens=max_tokens):
             if chunk.content and first is None:
                 first = time.perf_counter() - t0
             text += str(chunk.content)
@@ -404,6 +407,10 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+#: The pause before each piece of work of the paired stage.
+SETTLE_S = 0.05
+
+
 class _Server:
     """The parent's handle on a :func:`serve` process."""
 
@@ -425,6 +432,9 @@ class _Server:
 
     def ask(self, request: str) -> Any:
         assert self.proc.stdin is not None
+        # the previous piece's OpenMP threads (another contender's) spin for
+        # milliseconds after its work (libgomp's default): not on this piece
+        time.sleep(SETTLE_S)
         self.proc.stdin.write(request + "\n")
         self.proc.stdin.flush()
         return self._answer()

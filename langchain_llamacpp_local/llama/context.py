@@ -47,6 +47,14 @@ def fill_batch(
     The token, position and output columns are copied in whole (one ``memmove`` each);
     the sequence ids, one small array per token in llama.cpp's batch, one by one."""
     n = len(tokens)
+    if n == 1:  # a generation step: four stores beat building three arrays
+        batch.token[0] = tokens[0]
+        batch.pos[0] = positions[0]
+        batch.logits[0] = 1 if outputs[0] else 0
+        batch.n_seq_id[0] = 1
+        batch.seq_id[0][0] = seq_ids[0]
+        batch.n_tokens = 1
+        return
     _copy_column(batch.token, tokens, "i")
     _copy_column(batch.pos, positions, "i")
     _copy_column(batch.logits, [1 if o else 0 for o in outputs], "b")

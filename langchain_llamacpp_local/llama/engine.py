@@ -284,15 +284,11 @@ class Engine(vocab.VocabMethods):
             raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
         fill_batch(batch, tokens, positions, seq_ids, outputs)
         try:
-            with self._abort.watch(self.ctx, cancel):
-                if self._budget is not None:
-                    plan = self.thread_plan
-                    want = plan.n_threads if n == 1 else plan.n_threads_batch
-                    with self._budget.threads(self.team, want) as got:
-                        self._use_threads(min(plan.n_threads, got), min(plan.n_threads_batch, got))
-                        rc = C.llama_decode(self.ctx, batch)
-                else:
-                    rc = C.llama_decode(self.ctx, batch)
+            if cancel is None:  # a generation step: nothing to watch
+                rc = self._run_decode(batch, n)
+            else:
+                with self._abort.watch(self.ctx, cancel):
+                    rc = self._run_decode(batch, n)
         finally:
             aborting.active = False
             ran_team(self._threads_set[0 if n == 1 else 1])
@@ -305,6 +301,16 @@ class Engine(vocab.VocabMethods):
             )
         if self._lora_current and any(outputs):
             self._check_finite([(i, seq_ids[i]) for i, out in enumerate(outputs) if out])
+
+    def _run_decode(self, batch: C.llama_batch, n: int) -> int:
+        """``llama_decode`` of ``n`` tokens on the threads the CPU budget gives."""
+        if self._budget is None:
+            return int(C.llama_decode(self.ctx, batch))
+        plan = self.thread_plan
+        want = plan.n_threads if n == 1 else plan.n_threads_batch
+        with self._budget.threads(self.team, want) as got:
+            self._use_threads(min(plan.n_threads, got), min(plan.n_threads_batch, got))
+            return int(C.llama_decode(self.ctx, batch))
 
     def _check_finite(self, rows: Sequence[tuple[int, int]]) -> None:
         """After a decode under LoRA adapters: raise :class:`NonFiniteOutputError` if an

@@ -175,6 +175,9 @@ class Sampler:
         self._pieces: list[str] | None = None  # token texts, read if many tokens overrun
         self._triggered = not params.grammar_lazy_triggers
         self._argmax_only = False  # the chain is greedy alone (set by _build)
+        #: a view on the logits row last read, and its address in llama.cpp's buffer
+        self._row: np.ndarray | None = None
+        self._row_at: int | None = None
         cparams = C.llama_sampler_chain_default_params()
         cparams.no_perf = True
         chain = C.llama_sampler_chain_init(cparams)
@@ -236,15 +239,13 @@ class Sampler:
                 # a token for a 49k vocabulary (a few % of a small model's decode step);
                 # numpy's argmax picks the same first maximum in a few µs. A NaN (which
                 # numpy would pick) goes to llama.cpp as before.
-                logits = np.ctypeslib.as_array(
-                    C.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,)
-                )
+                logits = self._logits(ctx, idx)
                 tok = int(logits.argmax())
                 if logits[tok] == logits[tok]:
                     C.llama_sampler_accept(self._chain, tok)
                     return tok
             return int(C.llama_sampler_sample(self._chain, ctx, idx))
-        logits = np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,))
+        logits = self._logits(ctx, idx)
         if not self._triggered:
             tok = self._sample_before_trigger(logits)
         else:
@@ -265,6 +266,17 @@ class Sampler:
         C.llama_sampler_accept(self._grammar, tok)
         C.llama_sampler_accept(self._chain, tok)
         return tok
+
+    def _logits(self, ctx: Any, idx: int) -> np.ndarray:
+        """Output ``idx``'s logits: a view on llama.cpp's output buffer, made again only
+        when the row's address changes (a request's steps read the same row; making the
+        view is most of a greedy step's sampling time)."""
+        ptr = C.llama_get_logits_ith(ctx, idx)
+        at = ctypes.cast(ptr, ctypes.c_void_p).value
+        if at != self._row_at or self._row is None:
+            self._row = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+            self._row_at = at
+        return self._row
 
     def force(self, tok: int) -> int:
         """Take ``tok`` as if it had been sampled (a forced end of thinking): the chain

@@ -307,8 +307,14 @@ def _thread_wait_ns() -> int | None:
 CONTENDED = 0.15
 #: One decode whose thread waited this share of its time gives a CPU back at once: a team
 #: that big a share too large costs more at every barrier than a window of decodes is
-#: worth waiting for.
+#: worth waiting for...
 STRONG = 0.3
+#: ...if that wait was at least this long. A short burst of another program (another
+#: process's OpenMP threads spin for milliseconds after their work) can take a third of
+#: one 8 ms token and is gone at the next: on its own it moved the budget to one thread
+#: for seconds (a bare decode loop's process and ours taking turns, 12 rounds: ours at
+#: 0.62-0.77 of its rate in 9 of them). Sustained load shows in the window instead.
+IMMEDIATE_WAIT_S = 0.05
 #: How long the budget stays lowered before it tries one more CPU again...
 PROBE_AFTER_S = 2.0
 #: ...doubled after each try that met the load again, up to this: beside programs that
@@ -317,12 +323,13 @@ PROBE_AFTER_S = 2.0
 #: CPU-bound processes on 2 CPUs, against 30 ms on one thread), so a try every 2 s
 #: halved the decode rate there.
 PROBE_MAX_S = 32.0
-#: Decodes whose waits are averaged before the budget moves.
-WINDOW = 8
-#: ...or this much decode time, whichever comes first: one prompt piece of seconds is a
-#: window of its own (counting decodes only, a lowered budget read eight long pieces,
-#: tens of seconds, on one thread after the load that lowered it had gone).
+#: Decode time whose waits are averaged before the budget moves: one prompt piece of
+#: seconds is a window of its own (counting decodes only, a lowered budget read eight
+#: long pieces, tens of seconds, on one thread after the load that lowered it had
+#: gone), and a brief burst of another program is a small share of it.
 WINDOW_S = 0.25
+#: A decode of unknown length counts as this share of a window.
+WINDOW = 8
 #: A team counts as busy this long after its last decode: two models decoding by turns
 #: (a chat reply and an embedding batch) split the CPUs instead of oversubscribing them.
 BUSY_FOR_S = 0.1
@@ -358,25 +365,28 @@ def next_limit(
     Only a team of several threads says anything: a lone thread has no barrier to wait
     at, so its wait costs no more than the CPU time it lost; it counts as quiet (so a
     lowered limit is still tried again). A decode past :data:`STRONG`, or past
-    :data:`CONTENDED` while one more CPU is being tried, gives one CPU back at once;
-    otherwise :data:`WINDOW` decodes, or :data:`WINDOW_S` seconds of them, are averaged
-    (weighted by their time). An uncontended limit below ``usable`` tries one more CPU
+    :data:`CONTENDED` while one more CPU is being tried, gives one CPU back at once if
+    it lost at least :data:`IMMEDIATE_WAIT_S`; otherwise :data:`WINDOW_S` seconds of
+    decodes are averaged (weighted by their time; a ``wall_s`` of 0, unknown, counts as
+    1/:data:`WINDOW` of it). An uncontended limit below ``usable`` tries one more CPU
     :data:`PROBE_AFTER_S` seconds after it was lowered; each try undone by the load
     doubles that wait (up to :data:`PROBE_MAX_S`), a try that stays quiet resets it.
     """
     if team < 2:
         wait_share = 0.0
-    if state.limit > 1 and (wait_share >= STRONG or (state.probing and wait_share > CONTENDED)):
+    wall = wall_s if wall_s > 0 else WINDOW_S / WINDOW
+    if (
+        state.limit > 1
+        and wait_share * wall >= IMMEDIATE_WAIT_S
+        and (wait_share >= STRONG or (state.probing and wait_share > CONTENDED))
+    ):
         return _give_one_back(state, now)
     state.waits.append(wait_share)
-    state.walls.append(max(0.0, wall_s))
+    state.walls.append(wall)
     total = sum(state.walls)
-    if len(state.waits) < WINDOW and total < WINDOW_S:
+    if total < WINDOW_S:
         return state.limit
-    if total > 0:
-        mean = sum(w * t for w, t in zip(state.waits, state.walls, strict=True)) / total
-    else:
-        mean = sum(state.waits) / len(state.waits)
+    mean = sum(w * t for w, t in zip(state.waits, state.walls, strict=True)) / total
     state.new_window()
     if mean > CONTENDED and state.limit > 1:
         _give_one_back(state, now)
@@ -425,6 +435,8 @@ class CpuBudget:
         #: limit was lowered while one ran
         self._own = 0
         self._lowered_by_own = False
+        #: decodes waiting for threads (woken when a decode gives its own back)
+        self._waiting = 0
 
     @property
     def limit(self) -> int:
@@ -437,9 +449,10 @@ class CpuBudget:
     def _share(self, team: int, want: int, now: float) -> int:
         """``team``'s share: the limit divided among the teams decoding now or a moment
         ago (a long decode, an embedding batch of seconds, keeps its team busy)."""
-        self._busy = {t: at for t, at in self._busy.items() if now - at < BUSY_FOR_S}
+        if len(self._busy) != 1 or team not in self._busy:  # else: this team alone
+            self._busy = {t: at for t, at in self._busy.items() if now - at < BUSY_FOR_S}
         self._busy[team] = now
-        busy = len(self._busy.keys() | self._holding.keys())
+        busy = len(self._busy.keys() | self._holding.keys()) if self._holding else len(self._busy)
         share = max(1, self._state.limit // busy)
         return max(1, min(want, share))
 
@@ -468,40 +481,69 @@ class CpuBudget:
                     self._lowered_by_own = False
                 self._cond.notify_all()
 
-    @contextlib.contextmanager
-    def threads(self, team: int, want: int) -> Iterator[int]:
+    def threads(self, team: int, want: int) -> _Hold:
         """Hold up to ``want`` threads for one decode of ``team`` (any id unique to a
-        context); yields the number to use."""
+        context): ``with budget.threads(team, want) as n`` gives the number to use."""
+        return _Hold(self, team, want)
+
+    def _take(self, hold: _Hold) -> int:
+        team, want = hold.team, hold.want
         with self._cond:
-            now = time.monotonic()
-            n = self._share(team, want, now)
+            n = self._share(team, want, time.monotonic())
             while self._in_use + n > self._state.limit and self._in_use > 0:
-                self._cond.wait(0.05)
+                self._waiting += 1
+                try:
+                    self._cond.wait(0.05)
+                finally:
+                    self._waiting -= 1
                 n = self._share(team, want, time.monotonic())
             self._in_use += n
             self._holding[team] = self._holding.get(team, 0) + n
-        w0 = _thread_wait_ns() if self._adaptive else None
-        t0 = time.perf_counter_ns()
-        try:
-            yield n
-        finally:
-            wall = time.perf_counter_ns() - t0
-            w1 = _thread_wait_ns() if w0 is not None else None
-            with self._cond:
-                self._in_use -= n
-                left = self._holding.pop(team) - n
-                if left:
-                    self._holding[team] = left
-                self._busy[team] = time.monotonic()
-                if w0 is not None and w1 is not None and wall > 0:
-                    before = self._state.limit
-                    share = (w1 - w0) / wall
-                    after = next_limit(self._state, share, time.monotonic(), n, wall / 1e9)
-                    if after < before and self._own:
-                        self._lowered_by_own = True
-                    if after != before:
-                        logger.debug("CPU budget %d -> %d (other programs' load)", before, after)
+        hold.n = n
+        hold.w0 = _thread_wait_ns() if self._adaptive else None
+        hold.t0 = time.perf_counter_ns()
+        return n
+
+    def _give(self, hold: _Hold) -> None:
+        wall = time.perf_counter_ns() - hold.t0
+        w0, n, team = hold.w0, hold.n, hold.team
+        w1 = _thread_wait_ns() if w0 is not None else None
+        with self._cond:
+            now = time.monotonic()
+            self._in_use -= n
+            left = self._holding.pop(team) - n
+            if left:
+                self._holding[team] = left
+            self._busy[team] = now
+            if w0 is not None and w1 is not None and wall > 0:
+                before = self._state.limit
+                after = next_limit(self._state, (w1 - w0) / wall, now, n, wall / 1e9)
+                if after < before and self._own:
+                    self._lowered_by_own = True
+                if after != before:
+                    logger.debug("CPU budget %d -> %d (other programs' load)", before, after)
+            if self._waiting:
                 self._cond.notify_all()
+
+
+class _Hold:
+    """One decode's hold on the budget's threads (the ``with`` of
+    :meth:`CpuBudget.threads`): a plain object, not a generator, as it brackets every
+    generated token."""
+
+    __slots__ = ("budget", "team", "want", "n", "w0", "t0")
+
+    def __init__(self, budget: CpuBudget, team: int, want: int) -> None:
+        self.budget, self.team, self.want = budget, team, want
+        self.n = 0
+        self.w0: int | None = None
+        self.t0 = 0
+
+    def __enter__(self) -> int:
+        return self.budget._take(self)
+
+    def __exit__(self, *exc: object) -> None:
+        self.budget._give(self)
 
 
 _budget: CpuBudget | None = None

@@ -9,6 +9,11 @@ asks not to be woken for each piece of text (:meth:`Channel.wake_for_text`): a r
 woken at every token takes a CPU from llama.cpp's thread team in the middle of the next
 decode, and the team's barriers wait for it (about a fifth of the decode speed of a
 small model on 2 CPUs).
+
+The other way round, a streaming reader starves for a CPU while the team decodes the
+next token: its wake-up can wait for the scheduler's next tick (measured: 2.5-4 ms on 2
+CPUs, in about a third of the turns of an agent loop). So the worker may hand the CPU to
+the reader once, for the first text of a reply (:meth:`Channel.wait_reader`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ class Channel:
         self._event: asyncio.Event | None = None
         self._on_final: Callable[[], None] | None = None
         self._wake_for_text = True
+        #: the reader waits in get/aget with nothing left to read
+        self._reader_idle = False
+        #: the producer waits in wait_reader for that
+        self._awaited = False
 
     def wake_for_text(self, wake: bool) -> None:
         """Whether the reader is woken for each text item (``batchable`` items); when
@@ -85,7 +94,11 @@ class Channel:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError
-                self._cond.wait(remaining)
+                self._idle()
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._reader_idle = False
             return self._items.popleft()
 
     async def aget(self) -> Any:
@@ -95,4 +108,37 @@ class Channel:
             with self._cond:
                 if self._items:
                     return self._items.popleft()
-            await self._event.wait()
+                self._idle()
+            try:
+                await self._event.wait()
+            finally:
+                with self._cond:
+                    self._reader_idle = False
+
+    def _idle(self) -> None:
+        """The reader is about to wait (the condition's lock held)."""
+        self._reader_idle = True
+        if self._awaited:
+            self._cond.notify_all()
+
+    def wait_reader(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until the reader has read every item and
+        waits for the next one; False at once for a reader not woken for text.
+
+        The producer calls it before decoding on: while it waits, its CPU is free, so a
+        reader on a machine whose CPUs the thread team fills gets one at once instead of
+        at the scheduler's next tick."""
+        if not self._wake_for_text:
+            return False
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._awaited = True
+            try:
+                while self._items or not self._reader_idle:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._cond.wait(remaining)
+                return True
+            finally:
+                self._awaited = False

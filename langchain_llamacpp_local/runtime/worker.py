@@ -91,6 +91,11 @@ class ModelInfo:
 
 _STOP = object()
 
+#: How long the worker waits at most for a streaming reader to take a reply's first
+#: text before decoding on (see runtime.channel): a reader's turn through LangChain's
+#: stream machinery takes well under a millisecond; this bounds a slow one's cost.
+READER_WAIT_S = 0.005
+
 
 class ModelWorker:
     """The thread that owns one :class:`Engine` (see module docstring)."""
@@ -266,6 +271,7 @@ class _Active:
     t_start: float = field(default_factory=time.perf_counter)
     t_prefill: float = 0.0
     retried: bool = False
+    text_sent: bool = False  # a text item of the reply went out
     spec: _Speculation | None = None
     think: ThinkCounter | None = None
 
@@ -322,6 +328,8 @@ class _WorkerState:
         self.info: ModelInfo | None = None
         self.pending: deque[_Waiting] = deque()
         self.active: list[_Active] = []
+        #: a request whose first text this step sent (see :meth:`_hand_to_reader`)
+        self._first_text: _Active | None = None
         self.proposers: dict[str, Proposer] = {}
         self.lora_turn = 0  # steps so far: rotates which adapter group decodes first
         #: conversations finished this step, their disk-cache places still to fill
@@ -560,6 +568,11 @@ class _WorkerState:
             err = self._stopped(act.job)
             if err is not None:
                 self._finish_error(act, err)
+        lone = self._lone_generation()
+        if lone is not None:
+            self._decode_generation([lone])
+            self._hand_to_reader()
+            return
         plan = self._plan()
         for group in plan.decode_groups:
             members = [a for a in group if a in self.active]
@@ -575,6 +588,31 @@ class _WorkerState:
             self._decode_prompt_piece(piece, riding)
         elif riding:
             self._decode_generation(riding)
+        self._hand_to_reader()
+
+    def _hand_to_reader(self) -> None:
+        """Before decoding on, let the reader of a reply's first text take it, when that
+        request runs alone: the time to first token is what a streaming caller waits
+        for, and the team's next decode would hold the CPUs the reader needs
+        (runtime.channel). Beside other requests nothing waits: it would stall them."""
+        act, self._first_text = self._first_text, None
+        if act is not None and len(self.active) == 1 and self.active[0] is act:
+            # the team's helpers spin on their CPUs for a while after a decode; ended,
+            # they leave them to the reader (the next decode starts them again)
+            release_team()
+            act.job.channel.wait_reader(READER_WAIT_S)
+
+    def _lone_generation(self) -> _Active | None:
+        """The request whose next token is this whole step, when it generates alone
+        without drafts: :func:`plan_step`'s plan is then that one token, so the step
+        skips making it (a few percent of a small model's token time)."""
+        if len(self.active) != 1:
+            return None
+        act = self.active[0]
+        if act.pending is None or act.spec is not None:
+            return None
+        self.lora_turn += 1
+        return act
 
     def _plan(self) -> StepPlan[_Active]:
         """What this step decodes: the drafts are proposed here (a proposer may run a
@@ -935,6 +973,9 @@ class _WorkerState:
             logprobs = act.logprobs[act.logprobs_sent :]
             act.logprobs_sent = len(act.logprobs)
         act.job.channel.put(TextDelta(text, logprobs))
+        if not act.text_sent:
+            act.text_sent = True
+            self._first_text = act
 
     def _finish(self, act: _Active, reason: str, *, stopped: bool = False) -> None:
         put = act.job.channel.put

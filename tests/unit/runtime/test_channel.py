@@ -90,3 +90,65 @@ def test_an_async_whole_reply_reader_is_resumed_only_by_the_end() -> None:
     out = asyncio.run(main())
     assert [getattr(i, "text", None) for i in out[:3]] == ["a", "b", "c"]
     assert isinstance(out[3], Finished)
+
+
+def test_the_producer_waits_for_a_streaming_reader_to_take_the_text_and_wait_again() -> None:
+    ch = Channel()
+    taken: list[float] = []
+
+    def reader() -> None:
+        ch.get(timeout=5)
+        time.sleep(0.05)  # the reader's own work on the item
+        taken.append(time.monotonic())
+        ch.get(timeout=5)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.05)
+    ch.put(TextDelta("a"))
+    assert ch.wait_reader(5)
+    done = time.monotonic()
+    assert taken and done >= taken[0]  # not before the reader came back for more
+    ch.put(_finished())
+    t.join(5)
+
+
+def test_waiting_for_a_reader_that_does_not_come_ends_at_the_timeout() -> None:
+    ch = Channel()
+    ch.put(TextDelta("a"))  # nobody reads
+    t0 = time.monotonic()
+    assert not ch.wait_reader(0.05)
+    assert 0.04 <= time.monotonic() - t0 < 2
+
+
+def test_a_whole_reply_reader_is_never_waited_for() -> None:
+    ch = Channel()
+    ch.wake_for_text(False)
+    ch.put(TextDelta("a"))
+    t0 = time.monotonic()
+    assert not ch.wait_reader(5)
+    assert time.monotonic() - t0 < 1
+
+
+def test_the_producer_waits_for_an_async_reader_too() -> None:
+    async def main() -> bool:
+        ch = Channel()
+        ch.bind_loop()
+        first = asyncio.ensure_future(ch.aget())
+        await asyncio.sleep(0.05)
+        result: list[bool] = []
+
+        def producer() -> None:
+            ch.put(TextDelta("a"))
+            result.append(ch.wait_reader(5))
+
+        t = threading.Thread(target=producer)
+        t.start()
+        await asyncio.wait_for(first, 5)
+        second = asyncio.ensure_future(ch.aget())  # back for more: the producer goes on
+        await asyncio.to_thread(t.join, 5)
+        ch.put(_finished())
+        await asyncio.wait_for(second, 5)
+        return result[0]
+
+    assert asyncio.run(main())
