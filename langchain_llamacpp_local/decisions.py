@@ -49,6 +49,7 @@ from langchain_llamacpp_local.errors import (
     RequestTimeoutError,
     model_errors,
 )
+from langchain_llamacpp_local.runtime.requests import CancelFlag
 from langchain_llamacpp_local.runtime.scoring import (
     LabelScores,
     label_distribution,
@@ -268,7 +269,7 @@ class LlamaCppDecisionModel(BaseDecisionModel):
 
     async def _aclassify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         """Off the event loop; a cancelled task cancels the questions still running."""
-        cancel = threading.Event()
+        cancel = CancelFlag()
         try:
             return await anyio.to_thread.run_sync(
                 self._run, state, questions, cancel, abandon_on_cancel=True

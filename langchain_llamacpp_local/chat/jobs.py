@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-from langchain_llamacpp_local.runtime.requests import EngineRequest
+from langchain_llamacpp_local.runtime.requests import CancelFlag, EngineRequest
 
 
 @dataclass
@@ -52,7 +52,7 @@ class ChatJob:
     #: has none configured
     lora: tuple[tuple[str, float], ...] | None = None
     deadline: float | None = None
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: threading.Event = field(default_factory=CancelFlag)
 
     def cancelled(self) -> bool:
         if self.cancel.is_set():

@@ -11,10 +11,14 @@ interpreter's switch interval, which stretched a 3-token decode to over a second
 So the callback is a native function that reads one byte and never touches the
 interpreter: the C library's ``strlen`` over a two-byte buffer, which returns 0 or 1,
 the ``bool`` ggml expects in the same return register on every ABI llama.cpp builds
-for. A decode that may be cancelled (a prompt piece) is watched by one sleeping thread
-per context that polls the request's cancel check every :data:`POLL_S` and sets the
-byte: the abort then lands within one poll and one graph node. Where no C library can be
-found, the Python callback is installed for those decodes only.
+for. A decode that may be cancelled (a prompt piece) has the byte set the moment its
+request is cancelled: a request's :class:`CancelFlag` calls the decode's hook when a
+caller sets it, and a request with a deadline has one thread per context sleep until
+then. Nothing wakes while a decode runs: a thread polling every 20 ms took a CPU from
+the thread team about a dozen times per prompt piece of an agent turn, each time
+stalling the team at its next barrier. A cancel check that is a plain callable is
+polled every :data:`POLL_S` by that thread instead. Where no C library can be found,
+the Python callback is installed for those decodes only.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import ctypes.util
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import llama_cpp.llama_cpp as C
 
@@ -63,6 +69,52 @@ def _native_strlen() -> int | None:
 _STRLEN = _native_strlen()
 
 
+class CancelFlag(threading.Event):
+    """A request's cancel event that also calls the hooks of the decodes watching it,
+    on the thread that sets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hooks: list[Callable[[], None]] = []
+        self._hook_lock = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._hook_lock:
+            hooks = list(self._hooks)
+        for fn in hooks:
+            fn()
+
+    def add_hook(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when the flag is set (at once if it is set already)."""
+        with self._hook_lock:
+            self._hooks.append(fn)
+        if self.is_set():
+            fn()
+
+    def remove_hook(self, fn: Callable[[], None]) -> None:
+        with self._hook_lock, contextlib.suppress(ValueError):
+            self._hooks.remove(fn)
+
+
+@dataclass(frozen=True)
+class CancelCheck:
+    """What stops a decode: its request's ``flag``, set by a caller, or its
+    ``deadline`` (``time.monotonic()``), passed. Called, it says whether either has
+    happened (a passed deadline sets the flag), as a request's ``cancelled()`` does."""
+
+    flag: CancelFlag
+    deadline: float | None = None
+
+    def __call__(self) -> bool:
+        if self.flag.is_set():
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.flag.set()
+            return True
+        return False
+
+
 class DecodeAbort:
     """One context's abort flag: a byte ggml reads natively, set by a watcher thread.
 
@@ -79,7 +131,12 @@ class DecodeAbort:
         )
         self._py_callback = C.ggml_abort_callback(self._python_check)
         self._cond = threading.Condition()
+        #: a polled cancel check (a plain callable) of the decode running now
         self._check: Callable[[], bool] | None = None
+        #: the deadline of the decode running now (a :class:`CancelCheck`'s)
+        self._deadline: float | None = None
+        #: the hook of the decode running now: a hook called late is a no-op
+        self._armed: object | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -110,13 +167,13 @@ class DecodeAbort:
                 C.llama_set_abort_callback(ctx, self._callback, None)
                 self._check = None
             return
+        if isinstance(cancel, CancelCheck):
+            with self._hooked(cancel):
+                yield
+            return
         with self._cond:
             self._check = cancel
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="llamacpp-abort-watch", daemon=True
-                )
-                self._thread.start()
+            self._start_thread()
             self._cond.notify_all()
         try:
             yield
@@ -125,17 +182,62 @@ class DecodeAbort:
                 self._check = None
                 self._byte[0] = b"\x00"
 
+    @contextlib.contextmanager
+    def _hooked(self, check: CancelCheck) -> Iterator[None]:
+        """Set the byte from the flag's hook, or from the thread at the deadline."""
+        token = object()
+
+        def trip() -> None:
+            with self._cond:
+                if self._armed is token:
+                    self._trip()
+
+        with self._cond:
+            self._armed = token
+            if check.deadline is not None:
+                self._deadline = check.deadline
+                self._start_thread()
+                self._cond.notify_all()
+        check.flag.add_hook(trip)
+        try:
+            yield
+        finally:
+            check.flag.remove_hook(trip)
+            with self._cond:
+                self._armed = None
+                self._deadline = None
+                self._byte[0] = b"\x00"
+
+    def _trip(self) -> None:
+        """Abort the decode running now (``self._cond`` held)."""
+        aborting.active = True
+        self._byte[0] = b"\x01"
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="llamacpp-abort-watch", daemon=True
+            )
+            self._thread.start()
+
     def _run(self) -> None:
         with self._cond:
             while not self._closed:
-                if self._check is None:
+                if self._check is not None:  # a plain callable: polled
+                    self._cond.wait(POLL_S)
+                    check = self._check
+                    if check is not None and self._byte[0] == b"\x00" and check():
+                        self._trip()
+                elif self._deadline is not None:
+                    remaining = self._deadline - time.monotonic()
+                    if remaining > 0:
+                        self._cond.wait(remaining)
+                    else:
+                        self._deadline = None
+                        if self._armed is not None:
+                            self._trip()
+                else:
                     self._cond.wait()
-                    continue
-                self._cond.wait(POLL_S)
-                check = self._check
-                if check is not None and self._byte[0] == b"\x00" and check():
-                    aborting.active = True
-                    self._byte[0] = b"\x01"
 
     def close(self) -> None:
         """Stop the watcher thread (the context is being freed)."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
+from langchain_llamacpp_local.llama.abort import CancelCheck, CancelFlag
 from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.thinking import ThinkPlan
@@ -52,7 +54,7 @@ class EngineRequest:
     #: None: the worker builds it from ``sampling``. The worker owns and closes it.
     sampler: Sampler | None = None
     deadline: float | None = None
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: threading.Event = field(default_factory=CancelFlag)
     channel: Channel = field(default_factory=Channel)
 
     def cancelled(self) -> bool:
@@ -68,6 +70,15 @@ class EngineRequest:
         sampler, self.sampler = self.sampler, None
         if sampler is not None:
             sampler.close()
+
+
+def cancel_check(job: Any) -> Callable[[], bool]:
+    """What a decode of ``job`` (anything with ``cancel``, ``deadline`` and
+    ``cancelled()``) watches: with a :class:`CancelFlag`, a check the flag tells at once
+    when a caller sets it (nothing polls it); else ``job.cancelled``, polled."""
+    if isinstance(job.cancel, CancelFlag):
+        return CancelCheck(job.cancel, job.deadline)
+    return job.cancelled  # type: ignore[no-any-return]
 
 
 def cancel_error(job: Any) -> BaseException:

@@ -33,7 +33,7 @@ from langchain_llamacpp_local.errors import (
     InvalidRequestError,
     RequestCancelledError,
 )
-from langchain_llamacpp_local.runtime.requests import EngineRequest, cancel_error
+from langchain_llamacpp_local.runtime.requests import EngineRequest, cancel_check, cancel_error
 from langchain_llamacpp_local.runtime.scheduler import PromptRead, plan_piece
 
 if TYPE_CHECKING:
@@ -260,7 +260,7 @@ def _read_prompt(
                 range(start, end),
                 [slot.seq_id] * len(chunk_toks),
                 [i == n_prompt - 1 for i in range(start, end)],
-                cancel=job.cancelled if len(chunk_toks) > 1 else None,
+                cancel=cancel_check(job) if len(chunk_toks) > 1 else None,
             )
         except (RequestCancelledError, DecodeError) as exc:
             memory.sync(slot)

@@ -51,6 +51,7 @@ from langchain_llamacpp_local.runtime.requests import (
     Finished,
     PromptProgress,
     TextDelta,
+    cancel_check,
     cancel_error,
 )
 from langchain_llamacpp_local.runtime.scheduler import (
@@ -819,7 +820,7 @@ class _WorkerState:
                 # under adapters every piece's last row too: its logits show an overflow
                 [True] * len(gen)
                 + [i == n_prompt - 1 or (bool(lora) and i == end - 1) for i in range(start, end)],
-                cancel=job.cancelled if len(chunk) > 1 else None,
+                cancel=cancel_check(job) if len(chunk) > 1 else None,
             )
         except NonFiniteOutputError as exc:
             self._after_non_finite([*gen, act], exc)

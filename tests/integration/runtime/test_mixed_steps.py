@@ -14,6 +14,7 @@ import pytest
 from langchain_core.messages import BaseMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp, RequestCancelledError
+from langchain_llamacpp_local.llama.abort import CancelCheck
 from tests.compare import GREEDY, assert_same_greedy
 
 STREAMS = ("a long story about a lighthouse", "a long story about a baker")
@@ -99,9 +100,10 @@ def test_a_cancelled_piece_leaves_the_rows_beside_it_intact(tiny_llama: str) -> 
     solo = [llm.invoke(p, max_tokens=STREAM_TOKENS, cache_prompt=False, **GREEDY) for p in STREAMS]
 
     def cancel_inside(engine: Any, cancel: Callable[[], bool] | None) -> None:
-        assert cancel is not None
-        cancel.__self__.cancel.set()  # type: ignore[attr-defined]  # the request's own event
-        engine._abort._byte[0] = b"\x01"  # what the watcher sets: the first node aborts
+        # the request's own flag, set as its call starts: the call's hook sets the abort
+        # byte as it arms, and the first node aborts
+        assert isinstance(cancel, CancelCheck)
+        cancel.flag.set()
 
     calls: list[tuple[int, ...]] = []
     both = threading.Event()

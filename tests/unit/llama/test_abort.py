@@ -1,5 +1,6 @@
-"""The decode abort flag: a native callback ggml can call without the GIL, set by a
-watcher thread from a request's cancel check."""
+"""The decode abort flag: a native callback ggml can call without the GIL, set the moment
+a request's cancel flag is set (or its deadline passes), or by a watcher thread polling a
+plain cancel check."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import llama_cpp.llama_cpp as C
 
-from langchain_llamacpp_local.llama.abort import POLL_S, DecodeAbort
+from langchain_llamacpp_local.llama.abort import POLL_S, CancelCheck, CancelFlag, DecodeAbort
 
 
 def _callback_result(abort: DecodeAbort) -> bool:
@@ -52,4 +53,45 @@ def test_the_watcher_sets_the_flag_only_while_watching() -> None:
     assert _callback_result(abort) is False
     with abort.watch(ctx, None):
         assert _callback_result(abort) is False
+    abort.close()
+
+
+def test_setting_a_requests_flag_aborts_its_decode_at_once_with_no_thread() -> None:
+    abort = DecodeAbort()
+    flag = CancelFlag()
+    with abort.watch(None, CancelCheck(flag)):
+        assert _callback_result(abort) is False
+        flag.set()  # the caller's thread sets the byte: no poll to wait for
+        assert _callback_result(abort) is True
+    assert _callback_result(abort) is False
+    assert abort._thread is None  # nothing polled, nothing slept until a deadline
+    abort.close()
+
+
+def test_a_flag_set_before_the_decode_aborts_it_and_a_late_set_touches_nothing() -> None:
+    abort = DecodeAbort()
+    done = CancelFlag()
+    done.set()
+    with abort.watch(None, CancelCheck(done)):
+        assert _callback_result(abort) is True
+    flag = CancelFlag()
+    with abort.watch(None, CancelCheck(flag)):
+        pass
+    flag.set()  # after its decode: the next decode of this context must not abort
+    assert _callback_result(abort) is False
+    assert not flag._hooks
+    abort.close()
+
+
+def test_a_deadline_aborts_the_decode_when_it_passes() -> None:
+    abort = DecodeAbort()
+    check = CancelCheck(CancelFlag(), deadline=time.monotonic() + 0.1)
+    with abort.watch(None, check):
+        assert _callback_result(abort) is False
+        end = time.monotonic() + 5
+        while not _callback_result(abort) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert _callback_result(abort) is True
+        assert check()  # and the request reads as cancelled (timed out)
+    assert _callback_result(abort) is False
     abort.close()
