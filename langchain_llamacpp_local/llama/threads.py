@@ -418,9 +418,10 @@ class CpuBudget:
 
     A decode asks for its team size and gets ``min(want, fair share)``, where the fair
     share divides the current limit among the teams busy in the last
-    :data:`BUSY_FOR_S`; it waits while the CPUs it needs are taken (more busy teams than
-    CPUs then take turns). The limit starts at the usable CPUs and follows
-    :func:`next_limit`.
+    :data:`BUSY_FOR_S` (at least one thread); it waits while the usable CPUs it needs
+    are taken (more busy teams than CPUs then take turns). The limit starts at the
+    usable CPUs and follows :func:`next_limit`: lowered by other programs' load, it
+    shrinks the teams, and one-thread teams still run side by side.
     """
 
     def __init__(self, usable: int, *, adaptive: bool = True) -> None:
@@ -490,7 +491,9 @@ class CpuBudget:
         team, want = hold.team, hold.want
         with self._cond:
             n = self._share(team, want, time.monotonic())
-            while self._in_use + n > self._state.limit and self._in_use > 0:
+            # a lowered limit caps each team, not the total: lone threads have no barrier
+            # to stall at, so two one-thread teams run side by side, not by turns
+            while self._in_use + n > self._state.usable and self._in_use > 0:
                 self._waiting += 1
                 try:
                     self._cond.wait(0.05)

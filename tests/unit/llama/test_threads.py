@@ -436,3 +436,30 @@ def test_each_thread_reads_its_own_wait_counter_from_a_file_it_keeps_open() -> N
     assert now != seen["own"]
     mine = T._thread_wait_ns()
     assert mine is not None and T._per_thread.schedstat is not None
+
+
+def test_a_lowered_limit_shrinks_the_teams_but_lets_them_run_side_by_side() -> None:
+    """Beside other programs' load the limit drops to one thread per team: two busy
+    models then decode on one thread each at the same time (a lone thread has no barrier
+    to stall at), not by turns, where a chat reply waited for every embedding batch."""
+    budget = CpuBudget(2, adaptive=False)
+    budget._state.limit = 1
+    inside = threading.Event()
+    release = threading.Event()
+
+    def long_decode() -> None:
+        with budget.threads(1, want=2) as n:
+            assert n == 1
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=long_decode)
+    t.start()
+    assert inside.wait(10)
+    t0 = time.monotonic()
+    with budget.threads(2, want=2) as n:
+        waited = time.monotonic() - t0
+    release.set()
+    t.join(10)
+    assert n == 1 and waited < 1.0
+    assert budget._in_use == 0  # every thread given back
