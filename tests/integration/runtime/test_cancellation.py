@@ -28,22 +28,26 @@ GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 16}
 def test_breaking_a_stream_stops_generation_promptly(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=500, n_slots=1)
     expected = llm.invoke("after the cancel", max_tokens=16, cache_prompt=False).content
-    t0 = time.perf_counter()
-    n = 0
-    for chunk in llm.stream("a long generation " * 4):
-        if chunk.content:
-            n += 1
-        if n == 3:
-            break
-    broke = time.perf_counter()
-    # the next call is served right away: the cancelled one did not run to 500 tokens
-    out = llm.invoke("after the cancel", max_tokens=16, cache_prompt=False)
-    done = time.perf_counter()
-    assert out.content == expected
+    # the next call is served right away: the cancelled one did not run to 500 tokens.
+    # The least of three tries: one preempted by other work on a loaded machine (a
+    # parallel test run) would say nothing about the cancel.
+    waits = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        n = 0
+        for chunk in llm.stream("a long generation " * 4):
+            if chunk.content:
+                n += 1
+            if n == 3:
+                break
+        broke = time.perf_counter()
+        assert broke - t0 < 30
+        out = llm.invoke("after the cancel", max_tokens=16, cache_prompt=False)
+        waits.append(time.perf_counter() - broke)
+        assert out.content == expected
     full = llm.invoke("a long generation " * 4)
     assert full.usage_metadata["output_tokens"] > 100  # type: ignore[index]
-    assert done - broke < (full.response_metadata["timings"]["predicted_ms"] / 1000) / 3
-    assert broke - t0 < 30
+    assert min(waits) < (full.response_metadata["timings"]["predicted_ms"] / 1000) / 3
 
 
 def test_breaking_a_gemma_stream_returns_within_a_decode_step(gemma: str) -> None:
