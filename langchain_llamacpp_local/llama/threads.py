@@ -305,16 +305,17 @@ def _thread_wait_ns() -> int | None:
 #: A decoding thread that waits for a CPU more than this share of the time shares its
 #: CPUs with other programs: the budget gives one CPU back.
 CONTENDED = 0.15
-#: One decode whose thread waited this share of its time gives a CPU back at once: a team
+#: Decodes whose thread waited this share of their time give a CPU back at once: a team
 #: that big a share too large costs more at every barrier than a window of decodes is
 #: worth waiting for...
 STRONG = 0.3
-#: ...if that wait was at least this long. A short burst of another program (another
+#: ...once they span this much decode time. A short burst of another program (another
 #: process's OpenMP threads spin for milliseconds after their work) can take a third of
-#: one 8 ms token and is gone at the next: on its own it moved the budget to one thread
-#: for seconds (a bare decode loop's process and ours taking turns, 12 rounds: ours at
-#: 0.62-0.77 of its rate in 9 of them). Sustained load shows in the window instead.
-IMMEDIATE_WAIT_S = 0.05
+#: one 8 ms token and is gone at the next: one token's share alone moved the budget to
+#: one thread for seconds (a bare decode loop's process and ours taking turns, 12 rounds:
+#: ours at 0.62-0.77 of its rate in 9 of them), where sustained load keeps the share up
+#: over the few tokens of this span.
+QUICK_S = 0.03
 #: How long the budget stays lowered before it tries one more CPU again...
 PROBE_AFTER_S = 2.0
 #: ...doubled after each try that met the load again, up to this: beside programs that
@@ -364,29 +365,28 @@ def next_limit(
 
     Only a team of several threads says anything: a lone thread has no barrier to wait
     at, so its wait costs no more than the CPU time it lost; it counts as quiet (so a
-    lowered limit is still tried again). A decode past :data:`STRONG`, or past
-    :data:`CONTENDED` while one more CPU is being tried, gives one CPU back at once if
-    it lost at least :data:`IMMEDIATE_WAIT_S`; otherwise :data:`WINDOW_S` seconds of
-    decodes are averaged (weighted by their time; a ``wall_s`` of 0, unknown, counts as
-    1/:data:`WINDOW` of it). An uncontended limit below ``usable`` tries one more CPU
+    lowered limit is still tried again). The decodes are averaged over a window
+    (weighted by their time; a ``wall_s`` of 0, unknown, counts as 1/:data:`WINDOW` of
+    it): past :data:`STRONG`, or past :data:`CONTENDED` while one more CPU is being
+    tried, one CPU goes back as soon as the window spans :data:`QUICK_S`; else the
+    window closes at :data:`WINDOW_S`. An uncontended limit below ``usable`` tries one more CPU
     :data:`PROBE_AFTER_S` seconds after it was lowered; each try undone by the load
     doubles that wait (up to :data:`PROBE_MAX_S`), a try that stays quiet resets it.
     """
     if team < 2:
         wait_share = 0.0
-    wall = wall_s if wall_s > 0 else WINDOW_S / WINDOW
+    state.waits.append(wait_share)
+    state.walls.append(wall_s if wall_s > 0 else WINDOW_S / WINDOW)
+    total = sum(state.walls)
+    mean = sum(w * t for w, t in zip(state.waits, state.walls, strict=True)) / total
     if (
         state.limit > 1
-        and wait_share * wall >= IMMEDIATE_WAIT_S
-        and (wait_share >= STRONG or (state.probing and wait_share > CONTENDED))
+        and total >= QUICK_S
+        and (mean >= STRONG or (state.probing and mean > CONTENDED))
     ):
         return _give_one_back(state, now)
-    state.waits.append(wait_share)
-    state.walls.append(wall)
-    total = sum(state.walls)
     if total < WINDOW_S:
         return state.limit
-    mean = sum(w * t for w, t in zip(state.waits, state.walls, strict=True)) / total
     state.new_window()
     if mean > CONTENDED and state.limit > 1:
         _give_one_back(state, now)

@@ -50,6 +50,11 @@ class Channel:
         the reply, prompt progress) wakes it, and are read then, in order."""
         self._wake_for_text = wake
 
+    @property
+    def wakes_for_text(self) -> bool:
+        """Whether the reader is woken for each text item (a streaming reader)."""
+        return self._wake_for_text
+
     def on_final(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` (once, on the producer's thread) when the reply's last item is put.
 

@@ -597,11 +597,14 @@ class _WorkerState:
         for, and the team's next decode would hold the CPUs the reader needs
         (runtime.channel). Beside other requests nothing waits: it would stall them."""
         act, self._first_text = self._first_text, None
-        if act is not None and len(self.active) == 1 and self.active[0] is act:
+        if act is None or len(self.active) != 1 or self.active[0] is not act:
+            return
+        channel = act.job.channel
+        if channel.wakes_for_text:
             # the team's helpers spin on their CPUs for a while after a decode; ended,
             # they leave them to the reader (the next decode starts them again)
             release_team()
-            act.job.channel.wait_reader(READER_WAIT_S)
+            channel.wait_reader(READER_WAIT_S)
 
     def _lone_generation(self) -> _Active | None:
         """The request whose next token is this whole step, when it generates alone
