@@ -8,12 +8,11 @@ runs; the cancel event and deadline are shared by both.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_llamacpp_local.llama.sampling import SamplingParams
-from langchain_llamacpp_local.runtime.requests import CancelFlag, EngineRequest
+from langchain_llamacpp_local.runtime.requests import CancelFlag, EngineRequest, is_cancelled
 
 
 @dataclass
@@ -55,9 +54,4 @@ class ChatJob:
     cancel: threading.Event = field(default_factory=CancelFlag)
 
     def cancelled(self) -> bool:
-        if self.cancel.is_set():
-            return True
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.cancel.set()
-            return True
-        return False
+        return is_cancelled(self.cancel, self.deadline)

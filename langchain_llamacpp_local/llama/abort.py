@@ -107,12 +107,18 @@ class CancelCheck:
     deadline: float | None = None
 
     def __call__(self) -> bool:
-        if self.flag.is_set():
-            return True
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.flag.set()
-            return True
-        return False
+        return is_cancelled(self.flag, self.deadline)
+
+
+def is_cancelled(flag: threading.Event, deadline: float | None) -> bool:
+    """Whether a request with this cancel ``flag`` and ``deadline`` is to stop (a passed
+    deadline sets the flag): every request's ``cancelled()``."""
+    if flag.is_set():
+        return True
+    if deadline is not None and time.monotonic() >= deadline:
+        flag.set()
+        return True
+    return False
 
 
 class DecodeAbort:

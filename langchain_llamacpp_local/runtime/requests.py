@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
-from langchain_llamacpp_local.llama.abort import CancelCheck, CancelFlag
+from langchain_llamacpp_local.llama.abort import CancelCheck, CancelFlag, is_cancelled
 from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.thinking import ThinkPlan
@@ -58,12 +58,7 @@ class EngineRequest:
     channel: Channel = field(default_factory=Channel)
 
     def cancelled(self) -> bool:
-        if self.cancel.is_set():
-            return True
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.cancel.set()
-            return True
-        return False
+        return is_cancelled(self.cancel, self.deadline)
 
     def close_sampler(self) -> None:
         """Free a sampler the worker never took (the request failed before it started)."""
