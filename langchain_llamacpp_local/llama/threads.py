@@ -503,7 +503,8 @@ class CpuBudget:
             self._in_use += n
             self._holding[team] = self._holding.get(team, 0) + n
         hold.n = n
-        hold.w0 = _thread_wait_ns() if self._adaptive else None
+        # a lone thread's wait counts as quiet (next_limit): its counter is not read
+        hold.w0 = _thread_wait_ns() if self._adaptive and n > 1 else None
         hold.t0 = time.perf_counter_ns()
         return n
 
@@ -518,9 +519,14 @@ class CpuBudget:
             if left:
                 self._holding[team] = left
             self._busy[team] = now
-            if w0 is not None and w1 is not None and wall > 0:
+            share: float | None = None
+            if w0 is not None and w1 is not None:
+                share = (w1 - w0) / wall if wall > 0 else None
+            elif self._adaptive and n == 1 and wall > 0 and not _per_thread.unavailable:
+                share = 0.0  # as next_limit counts any lone thread's wait
+            if share is not None:
                 before = self._state.limit
-                after = next_limit(self._state, (w1 - w0) / wall, now, n, wall / 1e9)
+                after = next_limit(self._state, share, now, n, wall / 1e9)
                 if after < before and self._own:
                     self._lowered_by_own = True
                 if after != before:

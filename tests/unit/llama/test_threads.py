@@ -467,3 +467,28 @@ def test_a_lowered_limit_shrinks_the_teams_but_lets_them_run_side_by_side() -> N
     t.join(10)
     assert n == 1 and waited < 1.0
     assert budget._in_use == 0  # every thread given back
+
+
+def test_one_thread_decodes_skip_the_wait_counter_and_still_let_a_lowered_limit_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lone thread's wait counts as quiet whatever it is, so its counter is not read
+    (two reads a token saved when confined or lowered); its decodes still close quiet
+    windows, so a lowered limit tries one more CPU again."""
+    reads: list[int] = []
+    monkeypatch.setattr(T, "_thread_wait_ns", lambda: reads.append(1) or 0)
+    monkeypatch.setattr(T._per_thread, "unavailable", False)
+    budget = T.CpuBudget(2)
+    budget._state.limit = 1
+    budget._state.lowered_at = time.monotonic() - 2 * T.PROBE_MAX_S
+    for _ in range(T.WINDOW + 1):
+        with budget.threads(team=1, want=2) as n:
+            assert n == 1
+            time.sleep(T.WINDOW_S / T.WINDOW)
+        if budget.limit == 2:
+            break
+    assert budget.limit == 2 and budget._state.probing
+    assert not reads
+    with budget.threads(team=1, want=2) as n:  # two threads now: measured again
+        assert n == 2
+    assert len(reads) == 2
