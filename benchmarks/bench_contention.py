@@ -27,9 +27,11 @@ Then the paired stage, idle and beside one busy process (``--paired-rounds``, 0 
 skip; ``--paired-only``: this stage alone): ours, ``Llama`` and (idle) a bare llama.cpp
 decode loop kept loaded in processes of their own, taking turns one piece of work at a
 time (an agent-loop turn; a 96-token reply idle, the short calls busy), so that the
-machine's drift falls on both sides of each ratio. Each ratio comes with a 90 %
-bootstrap interval of its median over the rounds: on this noisy machine an interval
-that holds 1 is a tie.
+machine's drift falls on both sides of each ratio; fresh processes every
+rounds/``--paired-processes`` rounds (4 sets by default), as a process's own speed is a
+draw of a few percent. Each ratio comes with a 90 % bootstrap interval of its median
+(resampling the process sets and the rounds): on this noisy machine an interval that
+holds 1 is a tie.
 
 Writes ``benchmarks/results/contention.json``.
 """
@@ -445,22 +447,48 @@ class _Server:
         self.proc.wait(timeout=60)
 
 
-def median_interval(ratios: list[float], level: float = 0.9) -> tuple[float, float]:
+def median_interval(
+    ratios: list[float], level: float = 0.9, groups: list[int] | None = None
+) -> tuple[float, float]:
     """A ``level`` bootstrap interval of the median of ``ratios`` (2,000 resamples, a
     fixed seed: the same figures from the same rounds): how far this machine's noise
-    leaves the median uncertain."""
+    leaves the median uncertain. ``groups``: the process group of each ratio; the
+    resamples then draw whole groups (then rounds within each), so the interval holds
+    the spread between processes too, not only between rounds of one process."""
     rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+    if groups is None:
+        groups = [0] * len(ratios)
+    by: dict[int, list[float]] = {}
+    for g, x in zip(groups, ratios, strict=True):
+        by.setdefault(g, []).append(x)
+    members = list(by.values())
+    meds = []
+    for _ in range(2000):
+        pooled: list[float] = []
+        picked = rng.choices(members, k=len(members)) if len(members) > 1 else members
+        for rows in picked:
+            pooled += rng.choices(rows, k=len(rows))
+        meds.append(statistics.median(pooled))
+    meds.sort()
     cut = int((1 - level) / 2 * len(meds))
     return meds[cut], meds[-cut - 1]
 
 
-def paired(condition: str, rounds: int) -> dict[str, Any]:
+def _close(servers: dict[str, _Server]) -> None:
+    for srv in servers.values():
+        srv.close()
+    servers.clear()
+
+
+def paired(condition: str, rounds: int, processes: int = 1) -> dict[str, Any]:
     """The goals closest to 1, measured so this machine's drift (a fifth within a
-    minute) cancels: ours, ``Llama`` and (idle) the bare loop each loaded once in a
-    process of its own, taking turns one piece of work at a time in alternating order,
+    minute) cancels: ours, ``Llama`` and (idle) the bare loop each loaded in a process
+    of its own, taking turns one piece of work at a time in alternating order,
     ``rounds`` times; each ratio is the median over the rounds of ours over the other's
     piece just before or after it. ``busy1``: one CPU-bound process runs throughout.
+    The rounds are split among ``processes`` sets of fresh processes: where a process's
+    buffers land in memory sets its speed within a few percent for its whole life, so
+    the intervals resample the sets as well as the rounds.
 
     The agent loop: one 6-turn conversation each, the two taking turns turn by turn (a
     round's figure: the median time to first token of turns 2-6), with the part of each
@@ -474,14 +502,25 @@ def paired(condition: str, rounds: int) -> dict[str, Any]:
     rest: dict[str, list[float]] = {"ours": [], "llama": []}
     other = "raw" if condition == "idle" else "llama"
     second: dict[str, list[float]] = {"ours": [], other: []}
+    group: list[int] = []
+    threads: dict[str, Any] = {}
+    per_group = max(1, -(-rounds // max(1, processes)))
     with _burning(condition):
         try:
-            servers["ours"] = _Server("ours")
-            t = servers["ours"].threads
-            servers["llama"] = _Server("llama")
-            if condition == "idle":
-                servers["raw"] = _Server("raw", f"{t['n_threads']},{t['n_threads_batch']}")
             for r in range(rounds):
+                if r % per_group == 0:
+                    # fresh processes: where a process's buffers land in memory moves
+                    # its speed by a few percent for its whole life (two processes of
+                    # the same contender differ by up to 2.5 %), so every ratio spans
+                    # several processes of each
+                    _close(servers)
+                    servers["ours"] = _Server("ours")
+                    t = servers["ours"].threads
+                    servers["llama"] = _Server("llama")
+                    if condition == "idle":
+                        servers["raw"] = _Server("raw", f"{t['n_threads']},{t['n_threads_batch']}")
+                    threads = {name: srv.threads for name, srv in servers.items()}
+                group.append(r // per_group)
                 turns: dict[str, list[list[float]]] = {"ours": [], "llama": []}
                 pair = ["ours", "llama"]
                 for k in range(6):
@@ -495,8 +534,7 @@ def paired(condition: str, rounds: int) -> dict[str, Any]:
                 for name in ("ours", other) if r % 2 else (other, "ours"):
                     second[name].append(servers[name].ask(op))
         finally:
-            for srv in servers.values():
-                srv.close()
+            _close(servers)
     agent = [o / w for o, w in zip(ttft["ours"], ttft["llama"], strict=True)]
     floors = [o / w for o, w in zip(floor["ours"], floor["llama"], strict=True)]
     # decode: a rate (higher is better); short calls: seconds
@@ -505,19 +543,22 @@ def paired(condition: str, rounds: int) -> dict[str, Any]:
     return {
         "condition": condition,
         "rounds": rounds,
-        "threads": {name: srv.threads for name, srv in servers.items()},
+        "processes": max(group) + 1,
+        "process_of_round": group,
+        "threads": threads,
         "agent_ttft_s": ttft,
         "agent_prompt_decode_s": floor,
         "agent_ttft_rest_s": rest,
         "agent_ttft_ours_over_llama": statistics.median(agent),
         "agent_ttft_ours_over_llama_rounds": agent,
-        "agent_ttft_ours_over_llama_interval_90": median_interval(agent),
+        "agent_ttft_ours_over_llama_interval_90": median_interval(agent, groups=group),
         "agent_prompt_decode_ours_over_llama": statistics.median(floors),
+        "agent_prompt_decode_ours_over_llama_interval_90": median_interval(floors, groups=group),
         "agent_ttft_rest_ms": {k: 1000 * statistics.median(v) for k, v in rest.items()},
         ("decode_tok_s" if condition == "idle" else "short_calls_s"): second,
         key: statistics.median(two),
         f"{key}_rounds": two,
-        f"{key}_interval_90": median_interval(two),
+        f"{key}_interval_90": median_interval(two, groups=group),
     }
 
 
@@ -583,6 +624,9 @@ def main() -> None:
     ap.add_argument("--serve", metavar="CONTENDER")
     ap.add_argument("--threads")
     ap.add_argument("--paired-rounds", type=int, default=8)
+    ap.add_argument(
+        "--paired-processes", type=int, default=4, help="fresh process sets in the paired stage"
+    )
     ap.add_argument("--paired-only", action="store_true")
     ap.add_argument("--out", default="contention.json", help="file name under benchmarks/results")
     ap.add_argument("--repeats", type=int, default=2)
@@ -628,7 +672,7 @@ def main() -> None:
     paired_runs: dict[str, dict[str, Any]] = {}
     for cond in ("idle", "busy1"):
         if cond in conditions and args.paired_rounds > 0:
-            pr = paired_runs[cond] = paired(cond, args.paired_rounds)
+            pr = paired_runs[cond] = paired(cond, args.paired_rounds, args.paired_processes)
             shown = {k: round(v, 3) for k, v in pr.items() if isinstance(v, float)}
             spans = {
                 k: [round(x, 3) for x in v] for k, v in pr.items() if k.endswith("_interval_90")

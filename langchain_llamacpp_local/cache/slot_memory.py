@@ -239,7 +239,10 @@ class SlotMemory:
         states = self._states(tokens)
         choice = choose_slot(states, busy, len(tokens), can_copy=can_copy)
         target = self.slots[choice.target]
-        if choice.park_first:
+        # a conversation is saved once: parking copies its whole state out of llama.cpp
+        # (milliseconds when its cells are interleaved with other sequences')
+        parked = choice.park_first
+        if parked:
             self.park(target)
         if room is not None:
             if not self.make_room(*room, busy, target):
@@ -268,16 +271,18 @@ class SlotMemory:
             if room is not None:
                 # before the state comes back: llama.cpp puts it in the first free cells
                 self.park_beside(target, busy, waiting)
-            self.park(target)
+            if not parked:
+                self.park(target)
             if self.restore(target, cached):
                 self._restored_file = from_disk
             elif from_disk is not None:
                 self._discard(from_disk)
         elif plan.action == "copy":
             assert plan.source is not None
-            self.park(target)
+            if not parked:
+                self.park(target)
             self.copy(self.slots[plan.source], target, plan.n_copy)
-        elif plan.action == "park":
+        elif plan.action == "park" and not parked:
             self.park(target)
         if room is not None and plan.action != "restore":
             self.park_beside(target, busy, waiting)

@@ -96,10 +96,11 @@ def submit(
     ``whole``: the reply is read only when it is complete (no wake-up per token)."""
     inflight.add(job.cancel)
     frontend = frontend_for(lease.worker)
-    request, prepared = frontend.prepare(job)
-    request.prompt_progress = progress
-    request.channel.wake_for_text(not whole)
-    return _queue(request, prepared, frontend.info.model_name, lease)
+    with lease.worker.preparing():
+        request, prepared = frontend.prepare(job)
+        request.prompt_progress = progress
+        request.channel.wake_for_text(not whole)
+        return _queue(request, prepared, frontend.info.model_name, lease)
 
 
 async def asubmit(
@@ -120,16 +121,17 @@ async def asubmit(
         made.append(frontend.prepare(job))
         return made[-1]
 
-    try:
-        request, prepared = await anyio.to_thread.run_sync(prepare)
-    except BaseException:  # cancelled while it ran: free what it built
-        for req, _ in made:
-            req.close_sampler()
-        raise
-    request.channel.bind_loop()
-    request.prompt_progress = progress
-    request.channel.wake_for_text(not whole)
-    return _queue(request, prepared, frontend.info.model_name, lease)
+    with lease.worker.preparing():
+        try:
+            request, prepared = await anyio.to_thread.run_sync(prepare)
+        except BaseException:  # cancelled while it ran: free what it built
+            for req, _ in made:
+                req.close_sampler()
+            raise
+        request.channel.bind_loop()
+        request.prompt_progress = progress
+        request.channel.wake_for_text(not whole)
+        return _queue(request, prepared, frontend.info.model_name, lease)
 
 
 def _queue(request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease) -> Reply:

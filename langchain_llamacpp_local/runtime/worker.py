@@ -14,13 +14,14 @@ Models are shared: :mod:`~langchain_llamacpp_local.runtime.registry` keeps one w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -114,6 +115,7 @@ class ModelWorker:
         self._load_error: BaseException | None = None
         self._dead: BaseException | None = None
         self.info: ModelInfo | None = None
+        self._preparing_lock = threading.Lock()
         state = _WorkerState(config, cache, progress)
         self._state = state
         self._thread = threading.Thread(
@@ -143,6 +145,19 @@ class ModelWorker:
         if eng is None:
             raise WorkerDeadError(f"the worker for {self.config.model_path} has stopped")
         return eng
+
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """Count a request as arriving while its caller prepares and queues it: the
+        worker's decisions then know it is coming (a burst of requests reaches the queue
+        over milliseconds, and the first one admitted does not decode alone)."""
+        with self._preparing_lock:
+            self._state.preparing += 1
+        try:
+            yield
+        finally:
+            with self._preparing_lock:
+                self._state.preparing -= 1
 
     def submit(self, job: EngineRequest) -> Channel:
         if not self.alive:
@@ -328,6 +343,8 @@ class _WorkerState:
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
         self.pending: deque[_Waiting] = deque()
+        #: requests their callers are preparing now (:meth:`ModelWorker.preparing`)
+        self.preparing = 0
         self.active: list[_Active] = []
         #: a request whose first text this step sent (see :meth:`_hand_to_reader`)
         self._first_text: _Active | None = None
@@ -493,7 +510,7 @@ class _WorkerState:
             cache_prompt=job.cache_prompt,
             marks=marks,
             room=(needed, reserved) if eng.kv_unified else None,
-            waiting=len(self.pending) - 1,
+            waiting=len(self.pending) - 1 + self.preparing,
         )
         targets = memory.checkpoint_targets(n_keep, tokens, job.boundaries, spans, slot, marks)
         sampler = job.sampler or Sampler(eng.vocab, job.sampling, n_ctx=eng.n_ctx)

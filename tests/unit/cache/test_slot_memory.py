@@ -224,6 +224,36 @@ def test_a_conversation_is_parked_in_host_ram_and_restored() -> None:
     memory.check()
 
 
+def test_a_displaced_conversation_is_copied_out_once() -> None:
+    """A request that keeps less than half of the only slot's conversation parks it
+    before taking the slot: one copy of its state (each one a whole-state read from
+    llama.cpp), and the conversation comes back from RAM whole."""
+    store = FakeStore(n_seq_max=1)
+    reads: list[int] = []
+    state_get = store.state_get
+
+    def counted(seq_id: int, flags: int = 0) -> bytes:
+        reads.append(seq_id)
+        return state_get(seq_id, flags)
+
+    store.state_get = counted  # type: ignore[method-assign]
+    store.state_size = lambda seq_id, flags=0: len(state_get(seq_id, flags))  # type: ignore[method-assign]
+    memory = _memory(store)
+    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    _read(memory, store, slot, PROMPT, len(PROMPT))
+    _generate(memory, store, slot, [7, 8])
+    conversation = PROMPT + [7, 8]
+
+    other = PROMPT[:10] + [9] * 20  # shares 10 of the 62 entries: park, then trim
+    slot, n_keep = memory.acquire(other, [], set(), cache_prompt=True)
+    assert n_keep == 10 and reads == [0]
+    assert [list(c.entries) for c in memory.ram.items] == [conversation]
+    _read(memory, store, slot, other, len(other))
+    slot, n_keep = memory.acquire([*conversation, 11], [], set(), cache_prompt=True)
+    assert n_keep == len(conversation) and _held(store, slot) == conversation
+    memory.check()
+
+
 @pytest.mark.parametrize("ram", [True, False])
 def test_idle_conversations_leave_the_unified_pool_while_one_decodes_alone(ram: bool) -> None:
     store = FakeStore(n_seq_max=4)  # a slot each: nothing is pushed out
