@@ -89,6 +89,10 @@ class StepPlan(Generic[T]):
     with_prompt: tuple[T, ...] = ()
     """Generating requests whose next token rides in the prompt piece's call (not in
     ``decode_groups``): the running streams wait for one call, not for two."""
+    more_prompts: tuple[PromptPiece[T], ...] = ()
+    """Pieces of younger requests' prompts that fill the rest of the piece's call (no
+    images; the same adapters), as llama.cpp's server fills a batch from every slot
+    reading its prompt: requests that arrive together are read together."""
 
     def verifies(self) -> Iterator[tuple[T, tuple[int, ...]]]:
         """``(request, draft)`` pairs, in order."""
@@ -178,7 +182,9 @@ def plan_step(
     Requests with different LoRA sets never share a call (the adapters are set per
     context); ``turn`` rotates which set goes first; each set's requests are split
     into the fewest calls of at most ``limit`` rows. The oldest request still reading
-    its prompt reads one piece of it (:func:`plan_piece`, ``rules`` needed then).
+    its prompt reads one piece of it (:func:`plan_piece`, ``rules`` needed then); with
+    ``mix``, outside deterministic mode, younger ones fill the rest of that call
+    (:func:`more_pieces`).
 
     With ``mix`` (the memory can drop the rows of an aborted call) and outside
     deterministic mode, the first decode group with the piece's adapter set joins the
@@ -201,25 +207,56 @@ def plan_step(
         for group in balanced_groups(part, limit)
     )
     verify = tuple(r for r in generating if verifying(r))
-    piece = None
-    if reading:
-        if rules is None:
-            raise ValueError("plan_step(reading=...) needs the piece rules")
-        request, read = reading[0]
-        piece = plan_piece(request, read, rules)
-        # (not before an aLoRA's activation: the piece decodes without the request's set)
-        if mix and not rules.deterministic and piece.end > piece.start and piece.adapters:
-            lora = lora_of(request)
-            for i, group in enumerate(groups):
-                if len(group) < rules.n_batch and lora_of(group[0]) == lora:
-                    piece = plan_piece(
-                        request, read, replace(rules, n_batch=rules.n_batch - len(group))
-                    )
-                    return StepPlan(
-                        groups[:i] + groups[i + 1 :],
-                        verify,
-                        tuple(draft_of.get(id(r), ()) for r in verify),
-                        piece,
-                        group,
-                    )
-    return StepPlan(groups, verify, tuple(draft_of.get(id(r), ()) for r in verify), piece)
+    drafted = tuple(draft_of.get(id(r), ()) for r in verify)
+    if not reading:
+        return StepPlan(groups, verify, drafted)
+    if rules is None:
+        raise ValueError("plan_step(reading=...) needs the piece rules")
+    request, read = reading[0]
+    piece = plan_piece(request, read, rules)
+    if not mix or rules.deterministic or piece.end <= piece.start:
+        return StepPlan(groups, verify, drafted, piece)
+    riding: tuple[T, ...] = ()
+    # (not before an aLoRA's activation: the piece decodes without the request's set)
+    if piece.adapters:
+        lora = lora_of(request)
+        for i, group in enumerate(groups):
+            if len(group) < rules.n_batch and lora_of(group[0]) == lora:
+                piece = plan_piece(
+                    request, read, replace(rules, n_batch=rules.n_batch - len(group))
+                )
+                riding = group
+                groups = groups[:i] + groups[i + 1 :]
+                break
+    room = rules.n_batch - len(riding) - (piece.end - piece.start)
+    more = more_pieces(reading[1:], lora_of, _applied(piece, lora_of), room, rules)
+    return StepPlan(groups, verify, drafted, piece, riding, more)
+
+
+def _applied(piece: PromptPiece[T], lora_of: Callable[[T], Hashable]) -> Hashable:
+    """The adapter set ``piece``'s tokens decode with (None: the base model)."""
+    return (lora_of(piece.request) or None) if piece.adapters else None
+
+
+def more_pieces(
+    reading: Sequence[tuple[T, PromptRead]],
+    lora_of: Callable[[T], Hashable],
+    lora: Hashable,
+    room: int,
+    rules: PieceRules,
+) -> tuple[PromptPiece[T], ...]:
+    """Pieces of ``reading``'s prompts (in arrival order) for the ``room`` tokens left in
+    a prompt piece's call decoding with adapter set ``lora``: each the piece
+    :func:`plan_piece` cuts within the room left (so checkpoints and activations still
+    end pieces), skipping a prompt that would read an image first or decode with other
+    adapters."""
+    out: list[PromptPiece[T]] = []
+    for request, read in reading:
+        if room <= 0:
+            break
+        piece = plan_piece(request, read, replace(rules, n_batch=room))
+        if piece.media or piece.end <= piece.start or _applied(piece, lora_of) != lora:
+            continue
+        out.append(piece)
+        room -= piece.end - piece.start
+    return tuple(out)

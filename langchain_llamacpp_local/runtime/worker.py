@@ -601,9 +601,10 @@ class _WorkerState:
                 self._decode_verify(act, list(draft))
         piece = plan.prompt
         riding = [a for a in plan.with_prompt if a in self.active]
+        more = [p for p in plan.more_prompts if p.request in self.active]
         # a request whose memory was lost with another's (adapters overflowed) ended
         if piece is not None and piece.request in self.active:
-            self._decode_prompt_piece(piece, riding)
+            self._decode_prompt_piece(piece, riding, more)
         elif riding:
             self._decode_generation(riding)
         self._hand_to_reader()
@@ -644,7 +645,7 @@ class _WorkerState:
         gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
         drafts = {id(act): self._draft(act) for act in gen}
         n_drafting = sum(1 for d in drafts.values() if d)
-        reading = next((a for a in self.active if a.pending is None and a.prefilling), None)
+        reading = [a for a in self.active if a.pending is None and a.prefilling]
         self.lora_turn += 1
         return plan_step(
             gen,
@@ -657,7 +658,7 @@ class _WorkerState:
             ),
             lora_of=_lora_of,
             turn=self.lora_turn,
-            reading=[] if reading is None else [(reading, self._prompt_read(reading))],
+            reading=[(a, self._prompt_read(a)) for a in reading],
             rules=self.piece_rules,
             # a row of an aborted call is dropped with seq_rm, which recurrent memory lacks
             mix=eng.memory_kind is not MemoryKind.FULL_ONLY,
@@ -804,16 +805,19 @@ class _WorkerState:
         eng.decode_batch(rows, range(start, start + n), [act.slot.seq_id] * n, [False] * n)
 
     def _decode_prompt_piece(
-        self, piece: PromptPiece[_Active], gen: Sequence[_Active] = ()
+        self,
+        piece: PromptPiece[_Active],
+        gen: Sequence[_Active] = (),
+        more: Sequence[PromptPiece[_Active]] = (),
     ) -> None:
         """Read the planned piece: its images, then its tokens in one decode call that
-        also carries ``gen``'s next tokens (rows ``0..len(gen)``)."""
+        also carries ``gen``'s next tokens (rows ``0..len(gen)``) and, after them, the
+        ``more`` pieces of younger prompts (no images)."""
         eng = self.engine
         memory = self.memory
         assert eng is not None and memory is not None
         act = piece.request
         media = act.media
-        slot = act.slot
         try:
             for pos in piece.media:
                 self._eval_media(act, media[pos])
@@ -822,38 +826,70 @@ class _WorkerState:
             if gen:
                 self._decode_generation(list(gen))
             return
-        start, end = piece.start, piece.end  # the images read, the slot ends at start
-        n_prompt = len(act.tokens)
-        if piece.targets_taken:
-            del act.targets[: piece.targets_taken]
-            if piece.checkpoint_at_start:
-                memory.save_checkpoint(slot, act.keep)
-        chunk = act.tokens[start:end]
-        job = act.job
+        pieces = [piece, *more]
+        readers = [p.request for p in pieces]
+        for p in pieces:  # the images read, each slot ends at its piece's start
+            if p.targets_taken:
+                del p.request.targets[: p.targets_taken]
+                if p.checkpoint_at_start:
+                    memory.save_checkpoint(p.request.slot, p.request.keep)
+        tokens: list[int] = [a.pending for a in gen]  # type: ignore[misc]
+        positions: list[int] = [a.slot.n_past for a in gen]
+        seq_ids: list[int] = [a.slot.seq_id for a in gen]
+        outputs: list[bool] = [True] * len(gen)
+        lora = _lora_of(act) if piece.adapters else ()
+        for p in pieces:
+            r = p.request
+            chunk = r.tokens[p.start : p.end]
+            n_prompt = len(r.tokens)
+            tokens += chunk
+            positions += range(p.start, p.end)
+            seq_ids += [r.slot.seq_id] * len(chunk)
+            # under adapters every piece's last row too: its logits show an overflow
+            outputs += [
+                i == n_prompt - 1 or (bool(lora) and i == p.end - 1) for i in range(p.start, p.end)
+            ]
         try:
-            lora = _lora_of(act) if piece.adapters else ()
             eng.set_lora(lora)  # LoRA hook
             eng.decode_batch(
-                [*(a.pending for a in gen), *chunk],  # type: ignore[misc]
-                [*(a.slot.n_past for a in gen), *range(start, end)],
-                [*(a.slot.seq_id for a in gen), *[slot.seq_id] * len(chunk)],
-                # under adapters every piece's last row too: its logits show an overflow
-                [True] * len(gen)
-                + [i == n_prompt - 1 or (bool(lora) and i == end - 1) for i in range(start, end)],
-                cancel=cancel_check(job) if len(chunk) > 1 else None,
+                tokens,
+                positions,
+                seq_ids,
+                outputs,
+                # the oldest prompt's cancel stops the call; the others' are seen next step
+                cancel=cancel_check(act.job) if len(tokens) - len(gen) > 1 else None,
             )
         except NonFiniteOutputError as exc:
-            self._after_non_finite([*gen, act], exc)
+            self._after_non_finite([*gen, *readers], exc)
             return
-        except (RequestCancelledError, DecodeError) as exc:
-            # the piece's failure or cancel: the rows beside it lose only this step's
-            # entry and decode their pending token again next step
-            for a in gen:
+        except RequestCancelledError as exc:
+            # the oldest prompt's cancel: the rows beside it lose only this step's
+            # entries and are decoded again next step
+            for a in [*gen, *readers[1:]]:
                 memory.sync(a.slot)
             self._after_failed_decode([act], exc)
             return
+        except DecodeError as exc:
+            for a in gen:
+                memory.sync(a.slot)
+            self._after_failed_decode(readers, exc)
+            return
         self._generated(gen)
-        memory.record(slot, chunk, exact=True)
+        row = len(gen)
+        for p in pieces:
+            row += p.end - p.start
+            self._after_piece(p, row - 1)
+
+    def _after_piece(self, piece: PromptPiece[_Active], last_row: int) -> None:
+        """Record a decoded piece (``last_row``: its last token's row in the call), and
+        once it ends its prompt, sample the request's first token."""
+        memory = self.memory
+        assert memory is not None
+        act = piece.request
+        slot = act.slot
+        job = act.job
+        n_prompt = len(act.tokens)
+        memory.record(slot, act.tokens[piece.start : piece.end], exact=True)
         if job.prompt_progress:
             job.channel.put(PromptProgress(n_prompt, act.n_keep, slot.n_past - act.n_keep))
         if act.prefilling:
@@ -863,7 +899,7 @@ class _WorkerState:
             return
         memory.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
-        self._guarded(act, self._sample, act, len(gen) + len(chunk) - 1)
+        self._guarded(act, self._sample, act, last_row)
         if piece.window and slot.n_past == n_prompt:
             # the prompt's end, after its first token went out: a regenerate of this
             # prompt resumes one entry back from it

@@ -203,3 +203,59 @@ def test_no_riding_in_deterministic_mode_without_mix_or_before_an_alora() -> Non
     # an image-only piece has no call to ride in
     img = _mixed(["a"], {}, PromptRead(10, 30, media={10: 20}))
     assert img.with_prompt == () and img.decode_groups == (("a",),)
+
+
+# --------------------------------------------------------------------------- prompts read together
+
+
+def _reading(
+    reads: dict[str, PromptRead], lora: dict[str, str] | None = None, **kw: object
+) -> StepPlan:
+    return plan_step(
+        list(kw.pop("generating", [])),  # type: ignore[call-overload]
+        limit=8,
+        lora_of=lambda r: (lora or {}).get(r, ""),
+        turn=0,
+        reading=list(reads.items()),
+        rules=kw.pop("rules", FAST),  # type: ignore[arg-type]
+        mix=kw.pop("mix", True),  # type: ignore[arg-type]
+    )
+
+
+def test_younger_prompts_fill_the_rest_of_the_pieces_call() -> None:
+    reads = {"x": PromptRead(0, 20), "y": PromptRead(5, 35), "z": PromptRead(0, 1000)}
+    step = _reading(reads)
+    assert step.prompt == PromptPiece("x", (), 0, 20)
+    # in arrival order, each cut where it would be alone, the last one to the room left
+    assert step.more_prompts == (PromptPiece("y", (), 5, 35), PromptPiece("z", (), 0, 206))
+    # riding generation rows take their room first: the call stays within n_batch
+    ridden = _reading(reads, generating=["g", "h"])
+    assert ridden.with_prompt == ("g", "h")
+    assert ridden.more_prompts[-1] == PromptPiece("z", (), 0, 204)
+    # a full first piece leaves no room
+    assert _reading({"z": PromptRead(0, 1000), "x": PromptRead(0, 20)}).more_prompts == ()
+
+
+def test_a_younger_prompt_keeps_its_own_cuts() -> None:
+    # a checkpoint target ends its piece where it would end alone
+    step = _reading({"x": PromptRead(0, 20), "y": PromptRead(0, 100, targets=(40,))})
+    assert step.more_prompts == (PromptPiece("y", (), 0, 40),)
+
+
+def test_no_younger_prompt_with_images_other_adapters_or_in_exact_modes() -> None:
+    reads = {
+        "x": PromptRead(0, 20),
+        "img": PromptRead(0, 50, media={0: 10}),  # its image is read first, in calls of its own
+        "sql": PromptRead(0, 30),
+        "y": PromptRead(0, 30),
+    }
+    step = _reading(reads, {"sql": "sql"})
+    assert step.more_prompts == (PromptPiece("y", (), 0, 30),)
+    exact = PieceRules(
+        deterministic=True, n_batch=256, n_ubatch=256, align=64, window_checkpoints=False
+    )
+    assert _reading(reads, rules=exact).more_prompts == ()
+    assert _reading(reads, mix=False).more_prompts == ()
+    # an aLoRA's prompt before its activation decodes on the base model: it joins
+    alora = _reading({"x": PromptRead(0, 20), "a": PromptRead(0, 30, lora_start=25)}, {"a": "al"})
+    assert alora.more_prompts == (PromptPiece("a", (), 0, 25, adapters=False),)
