@@ -318,11 +318,12 @@ class _WorkerState:
     """Everything that lives on the worker thread: the scheduler over a :class:`SlotMemory`.
 
     Each loop iteration admits queued requests into free slots, then decodes one
-    step: the next token of every generating request in one ``llama_decode``, and
-    one piece (see :mod:`chunking`) of the oldest request still reading its prompt
-    in another. In deterministic mode pieces lie on a fixed grid, are never mixed
-    with other sequences and generation steps share a call only in groups the
-    kernels keep exact, so a request computes the same logits whatever runs beside it.
+    step: the next token of every generating request, and a piece (see
+    :mod:`chunking`) of the oldest request still reading its prompt, the younger
+    ones' pieces filling the rest of its call. In deterministic mode pieces lie on a
+    fixed grid, are never mixed with other sequences and generation steps share a
+    call only in groups the kernels keep exact, so a request computes the same
+    logits whatever runs beside it.
 
     Anything that goes wrong while starting, sampling or streaming one request
     becomes that request's error; only a failure of llama.cpp itself (an
@@ -581,7 +582,7 @@ class _WorkerState:
 
     def _step(self) -> None:
         """Plan one step (:func:`plan_step`), then run it: the generating requests'
-        next tokens, their draft verifies, then one prompt piece."""
+        next tokens, their draft verifies, then the prompt pieces' call."""
         for act in list(self.active):
             err = self._stopped(act.job)
             if err is not None:
