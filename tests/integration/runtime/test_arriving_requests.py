@@ -4,16 +4,15 @@ prompts queued together are read in one call, as llama.cpp's server fills a batc
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.chat import leases
 from langchain_llamacpp_local.llama.engine import Engine
 from langchain_llamacpp_local.runtime.worker import ModelWorker
 from tests.gguf_models import write_scripted_llama
+from tests.holding import ask_together
 
 GREEDY = {"temperature": 0.0}
 
@@ -84,34 +83,10 @@ def _together(
         return decode_batch(self, tokens, positions, seq_ids, *a, **k)
 
     monkeypatch.setattr(Engine, "decode_batch", recording)
-    queued: list[object] = []
-    all_in = threading.Event()
-    original = leases._queue
-
-    def queue(*a: Any, **k: Any) -> Any:
-        reply = original(*a, **k)
-        queued.append(reply)
-        if len(queued) == len(PROMPTS):
-            all_in.set()
-        return reply
-
-    monkeypatch.setattr(leases, "_queue", queue)
-    hold = threading.Thread(target=worker.call, args=(lambda _s: all_in.wait(60),))
-    hold.start()
-    out: dict[str, str] = {}
-
-    def ask(key: str) -> None:
-        try:
-            out[key] = str(llm.invoke(PROMPTS[key]).content)
-        except Exception as exc:
-            out[key] = type(exc).__name__
-
-    callers = [threading.Thread(target=ask, args=(k,)) for k in PROMPTS]
-    for t in callers:
-        t.start()
-    hold.join(90)
-    for t in callers:
-        t.join(90)
+    answers = ask_together(
+        llm, monkeypatch, {k: lambda k=k: llm.invoke(PROMPTS[k]).content for k in PROMPTS}
+    )
+    out = {k: v if isinstance(v, str) else type(v).__name__ for k, v in answers.items()}
     worker.call(lambda st: st.memory.check())
     return out, calls
 

@@ -4,14 +4,11 @@ and never for a reader of the whole reply (real llama.cpp decodes every token)."
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.chat import leases
 from langchain_llamacpp_local.runtime.channel import Channel
+from tests.holding import ask_together
 
 GREEDY = {"temperature": 0.0}
 
@@ -53,35 +50,19 @@ def test_no_wait_beside_another_running_request(
     tiny_llama: str, waits: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=2, **GREEDY).load()
-    # the worker is held busy until both requests have queued: it admits them together
-    queued: list[object] = []
-    both = threading.Event()
-    original = leases._queue
-
-    def queue(*a: Any, **k: Any) -> Any:
-        reply = original(*a, **k)
-        queued.append(reply)
-        if len(queued) == 2:
-            both.set()
-        return reply
-
-    monkeypatch.setattr(leases, "_queue", queue)
     try:
-        hold = threading.Thread(target=llm._worker.call, args=(lambda _s: both.wait(60),))  # type: ignore[union-attr]
-        hold.start()
-        out: dict[int, str] = {}
-
-        def reply(i: int) -> None:
-            out[i] = "".join(str(c.content) for c in llm.stream(f"story {i}", max_tokens=16))
-
-        readers = [threading.Thread(target=reply, args=(i,)) for i in range(2)]
-        for t in readers:
-            t.start()
-        hold.join(90)
-        for t in readers:
-            t.join(60)
-        assert both.is_set()
-        assert out[0] and out[1]
+        # the worker is held busy until both requests have queued: it admits them together
+        out = ask_together(
+            llm,
+            monkeypatch,
+            {
+                i: lambda i=i: "".join(
+                    str(c.content) for c in llm.stream(f"story {i}", max_tokens=16)
+                )
+                for i in range(2)
+            },
+        )
+        assert isinstance(out[0], str) and out[0] and isinstance(out[1], str) and out[1]
         assert waits == []  # each first text came beside the other request
     finally:
         llm.close()
