@@ -480,7 +480,7 @@ def _close(servers: dict[str, _Server]) -> None:
     servers.clear()
 
 
-def paired(condition: str, rounds: int, processes: int = 1) -> dict[str, Any]:
+def paired(condition: str, rounds: int, processes: int) -> dict[str, Any]:
     """The goals closest to 1, measured so this machine's drift (a fifth within a
     minute) cancels: ours, ``Llama`` and (idle) the bare loop each loaded in a process
     of its own, taking turns one piece of work at a time in alternating order,
@@ -509,10 +509,7 @@ def paired(condition: str, rounds: int, processes: int = 1) -> dict[str, Any]:
         try:
             for r in range(rounds):
                 if r % per_group == 0:
-                    # fresh processes: where a process's buffers land in memory moves
-                    # its speed by a few percent for its whole life (two processes of
-                    # the same contender differ by up to 2.5 %), so every ratio spans
-                    # several processes of each
+                    # fresh processes (see the docstring)
                     _close(servers)
                     servers["ours"] = _Server("ours")
                     t = servers["ours"].threads
