@@ -8,7 +8,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import anyio
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -39,7 +39,6 @@ from langchain_llamacpp_local.chat.request_options import (
     sampling_params,
 )
 from langchain_llamacpp_local.chat.structured import structured_output
-from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 from langchain_llamacpp_local.errors import model_errors
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
@@ -65,6 +64,9 @@ from langchain_llamacpp_local.validation import (
     check_keep_alive_option,
     check_prompt_cache_dir,
 )
+
+if TYPE_CHECKING:
+    from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 
 logger = logging.getLogger(__name__)
 
@@ -530,7 +532,11 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     def as_decision_model(self) -> LlamaCppDecisionModel:
         """A :class:`~langchain_llamacpp_local.decisions.LlamaCppDecisionModel` on this
         model: it shares the loaded worker (weights, slots, prompt caches) and answers
-        LangChain decision questions from next-token probabilities (docs/decisions.md)."""
+        LangChain decision questions from next-token probabilities (docs/decisions.md).
+
+        Needs langchain-core's decision API (langchain-core 1.8+, Python 3.11+); the chat
+        model itself does not, so it is imported here, on first use."""
+        from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 
         return LlamaCppDecisionModel(chat_model=self)
 
