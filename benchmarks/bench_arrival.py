@@ -29,7 +29,6 @@ package. Records the CPU flags and thread settings (benchmarks/machine.py).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys

@@ -689,9 +689,7 @@ def main() -> None:
         for k, v in pr.items():
             if isinstance(v, float) or k.endswith("_interval_90"):
                 row[f"paired_{k}"] = v
-    settings = {
-        k: v for k, v in vars(args).items() if k not in ("out", "child", "serve", "extras")
-    }
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "child", "serve", "extras")}
     write_results(
         Path(args.out).stem, result, settings=settings, out=RESULTS / args.out, machine=info
     )

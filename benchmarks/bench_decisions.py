@@ -21,7 +21,6 @@ the machine's CPU flags and thread settings are recorded beside them.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time

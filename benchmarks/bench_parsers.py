@@ -22,9 +22,7 @@ as at its start.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from langchain_llamacpp_local.chat.prompts import resolve_format

@@ -290,9 +290,7 @@ def write_results(
         "benchmark": name,
         "settings": settings,
         "code": code_commit(),
-        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine if machine is not None else machine_info(),
         "thread_settings": thread_settings(),
     }
