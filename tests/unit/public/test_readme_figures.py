@@ -201,3 +201,12 @@ def test_contention_tables_say_llama_generates_on_one_thread() -> None:
     assert "ours 2 threads, `Llama` its default 1" in _benchmarks_row("decode, one 96-token reply")
     readme = next(c[0] for c in readme_rows() if c[0].startswith("6 short calls"))
     assert "`Llama` at its default 1 generation thread, ours 2" in readme
+
+
+def test_the_readme_test_command_is_what_ci_runs() -> None:
+    """The README's second command is the one `.ci/run` runs, character for character."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert len(commands) == 2 and "examples/streaming_chat.py" in commands[0]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert commands[1] in ci
