@@ -10,12 +10,16 @@ by name (docs/models.md, docs/lora.md).
 
 A snippet that cannot run here (it needs a network, RPC servers, a GPU) carries a
 marker on the line before its fence, ``<!-- snippet: skip (why) -->``, and is reported
-as skipped with that reason. Any other snippet that raises fails the test.
+as skipped with that reason. One that needs a newer LangChain than Python 3.10 can
+install says so, ``<!-- snippet: requires langchain_core.decisions -->`` (modules or
+``module.Name``, comma-separated), and is skipped only where that is missing. Any other
+snippet that raises fails the test.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import io
 import re
 import tempfile
@@ -35,6 +39,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEMPLATES = ROOT / "tests" / "data" / "llama_cpp_templates"
 FENCE = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((.+)\)\s*-->")
+REQUIRES = re.compile(r"<!--\s*snippet:\s*requires\s+(.+?)\s*-->")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class Snippet:
     line: int
     code: str
     skip: str | None
+    requires: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -57,10 +63,25 @@ def snippets() -> list[Snippet]:
         for m in FENCE.finditer(text):
             before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
             skip = SKIP.search(before)
+            needs = REQUIRES.search(before)
+            requires = tuple(x.strip() for x in needs.group(1).split(",")) if needs else ()
             line = text.count("\n", 0, m.start()) + 1
             name = str(page.relative_to(ROOT))
-            out.append(Snippet(name, line, m.group(1), skip.group(1) if skip else None))
+            out.append(Snippet(name, line, m.group(1), skip.group(1) if skip else None, requires))
     return out
+
+
+def missing(spec: str) -> bool:
+    """Whether ``spec`` (a module, or ``module.Name``) cannot be imported here."""
+    try:
+        importlib.import_module(spec)
+    except ImportError:
+        module, _, name = spec.rpartition(".")
+        try:
+            return not hasattr(importlib.import_module(module), name)
+        except ImportError:
+            return True
+    return False
 
 
 @functools.cache
@@ -210,6 +231,9 @@ def test_the_pages_have_snippets() -> None:
 def test_snippet_runs(snippet: Snippet, in_workdir: Path) -> None:
     if snippet.skip:
         pytest.skip(snippet.skip)
+    absent = [spec for spec in snippet.requires if missing(spec)]
+    if absent:
+        pytest.skip(f"needs {', '.join(absent)}")
     code = compile(snippet.code, snippet.id, "exec")
     namespace: dict[str, object] = {"__name__": "__main__"}
     exec(code, namespace)  # noqa: S102 - the documentation's own code
@@ -220,3 +244,14 @@ def test_every_substitute_is_named_by_a_snippet() -> None:
     text = "\n".join(s.code for s in ALL)
     unused = [n for n in [*SUBSTITUTES, *MODELS_DIR] if n.removesuffix(".gguf") not in text]
     assert not unused, unused
+
+
+def test_markers_are_read() -> None:
+    """The RPC snippet is skipped with its reason; the decision snippets name what they
+    need, which this environment (langchain-core 1.8) has."""
+    rpc = [s for s in ALL if s.page == "docs/distributed.md"]
+    assert [s.skip for s in rpc] == ["needs RPC servers at 10.0.0.5 and 10.0.0.6"]
+    decisions = [s for s in ALL if s.page == "docs/decisions.md"]
+    assert all("langchain_core.decisions" in s.requires for s in decisions), decisions
+    assert missing("langchain_core.no_such_module") and missing("json.no_such_name")
+    assert not missing("langchain_core.messages.HumanMessage")
