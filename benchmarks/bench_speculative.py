@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         prompt, sampling = WORKLOADS[name]
         figures[name] = measure(contenders, prompt, sampling, args.runs)
     print(json.dumps(figures, indent=2))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from machine import machine_info, write_results
 
     settings = {k: v for k, v in vars(args).items() if k != "out"}
