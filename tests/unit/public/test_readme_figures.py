@@ -210,3 +210,25 @@ def test_the_readme_test_command_is_what_ci_runs() -> None:
     assert len(commands) == 2 and "examples/streaming_chat.py" in commands[0]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert commands[1] in ci
+
+
+#: Scripts whose results file is named at run time: bench_contention.py (``--out``, by
+#: default contention.json) and bench_parsers.py (parsers.json, or
+#: parsers_stream_args.json with ``--stream-args``).
+_NAMED_AT_RUN_TIME = {"bench_contention.py", "bench_parsers.py"}
+
+
+def test_every_benchmark_writes_its_results_file() -> None:
+    """Each script records its figures in ``results/<name>.json`` through
+    ``machine.write_results`` (settings, machine, threads, commit), not only on stdout."""
+    scripts = sorted((ROOT / "benchmarks").glob("bench_*.py"))
+    assert len(scripts) >= 15
+    for script in scripts:
+        source = script.read_text(encoding="utf-8")
+        names = re.findall(r"write_results\(\s*\"(\w+)\"", source)
+        if script.name in _NAMED_AT_RUN_TIME:
+            assert "write_results(" in source, script.name
+        else:
+            assert names == [script.stem.removeprefix("bench_")], (script.name, names)
+    run = (ROOT / "benchmarks" / "run.py").read_text(encoding="utf-8")
+    assert re.search(r"write_results\(\s*\"results\"", run)
