@@ -291,7 +291,7 @@ def test_community_parameters_get_what_replaces_them_not_a_lookalike_field() -> 
         ChatLlamaCpp(model_path="m.gguf", grammar_path="g.gbnf", model_kwargs={}, lora_path="a")
     msg = str(info.value)
     assert "mmproj_path" not in msg and "'model_path'" not in msg, msg
-    assert "'grammar_path' (grammars are built from schemas: use with_structured_output()" in msg
+    assert "'grammar_path' (pass the grammar's text as grammar=..., or build one from a" in msg
     assert "'model_kwargs' (llama.cpp settings are fields of their own" in msg
     assert "'lora_path' (use lora_adapters=" in msg
     with pytest.raises(TypeError, match="'last_n_tokens_size' \\(use penalty_last_n=\\)"):
