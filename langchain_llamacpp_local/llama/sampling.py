@@ -12,7 +12,7 @@ import ctypes
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +33,8 @@ _INT32_MAX = 2**31 - 1
 class SamplingParams:
     """Sampling settings of one request, validated on construction (and ``replace``).
 
-    The defaults leave every sampler past the first eight off, as llama.cpp's own
-    defaults do; the field order is llama.cpp's sampler-chain order (``Sampler``).
+    The defaults are llama.cpp's: DRY, top-n-sigma, typical, XTC, dynamic temperature,
+    Mirostat and the logit bias are off (the chain they make: :func:`chain_plan`).
     """
 
     temperature: float = 0.8
@@ -419,16 +419,48 @@ def _trigger_pattern(words: Sequence[str]) -> str:
     return rf"[\s\S]*?({alts})[\s\S]*"
 
 
-class Sampler:
-    """A llama.cpp sampler chain built from :class:`SamplingParams`.
+def chain_plan(p: SamplingParams) -> tuple[str, ...]:
+    """The samplers of ``p``'s chain, in order: llama.cpp's ``common_sampler_init``
+    with each sampler that is off left out (the grammar is checked beside the chain).
 
-    The chain is llama.cpp's (``common_sampler_init``), each sampler only when it is on:
-    logit bias -> penalties -> DRY -> top-n-sigma -> top-k -> typical -> top-p -> min-p
-    -> XTC -> temperature (dynamic or not) -> seeded draw; with Mirostat, logit bias ->
-    temperature -> Mirostat. Temperature 0 ends in a greedy pick instead, after only
-    the samplers that can change it. The grammar is checked beside the chain. It owns
-    native memory: call :meth:`close` (or use it as a context manager) when the
-    request ends.
+    Temperature 0 ends in a greedy pick; truncation (top-n-sigma, top-k, top-p, min-p)
+    never drops the most likely token, so it is left out there unless a sampler after
+    it (typical, XTC) reads the probabilities it leaves. Mirostat replaces everything
+    between the logit bias and the draw, as in llama.cpp.
+    """
+    head = ("logit-bias",) if p.logit_bias else ()
+    if p.mirostat:
+        return (*head, "temp", "mirostat" if p.mirostat == 1 else "mirostat-v2")
+    plan = [*head]
+    if p.penalties_active:
+        plan.append("penalties")
+    if p.dry_active:
+        plan.append("dry")
+    greedy = p.temperature == 0
+    if not greedy or p.typical_p < 1 or p.xtc_active:
+        for name, on in (
+            ("top-n-sigma", p.top_n_sigma > 0),
+            ("top-k", p.top_k > 0),
+            ("typical", p.typical_p < 1),
+            ("top-p", p.top_p < 1),
+            ("min-p", p.min_p > 0),
+            ("xtc", p.xtc_active),
+        ):
+            if on:
+                plan.append(name)
+    if greedy:
+        plan.append("greedy")
+    else:
+        plan += ["temp-ext" if p.dynatemp_range > 0 else "temp", "dist"]
+    return tuple(plan)
+
+
+class Sampler:
+    """A llama.cpp sampler chain built from :class:`SamplingParams` (the samplers of
+    :func:`chain_plan`), with the request's grammar checked beside it.
+
+    It owns native memory: call :meth:`close` (or use it as a context manager) when
+    the request ends.
     """
 
     def __init__(self, vocab: Any, params: SamplingParams, *, n_ctx: int | None = None) -> None:
@@ -464,70 +496,56 @@ class Sampler:
         C.llama_sampler_chain_add(self._chain, smpl)  # the chain takes ownership
 
     def _build(self, vocab: Any, p: SamplingParams) -> None:
-        # 0xFFFFFFFF is llama.cpp's "random seed"; keep explicit seeds off it. Every
-        # random sampler (XTC, Mirostat, the draw) takes the request's seed, as in
-        # llama.cpp, so a seeded request is reproduced whole.
-        seed = C.LLAMA_DEFAULT_SEED if p.seed == -1 else p.seed % _UINT32
-        if p.logit_bias:
-            self._add(_logit_bias_sampler(vocab, self._n_vocab, p.logit_bias), "logit-bias")
         if p.grammar is not None:
             # Kept outside the chain: checking only the chosen token against the
             # grammar (and re-sampling under it when rejected) is what llama.cpp's
             # common sampler does; applying it to all 100k+ candidates each step is slow.
             self._grammar = _grammar_sampler(vocab, p.grammar, p.grammar_lazy_triggers)
-        if p.mirostat:
-            self._add(C.llama_sampler_init_temp(p.temperature), "temperature")
-            if p.mirostat == 1:
-                smpl = C.llama_sampler_init_mirostat(
-                    self._n_vocab, seed, p.mirostat_tau, p.mirostat_eta, _MIROSTAT_M
-                )
-            else:
-                smpl = C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta)
-            self._add(smpl, "mirostat")
-            return
-        if p.penalties_active:
-            self._add(
-                C.llama_sampler_init_penalties(
-                    C.llama_vocab_n_tokens(vocab),
-                    penalty_window(p.penalty_last_n, self._n_ctx),
-                    p.repeat_penalty,
-                    p.frequency_penalty,
-                    p.presence_penalty,
-                ),
-                "penalties",
+        plan = chain_plan(p)
+        for name in plan:
+            self._add(self._make(name, vocab, p), name)
+        self._argmax_only = plan == ("greedy",)
+
+    def _make(self, name: str, vocab: Any, p: SamplingParams) -> Any:
+        """llama.cpp's sampler ``name`` (a :func:`chain_plan` entry) with ``p``'s values."""
+        # 0xFFFFFFFF is llama.cpp's "random seed"; keep explicit seeds off it. Every
+        # random sampler (XTC, Mirostat, the draw) takes the request's seed, as in
+        # llama.cpp, so a seeded request is reproduced whole.
+        seed = C.LLAMA_DEFAULT_SEED if p.seed == -1 else p.seed % _UINT32
+        if name == "logit-bias":
+            assert p.logit_bias is not None
+            return _logit_bias_sampler(vocab, self._n_vocab, p.logit_bias)
+        if name == "penalties":
+            return C.llama_sampler_init_penalties(
+                self._n_vocab,
+                penalty_window(p.penalty_last_n, self._n_ctx),
+                p.repeat_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
             )
-        if p.dry_active:
-            self._add(_dry_sampler(vocab, p, self._n_ctx), "DRY")
-        greedy = p.temperature == 0
-        # truncation never drops the most likely token, so greedy skips it unless a
-        # sampler after it (typical, XTC) reads the probabilities it leaves
-        if not greedy or p.typical_p < 1 or p.xtc_active:
-            if p.top_n_sigma > 0:
-                self._add(C.llama_sampler_init_top_n_sigma(p.top_n_sigma), "top-n-sigma")
-            if p.top_k > 0:
-                self._add(C.llama_sampler_init_top_k(p.top_k), "top-k")
-            if p.typical_p < 1:
-                self._add(C.llama_sampler_init_typical(p.typical_p, 1), "typical")
-            if p.top_p < 1:
-                self._add(C.llama_sampler_init_top_p(p.top_p, 1), "top-p")
-            if p.min_p > 0:
-                self._add(C.llama_sampler_init_min_p(p.min_p, 1), "min-p")
-            if p.xtc_active:
-                self._add(
-                    C.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1, seed), "XTC"
-                )
-        if greedy:
-            self._add(C.llama_sampler_init_greedy(), "greedy")
-            self._argmax_only = C.llama_sampler_chain_n(self._chain) == 1
-            return
-        if p.dynatemp_range > 0:
-            temp = C.llama_sampler_init_temp_ext(
+        if name == "dry":
+            return _dry_sampler(vocab, p, self._n_ctx)
+        makers: dict[str, Callable[[], Any]] = {
+            "top-n-sigma": lambda: C.llama_sampler_init_top_n_sigma(p.top_n_sigma),
+            "top-k": lambda: C.llama_sampler_init_top_k(p.top_k),
+            "typical": lambda: C.llama_sampler_init_typical(p.typical_p, 1),
+            "top-p": lambda: C.llama_sampler_init_top_p(p.top_p, 1),
+            "min-p": lambda: C.llama_sampler_init_min_p(p.min_p, 1),
+            "xtc": lambda: C.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1, seed),
+            "temp": lambda: C.llama_sampler_init_temp(p.temperature),
+            "temp-ext": lambda: C.llama_sampler_init_temp_ext(
                 p.temperature, p.dynatemp_range, p.dynatemp_exponent
-            )
-        else:
-            temp = C.llama_sampler_init_temp(p.temperature)
-        self._add(temp, "temperature")
-        self._add(C.llama_sampler_init_dist(seed), "dist")
+            ),
+            "greedy": C.llama_sampler_init_greedy,
+            "dist": lambda: C.llama_sampler_init_dist(seed),
+            "mirostat": lambda: C.llama_sampler_init_mirostat(
+                self._n_vocab, seed, p.mirostat_tau, p.mirostat_eta, _MIROSTAT_M
+            ),
+            "mirostat-v2": lambda: C.llama_sampler_init_mirostat_v2(
+                seed, p.mirostat_tau, p.mirostat_eta
+            ),
+        }
+        return makers[name]()
 
     def sample(self, ctx: Any, idx: int) -> int:
         """Sample from output ``idx`` of the last decode; the token is also accepted
