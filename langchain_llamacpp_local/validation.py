@@ -241,7 +241,8 @@ def check_call(
     kwargs: dict[str, Any], stop: list[str] | None, defaults: ChatDefaults
 ) -> CheckedCall:
     """Every check of one chat call's options, before anything runs: unknown names,
-    types, ``tool_choice``, stop strings, limits, speculation and LoRA names and scales
+    types, a grammar beside tools, ``tool_choice``, stop strings, limits, speculation
+    and LoRA names and scales
     (the caller's errors, raised in that order). The model's fields fill what the call
     leaves out; they were checked at construction."""
     unknown = set(kwargs) - CALL_OPTIONS

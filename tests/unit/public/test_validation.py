@@ -109,6 +109,24 @@ def test_wrong_call_options_name_the_parameter(
         llm.invoke("hi", **kwargs)  # refused before any model is loaded
 
 
+def test_a_grammar_beside_tools_or_a_response_format_is_refused_before_loading(
+    tmp_path: Path,
+) -> None:
+    grammar = 'root ::= "a"'
+    tool = {"type": "function", "function": {"name": "f"}}
+    llm = ChatLlamaCpp(model_path=str(tmp_path / "missing.gguf"))
+    for options in ({"tools": [tool]}, {"response_format": {"type": "json_object"}}):
+        with pytest.raises(ValueError, match="grammar cannot be combined with"):
+            llm.invoke("hi", grammar=grammar, **options)
+    fixed = ChatLlamaCpp(model_path=str(tmp_path / "missing.gguf"), grammar=grammar)
+    with pytest.raises(ValueError, match="grammar cannot be combined with tools"):
+        fixed.invoke("hi", tools=[tool])
+    with pytest.raises(ValueError, match="grammar nests 500 groups deep"):
+        ChatLlamaCpp(model_path=str(tmp_path / "m.gguf"), grammar="root ::= " + "(" * 500)
+    with pytest.raises(TypeError, match="grammar must be a GBNF string"):
+        llm.invoke("hi", grammar=["root ::= x"])
+
+
 def test_check_call_options_accepts_good_values() -> None:
     check_call_options(
         {
