@@ -2,8 +2,9 @@
 chain built from them.
 
 * :class:`SamplingParams` is the validated, immutable set of sampling settings of one
-  request; :class:`Sampler` turns it into a llama.cpp sampler chain, with the request's
-  grammar (:mod:`.json_grammar` builds JSON ones) checked beside it.
+  request; :func:`chain_plan` decides which of llama.cpp's samplers it makes, in
+  llama.cpp's order, and :class:`Sampler` builds that chain, with the request's grammar
+  (:mod:`.json_grammar` builds JSON ones, or the user gives one) checked beside it.
 """
 
 from __future__ import annotations
