@@ -239,6 +239,43 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """OpenAI-style frequency penalty."""
     penalty_last_n: int = SamplingParams.penalty_last_n
     """How many recent tokens the penalties look at (-1: the whole context)."""
+    dry_multiplier: float = SamplingParams.dry_multiplier
+    """DRY ("don't repeat yourself") penalty on tokens that extend a repeated sequence
+    (0: off); llama.cpp's ``dry_multiplier``."""
+    dry_base: float = SamplingParams.dry_base
+    """How fast the DRY penalty grows with the repeat's length (>= 1)."""
+    dry_allowed_length: int = SamplingParams.dry_allowed_length
+    """Repeats up to this many tokens go unpenalized by DRY."""
+    dry_penalty_last_n: int = SamplingParams.dry_penalty_last_n
+    """How many recent tokens DRY scans (-1: the whole context, 0: off)."""
+    dry_sequence_breakers: tuple[str, ...] = SamplingParams.dry_sequence_breakers
+    """Texts that end a repeat for DRY (at most 32, each at most 40 bytes)."""
+    top_n_sigma: float = SamplingParams.top_n_sigma
+    """Keep tokens within n standard deviations of the top logit (-1: off)."""
+    typical_p: float = SamplingParams.typical_p
+    """Locally typical sampling (1.0: off)."""
+    xtc_probability: float = SamplingParams.xtc_probability
+    """XTC ("exclude top choices"): the chance per token that every choice above
+    ``xtc_threshold`` but the least likely one is removed (0: off); seeded by ``seed``."""
+    xtc_threshold: float = SamplingParams.xtc_threshold
+    """The probability a choice needs for XTC to remove it (0 to 0.5)."""
+    dynatemp_range: float = SamplingParams.dynatemp_range
+    """Dynamic temperature: ``temperature`` +- this range, by the candidates' entropy
+    (0: off)."""
+    dynatemp_exponent: float = SamplingParams.dynatemp_exponent
+    """How the entropy maps to the dynamic temperature."""
+    mirostat: int = SamplingParams.mirostat
+    """1 or 2: Mirostat (v1/v2) in place of the truncation samplers (0: off)."""
+    mirostat_tau: float = SamplingParams.mirostat_tau
+    """Mirostat's target surprise."""
+    mirostat_eta: float = SamplingParams.mirostat_eta
+    """Mirostat's learning rate."""
+    logit_bias: dict[int | str, float | str | bool] | None = SamplingParams.logit_bias
+    """Token -> bias added to its logit: a token id or one token's text; ``-inf`` (or
+    False) bans the token (docs/configuration.md)."""
+    grammar: str | None = SamplingParams.grammar
+    """A GBNF grammar (root rule ``root``) every reply must match; not together with
+    tools or ``response_format``, which build their own."""
     max_tokens: int | None = 256
     """Most tokens to generate; None generates until the model stops or the context is full."""
     stop: list[str] | None = None

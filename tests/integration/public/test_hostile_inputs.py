@@ -559,3 +559,102 @@ def test_a_prompt_cache_dir_that_cannot_be_expanded_names_the_setting(
         ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi")
     monkeypatch.delenv(ENV_DIR)
     assert isinstance(ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi").content, str)
+
+
+# --------------------------------------------------------------------------- samplers
+
+#: (setting, what the error names): each refused as a field and per call
+_BAD_SAMPLERS: list[tuple[dict[str, Any], str]] = [
+    ({"dry_multiplier": float("nan")}, "dry_multiplier must be finite"),
+    ({"dry_multiplier": -1.0}, "dry_multiplier must be >= 0"),
+    ({"dry_base": 0.5}, "dry_base must be >= 1"),
+    ({"dry_allowed_length": -1}, "dry_allowed_length must be >= 0"),
+    ({"dry_penalty_last_n": -2}, "dry_penalty_last_n must be -1"),
+    ({"dry_sequence_breakers": ["x"] * 100_000}, "more than the 32 allowed"),
+    ({"dry_sequence_breakers": ["y" * 41]}, "41 bytes long"),
+    ({"dry_sequence_breakers": [""]}, r"dry_sequence_breakers\[0\] must be a non-empty"),
+    ({"dry_sequence_breakers": ["\ud800"]}, "not valid Unicode"),
+    ({"top_n_sigma": -0.5}, "top_n_sigma must be > 0"),
+    ({"top_n_sigma": float("inf")}, "top_n_sigma must be finite"),
+    ({"typical_p": 0.0}, r"typical_p must be in \(0, 1\]"),
+    ({"xtc_probability": 1.5}, r"xtc_probability must be in \[0, 1\]"),
+    ({"xtc_threshold": 0.7}, r"xtc_threshold must be in \[0, 0.5\]"),
+    ({"dynatemp_range": -0.1}, "dynatemp_range must be >= 0"),
+    ({"dynatemp_exponent": 0}, "dynatemp_exponent must be > 0"),
+    ({"mirostat": 3}, "mirostat must be 0"),
+    ({"mirostat_tau": float("nan")}, "mirostat_tau must be finite"),
+    ({"mirostat_eta": 0}, r"mirostat_eta must be in \(0, 1\]"),
+    ({"mirostat": 2, "repeat_penalty": 1.2, "temperature": 1.0}, "turn off the penalties"),
+    ({"mirostat": 1, "temperature": 0}, "temperature=0 is greedy"),
+    ({"logit_bias": {"a": float("nan")}}, r"logit_bias\['a'\] must be a finite number"),
+    ({"logit_bias": {"a": float("inf")}}, r"logit_bias\['a'\] must be a finite number"),
+    ({"logit_bias": {"a": 1e300}}, r"within \+-1e\+06"),
+    ({"logit_bias": {"a": "lots"}}, "must be a number or -inf"),
+    ({"logit_bias": {-1: 1.0}}, "token id -1 is negative"),
+    ({"logit_bias": {"": 1.0}}, "text keys must be non-empty"),
+    ({"logit_bias": {"x" * 5000: 1.0}}, "at most 256 characters"),
+    ({"grammar": 'root ::= "a"\0'}, "NUL"),
+]
+
+#: settings only the loaded model's vocabulary (or grammar parser) can refuse
+_BAD_FOR_THE_MODEL: list[tuple[dict[str, Any], str]] = [
+    ({"logit_bias": {"hello": -1.0}}, r"'hello' is 5 tokens of this model"),
+    ({"logit_bias": {"<|im_end|>": float("-inf")}}, "is 10 tokens of this model"),
+    ({"logit_bias": {99_999: 1.0}}, "token id 99999 is not in this model's vocabulary"),
+    ({"logit_bias": {"a": 1.0, "100": 2.0}}, "gives token 100 twice"),
+    ({"grammar": "root ::= ("}, "invalid grammar"),
+    ({"grammar": 'start ::= "x"'}, "invalid grammar"),
+]
+
+
+def test_bad_sampler_settings_get_clear_errors_and_the_worker_serves(tiny_llama: str) -> None:
+    from langchain_core.exceptions import ModelInvalidRequestError
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=3)
+    ok = llm.invoke("hi").content
+    for setting, message in _BAD_SAMPLERS:
+        with pytest.raises((ValueError, TypeError)) as info:
+            ChatLlamaCpp(model_path=tiny_llama, **setting)
+        assert next(iter(setting)) in str(info.value), (setting, info.value)
+        with pytest.raises(ModelInvalidRequestError, match=message):
+            llm.invoke("hi", **setting)
+    for setting, message in _BAD_FOR_THE_MODEL:
+        with pytest.raises(ModelInvalidRequestError, match=message):
+            llm.invoke("hi", **setting)
+        assert ChatLlamaCpp(model_path=tiny_llama, **setting)  # checked when the call runs
+    # wrong types per call, named
+    for setting in (
+        {"dry_sequence_breakers": "\n"},
+        {"logit_bias": [1, 2]},
+        {"logit_bias": "a"},
+        {"logit_bias": {1.5: 1.0}},
+        {"typical_p": "high"},
+        {"mirostat": True},
+        {"grammar": 5},
+    ):
+        with pytest.raises(ModelInvalidRequestError, match=next(iter(setting))):
+            llm.invoke("hi", **setting)
+    assert llm.invoke("hi").content == ok  # the worker still serves, unchanged
+
+
+def test_a_grammar_is_refused_beside_tools_or_a_response_format(tiny_llama: str) -> None:
+    from langchain_core.exceptions import ModelInvalidRequestError
+
+    grammar = 'root ::= "yes" | "no"'
+    llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=4)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(ModelInvalidRequestError, match="grammar cannot be combined with tools"):
+        llm.invoke("hi", grammar=grammar, tools=[tool])
+    with pytest.raises(ModelInvalidRequestError, match="with response_format"):
+        llm.invoke("hi", grammar=grammar, response_format={"type": "json_object"})
+    fixed = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=4, grammar=grammar)
+    with pytest.raises(ModelInvalidRequestError, match="grammar cannot be combined with tools"):
+        fixed.bind_tools([tool]).invoke("hi")
+
+    class Answer(BaseModel):
+        yes: bool
+
+    with pytest.raises(ModelInvalidRequestError, match="grammar cannot be combined"):
+        fixed.with_structured_output(Answer, method="json_schema").invoke("hi")
+    assert fixed.invoke("hi").content in ("yes", "no")
+    assert fixed.invoke("hi", grammar=None).content == llm.invoke("hi").content
