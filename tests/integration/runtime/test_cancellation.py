@@ -52,21 +52,29 @@ def test_breaking_a_stream_stops_generation_promptly(tiny_llama: str) -> None:
 
 def test_breaking_a_gemma_stream_returns_within_a_decode_step(gemma: str) -> None:
     llm = ChatLlamaCpp(model_path=gemma, max_tokens=500, n_ctx=2048, **_GREEDY)
-    n = 0
-    gen = llm.stream("Write a very long story about a dragon.")
-    for chunk in gen:
-        if chunk.content:
-            n += 1
-        if n == 3:
-            break
-    t0 = time.perf_counter()
-    gen.close()
-    assert time.perf_counter() - t0 < 0.5
+    closes = []
+    for _ in range(3):
+        n = 0
+        gen = llm.stream("Write a very long story about a dragon.")
+        for chunk in gen:
+            if chunk.content:
+                n += 1
+            if n == 3:
+                break
+        t0 = time.perf_counter()
+        gen.close()
+        closes.append(time.perf_counter() - t0)
     msgs = "Say hello."
     a = llm.invoke(msgs, max_tokens=8)
     b = llm.invoke(msgs, max_tokens=8, cache_prompt=False)
     assert_same_greedy(a, b, tol=0.1)
-    assert a.response_metadata["timings"]["prompt_ms"] < 5000
+    timings = a.response_metadata["timings"]
+    assert timings["prompt_ms"] < 5000
+    # counted in decode steps, not seconds: the rest of the story is about 497 steps,
+    # closing waits for one at most (the least of three tries: a try preempted by other
+    # work on a loaded machine says nothing about the close)
+    step_s = timings["predicted_ms"] / 1000 / timings["predicted_n"]
+    assert min(closes) < 50 * step_s, (closes, step_s)
 
 
 async def test_wait_for_timeout_cancels_ainvoke(tiny_llama: str) -> None:
@@ -278,10 +286,18 @@ def test_a_timeout_stops_a_prompt_piece_mid_decode(smollm2: str) -> None:
     piece_s = time.perf_counter() - t0
     timings = whole.response_metadata["timings"]
     assert timings["prompt_n"] > 600
-    with pytest.raises(TimeoutError):
-        llm.invoke(prompt, cache_prompt=False, timeout=0.2)
-    t1 = time.perf_counter()
-    again = llm.invoke("Say hello.", max_tokens=4)
-    # the aborted piece would have held the worker for most of piece_s
-    assert time.perf_counter() - t1 < 0.2 + piece_s / 3, piece_s
-    assert again.content
+
+    def short() -> float:
+        t1 = time.perf_counter()
+        assert llm.invoke("Say hello.", max_tokens=4).content
+        return time.perf_counter() - t1
+
+    alone = min(short() for _ in range(3))
+    waits = []
+    for _ in range(3):  # the least of three tries: a loaded machine only adds time
+        with pytest.raises(TimeoutError):
+            llm.invoke(prompt, cache_prompt=False, timeout=0.2)
+        waits.append(short())
+    # the aborted piece would have held the worker for most of piece_s (both sides of
+    # the comparison are measured here: no fixed figure)
+    assert min(waits) < alone + piece_s / 3, (waits, alone, piece_s)

@@ -120,10 +120,16 @@ def test_keep_alive_zero_frees_the_model_after_the_call(models: Path) -> None:
 
 
 def test_keep_alive_seconds_and_forever(models: Path) -> None:
-    short = ChatLlamaCpp(model="alpha", models_dir=str(models), keep_alive=0.5, **FAST)
+    # kept after the call (a keep_alive long enough that no stall of the test reaches it)
+    short = ChatLlamaCpp(model="alpha", models_dir=str(models), keep_alive=60, **FAST)
     short.invoke("hi")
-    assert live_workers() == 1  # still there right after the call
-    assert wait_for(lambda: live_workers() == 0)  # and gone once idle for 0.5 s
+    assert [(m.active, m.keep_alive) for m in loaded_models()] == [(0, 60)]
+    # a call's own keep_alive wins (as in Ollama): gone once idle for 0.5 s, and not
+    # before (a lower bound: a busy machine only delays the unload)
+    start = time.monotonic()
+    short.invoke("hi", keep_alive=0.5)
+    assert wait_for(lambda: live_workers() == 0)
+    assert time.monotonic() - start >= 0.5
     forever = ChatLlamaCpp(model="beta", models_dir=str(models), keep_alive=-1, **FAST)
     forever.invoke("hi")
     time.sleep(0.6)
