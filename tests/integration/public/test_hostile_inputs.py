@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.errors import ModelLoadError
 from tests.gguf_models import write_scripted_llama, write_tiny_llama
+from tests.helpers import reply_of
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATES = ROOT / "tests" / "data" / "llama_cpp_templates"
@@ -532,8 +533,9 @@ def test_a_slow_template_stops_at_the_callers_timeout(tiny_llama: str) -> None:
         llm.invoke("hi", chat_template=slow, timeout=0.5)
     assert time.monotonic() - start < 2.0
     start = time.monotonic()
-    assert llm.invoke("hi", timeout=3).content is not None
+    served = llm.invoke("hi", timeout=3)
     assert time.monotonic() - start < 2.0
+    assert reply_of(served) == reply_of(llm.invoke("hi", cache_prompt=False))  # a whole reply
 
 
 def test_a_tool_schema_nested_too_deep_is_refused_naming_its_depth(tiny_llama: str) -> None:

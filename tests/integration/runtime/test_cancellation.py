@@ -20,7 +20,12 @@ from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_same_greedy, greedy_mismatch
-from tests.helpers import break_worker, close_while_running, worker_threads
+from tests.helpers import (
+    break_worker,
+    close_while_running,
+    reply_of,
+    worker_threads,
+)
 
 GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 16}
 
@@ -83,19 +88,21 @@ def test_breaking_a_gemma_stream_returns_within_a_decode_step(gemma: str) -> Non
 async def test_wait_for_timeout_cancels_ainvoke(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=1000, n_slots=1)
     await llm.ainvoke("warm up", max_tokens=2)
+    expected = reply_of(await llm.ainvoke("served next", max_tokens=8, cache_prompt=False))
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(llm.ainvoke("x " * 200), timeout=0.05)
     t0 = time.perf_counter()
-    out = await llm.ainvoke("served next", max_tokens=8)
-    assert out.content is not None
+    out = await llm.ainvoke("served next", max_tokens=8, cache_prompt=False)
+    assert reply_of(out) == expected
     assert time.perf_counter() - t0 < 5
 
 
 def test_timeout_field_raises_timeout_error(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=1500, timeout=0.05)
+    expected = reply_of(llm.invoke("fine", timeout=None, max_tokens=4, cache_prompt=False))
     with pytest.raises(TimeoutError):
         llm.invoke("y " * 200)
-    assert llm.invoke("fine", timeout=None, max_tokens=4).content is not None
+    assert reply_of(llm.invoke("fine", timeout=None, max_tokens=4, cache_prompt=False)) == expected
 
 
 def test_close_cancels_running_calls(tiny_llama: str) -> None:
@@ -185,7 +192,7 @@ def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
     from langchain_llamacpp_local.llama.sampling import SamplingParams
 
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
-    llm.load()
+    expected = reply_of(llm.invoke("still serving", cache_prompt=False))
     worker = llm._worker
     assert worker is not None
     poison = _Poison(tokens=[1, 2, 3], sampling=SamplingParams(), max_new=4)
@@ -193,7 +200,7 @@ def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
     item = poison.channel.get(timeout=10)
     assert isinstance(item, Failed) and "simulated broken request" in repr(item.error)
     assert worker.alive
-    assert llm.invoke("still serving").content is not None
+    assert reply_of(llm.invoke("still serving", cache_prompt=False)) == expected
     assert llm._worker is worker
 
 
@@ -201,6 +208,7 @@ def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
     from langchain_llamacpp_local.llama.sampling import SamplingParams
 
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
+    expected = reply_of(llm.invoke("reloaded", cache_prompt=False))
     worker = break_worker(llm)
     job = ChatJob(messages=[{"role": "user", "content": "x"}], sampling=SamplingParams())
     request, _ = frontend_for(worker).prepare(job)
@@ -210,20 +218,21 @@ def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
     assert not worker.alive
     with pytest.raises(WorkerDeadError):
         worker.submit(EngineRequest(tokens=[], sampling=SamplingParams(), max_new=1))
-    assert llm.invoke("reloaded").content is not None  # a new worker was started
+    # a new worker was started, and it answers as the first one did
+    assert reply_of(llm.invoke("reloaded")) == expected
     assert llm._worker is not worker
 
 
 def test_interpreter_exit_is_clean(tiny_llama: str) -> None:
     code = f"""
 import threading
-from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local import ChatLlamaCpp, RequestCancelledError
 llm = ChatLlamaCpp(model_path={tiny_llama!r}, temperature=0, max_tokens=1500)
 def run():
     try:
         for _ in llm.stream("exit while generating " * 20):
             pass
-    except Exception:
+    except RequestCancelledError:  # the exit closes the model under the stream
         pass
 threading.Thread(target=run, daemon=True).start()
 import time; time.sleep(0.5)
@@ -232,6 +241,7 @@ print("bye")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "bye" in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr  # no thread died of another error
 
 
 def test_a_parser_failure_fails_its_request_only(

@@ -1086,7 +1086,7 @@ def _json_or_empty(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except ValueError:
+        except json.JSONDecodeError:
             return ""
     return value
 
