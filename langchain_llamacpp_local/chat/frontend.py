@@ -100,7 +100,6 @@ class Frontend:
                 prepared.text,
                 prepared.tokens,
                 cache["at"],
-                cache["mismatch"],
                 lambda t: self.engine.token_piece(t),
                 prepared.messages,
                 prepared.tool_specs,

@@ -44,8 +44,7 @@ def chunk_of(kind: str, value: Any, name: str | None = None) -> ChatGenerationCh
         meta["cache"] = {
             "source": done.cache["source"],
             "cached_tokens": done.usage["input_token_details"]["cache_read"],
-            "missed": bool(done.cache["mismatch"]),
-            "mismatch_tokens": done.cache["mismatch"],
+            "missed": bool(done.cache["missed"]),
         }
         if "miss" in done.cache:
             meta["cache"]["miss"] = done.cache["miss"]

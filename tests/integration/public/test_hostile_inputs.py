@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import logging
 import os
 import struct
 import subprocess
@@ -559,3 +561,92 @@ def test_a_prompt_cache_dir_that_cannot_be_expanded_names_the_setting(
         ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi")
     monkeypatch.delenv(ENV_DIR)
     assert isinstance(ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi").content, str)
+
+
+# --------------------------------------------------------------------------- cache report privacy
+
+SECRET = "Tr0ub4dor&3 is my bank password, remember it"
+SHARED_SYSTEM = "You are the bank's assistant. Answer in one short sentence. " * 3
+CACHE_SOURCES = ["slot copy", "single slot", "host RAM", "decision state", "disk"]
+
+
+def _secret_ids_in(value: Any, ids: list[int]) -> bool:
+    """Whether any list of ints inside ``value`` holds ``ids`` as a run."""
+    if isinstance(value, dict):
+        return any(_secret_ids_in(v, ids) for v in value.values())
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, int) for v in value):
+            k = len(ids)
+            return any(list(value[i : i + k]) == ids for i in range(len(value) - k + 1))
+        return any(_secret_ids_in(v, ids) for v in value)
+    return False
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("source", CACHE_SOURCES)
+def test_the_cache_report_never_shows_another_callers_conversation(
+    tiny_llama: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    source: str,
+    deterministic: bool,
+) -> None:
+    """Two instances share a model; Alice's secret sits in the cache where Bob's prompt
+    leaves it. Bob's ``response_metadata["cache"]`` and every log line of his call name
+    where his own prompt left the cache, never Alice's text or its token ids."""
+    from langchain_core.decisions import Noul
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from langchain_llamacpp_local.decisions import question_message
+
+    settings: dict[str, Any] = {
+        "model_path": tiny_llama,
+        "temperature": 0.0,
+        "max_tokens": 4,
+        "deterministic": deterministic,
+        "n_slots": 2 if source == "slot copy" else 1,
+    }
+    if source == "disk":
+        settings["prompt_cache_dir"] = str(tmp_path / "cache")
+    alice = ChatLlamaCpp(**settings)
+    bob = ChatLlamaCpp(**settings, cache_miss_warning_tokens=0)
+    expected = {"host RAM": "host_ram", "disk": "disk"}.get(source, "slot")
+    bob_says: list[Any] = [SystemMessage(SHARED_SYSTEM), HumanMessage("What are your hours?")]
+    if source == "decision state":
+        alice.as_decision_model().invoke(
+            {"state": SECRET, "questions": {"q": Noul(instructions="Is it a password?")}}
+        )
+        # a chat caller whose prompt starts as a decision's does, up to the state
+        intro = str(question_message("", [], "").content).split("<state>")[0]
+        bob_says = [HumanMessage(f"{intro}<state>\nWhat are your hours?")]
+    elif source == "disk":
+        # an earlier process wrote Alice's conversation to the disk cache
+        proc = _run_isolated(
+            f"""
+            from langchain_llamacpp_local import ChatLlamaCpp
+            from langchain_llamacpp_local.cache import disk
+            from langchain_core.messages import HumanMessage, SystemMessage
+            llm = ChatLlamaCpp(**{settings!r})
+            llm.invoke([SystemMessage({SHARED_SYSTEM!r}), HumanMessage({SECRET!r})])
+            assert disk.flush(30)
+            print("WROTE")
+            """
+        )
+        assert "WROTE" in proc.stdout, proc.stderr[-2000:]
+    else:
+        alice.invoke([SystemMessage(SHARED_SYSTEM), HumanMessage(SECRET)])
+        if source == "host RAM":  # another conversation pushes Alice's out of the slot
+            alice.invoke([SystemMessage("Another system prompt entirely."), HumanMessage("hi")])
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="langchain_llamacpp_local")
+    reply = bob.invoke(bob_says)
+    report = reply.response_metadata["cache"]
+    assert report["source"] == expected and report["missed"] is True, report
+    assert report["cached_tokens"] > 0
+    # where Bob's own prompt left the cache is still named
+    assert report["miss"]["prompt"].startswith("What are your hours")
+    ids = bob.get_token_ids(SECRET[:16])
+    for text in (json.dumps(reply.response_metadata), *(r.getMessage() for r in caplog.records)):
+        assert "Tr0ub4dor" not in text and "bank password" not in text, text
+    assert not _secret_ids_in(reply.response_metadata, ids)
+    assert any("prompt cache miss" in r.getMessage() for r in caplog.records)
