@@ -566,3 +566,17 @@ def cpu_budget() -> CpuBudget:
         if _budget is None:
             _budget = CpuBudget(usable_cpus(view))
         return _budget
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads, but inherits the budget with the
+    threads of the decodes running at the fork counted as in use (every decode of the
+    child would then wait for them forever), locks they may have held, and the decoding
+    thread's open schedstat file (it names the parent's thread). It starts afresh."""
+    global _budget, _plan_lock, _per_thread
+    _plan_lock = threading.Lock()
+    _budget = None
+    _per_thread = _PerThread()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -650,3 +651,83 @@ def test_the_cache_report_never_shows_another_callers_conversation(
         assert "Tr0ub4dor" not in text and "bank password" not in text, text
     assert not _secret_ids_in(reply.response_metadata, ids)
     assert any("prompt cache miss" in r.getMessage() for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- fork
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("busy", ["decode", "embedding batch", "decision"])
+def test_a_child_forked_mid_decode_loads_a_model_and_serves(
+    tiny_llama: str, tmp_path: Path, busy: str
+) -> None:
+    """A process forks while its model decodes (the threads of that decode counted as in
+    use in the process-wide CPU budget, locks possibly held): the child loads models,
+    the parent's settings included, and serves them. A hang is killed by an alarm."""
+    from tests.gguf_models import write_tiny_bert
+
+    bert = write_tiny_bert(tmp_path / "bert.gguf")
+    other = write_tiny_llama(tmp_path / "other.gguf", seed=1)
+    proc = _run_isolated(
+        f"""
+        import os, signal, threading, time
+        from langchain_core.decisions import Choice
+        from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings
+        from langchain_llamacpp_local.llama import threads
+
+        # other programs' load on the test machine must not shrink the decoding team
+        # below every usable CPU: the fork is to find them all counted as in use
+        usable = threads.usable_cpus(threads.default_cpu_view())
+        threads._budget = threads.CpuBudget(usable, adaptive=False)
+        chat = dict(model_path={tiny_llama!r}, n_ctx=2048, temperature=0.0)
+        llm = ChatLlamaCpp(**chat, max_tokens=1500)
+        emb = LlamaCppEmbeddings(model_path={str(bert)!r})
+        llm.invoke("warm up", max_tokens=2)
+        emb.embed_query("warm up")
+        stop = threading.Event()
+
+        def work():
+            while not stop.is_set():
+                if {busy!r} == "decode":
+                    llm.invoke("tell me a long story")
+                elif {busy!r} == "embedding batch":
+                    emb.embed_documents(["a long enough document to embed " * 8] * 64)
+                else:
+                    labels = {{f"label{{i}}": None for i in range(40)}}
+                    llm.as_decision_model().invoke(
+                        {{"state": "a state " * 50,
+                          "questions": {{"q": Choice(instructions="Which?", criteria=labels)}}}}
+                    )
+
+        threading.Thread(target=work, daemon=True).start()
+        budget = threads.cpu_budget()
+        until = time.monotonic() + 30
+        while budget._in_use < usable and time.monotonic() < until:
+            pass
+        print("IN USE AT FORK", budget._in_use, "OF", usable, flush=True)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)  # a hang ends the child (status: killed by SIGALRM)
+            try:
+                fresh = ChatLlamaCpp(model_path={str(other)!r}, max_tokens=3, temperature=0.0)
+                fresh.invoke("hi", timeout=30)
+                ChatLlamaCpp(**chat, max_tokens=3).invoke("hello", timeout=30)
+                LlamaCppEmbeddings(model_path={str(bert)!r}).embed_query("child")
+                print("CHILD SERVED", flush=True)
+                os._exit(0)
+            except BaseException as exc:
+                print("CHILD FAILED", repr(exc), flush=True)
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        stop.set()
+        print("CHILD STATUS", status, flush=True)
+        llm.invoke("the parent serves on", max_tokens=2)
+        print("PARENT SERVED", flush=True)
+        """,
+        timeout=180,
+    )
+    out = proc.stdout
+    # the fork found every usable CPU counted as in use (the case that hung)
+    assert re.search(r"IN USE AT FORK (\d+) OF \1\n", out), out + proc.stderr[-2000:]
+    assert "CHILD SERVED" in out and "CHILD STATUS 0" in out, out + proc.stderr[-2000:]
+    assert "PARENT SERVED" in out, out + proc.stderr[-2000:]
