@@ -731,3 +731,19 @@ def test_a_child_forked_mid_decode_loads_a_model_and_serves(
     assert re.search(r"IN USE AT FORK (\d+) OF \1\n", out), out + proc.stderr[-2000:]
     assert "CHILD SERVED" in out and "CHILD STATUS 0" in out, out + proc.stderr[-2000:]
     assert "PARENT SERVED" in out, out + proc.stderr[-2000:]
+
+
+def test_a_huge_affinity_mask_does_not_make_huge_thread_teams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An affinity mask claiming 10,000 CPUs: the automatic plan is capped (an explicit
+    setting still wins)."""
+    from langchain_llamacpp_local.llama import threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(10_000)), raising=False)
+    view = threads.read_cpu_view()
+    assert view.affinity == 10_000
+    plan = threads.plan_threads(view)
+    assert plan.n_threads == plan.n_threads_batch <= 64
+    assert "capped at" in plan.reason
+    assert threads.plan_threads(view, n_threads=100).n_threads == 100
