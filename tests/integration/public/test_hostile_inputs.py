@@ -747,3 +747,53 @@ def test_a_huge_affinity_mask_does_not_make_huge_thread_teams(
     assert plan.n_threads == plan.n_threads_batch <= 64
     assert "capped at" in plan.reason
     assert threads.plan_threads(view, n_threads=100).n_threads == 100
+
+
+# --------------------------------------------------------------------------- tool-call arguments
+
+QWEN25 = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
+ANY_ARG_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "description": "f",
+        "parameters": {"type": "object", "properties": {"a": {}}},
+    },
+}
+
+
+@pytest.mark.parametrize("stream_tool_args", [False, True])
+def test_tool_arguments_nested_too_deep_are_an_invalid_call(
+    tmp_path: Path, stream_tool_args: bool
+) -> None:
+    """A call whose arguments nest 1,000 objects deep (past Python's JSON reader): an
+    invalid call naming why, with and without ``stream_tool_args``, never a bare
+    RecursionError; the stream's merged chunks hold no valid call either."""
+    from langchain_core.messages import AIMessageChunk
+
+    from tests.printing_model import write_printing_llama
+
+    depth = 1000
+    deep = '{"a": ' * depth + "1" + "}" * depth
+    text = f'<tool_call>\n{{"name": "f", "arguments": {deep}}}\n</tool_call>'
+    path, pieces = write_printing_llama(
+        tmp_path / "deep.gguf",
+        text,
+        chat_template=QWEN25.read_text(encoding="utf-8"),
+        cuts=("<tool_call>",),
+    )
+    llm = ChatLlamaCpp(
+        model_path=str(path),
+        temperature=0,
+        n_ctx=4096,
+        max_tokens=len(pieces) + 8,
+        stream_tool_args=stream_tool_args,
+    ).bind_tools([ANY_ARG_TOOL])
+    reply = llm.invoke("go")
+    assert reply.tool_calls == [] and len(reply.invalid_tool_calls) == 1, reply
+    assert "nested too deep" in str(reply.invalid_tool_calls[0]["error"])
+    merged: Any = None
+    for chunk in llm.stream("go"):
+        merged = chunk if merged is None else merged + chunk
+    assert isinstance(merged, AIMessageChunk)
+    assert merged.tool_calls == [] and merged.invalid_tool_calls
