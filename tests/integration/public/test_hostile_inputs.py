@@ -797,3 +797,45 @@ def test_tool_arguments_nested_too_deep_are_an_invalid_call(
         merged = chunk if merged is None else merged + chunk
     assert isinstance(merged, AIMessageChunk)
     assert merged.tool_calls == [] and merged.invalid_tool_calls
+
+
+def test_invoke_with_streamed_tool_args_reads_the_arguments_in_linear_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``invoke`` with ``stream_tool_args=True`` keeps the parser's calls and does not
+    merge the argument fragments (LangChain's merge re-reads the growing partial JSON at
+    each fragment: quadratic). Counted as characters LangChain's partial-JSON reader
+    reads, against the argument's length."""
+    import langchain_core.messages.ai as lc_ai
+
+    from tests.printing_model import write_printing_llama
+
+    note = " ".join(f"w{i:04d}" for i in range(700))  # 4,199 characters, no two pieces alike
+    text = f'<tool_call>\n{{"name": "f", "arguments": {{"a": "{note}"}}}}\n</tool_call>'
+    path, pieces = write_printing_llama(
+        tmp_path / "long.gguf",
+        text,
+        chat_template=QWEN25.read_text(encoding="utf-8"),
+        cuts=("<tool_call>",),
+    )
+    read: list[int] = []
+    original = lc_ai.parse_partial_json
+
+    def counting(s: str, *a: Any, **k: Any) -> Any:
+        read.append(len(s))
+        return original(s, *a, **k)
+
+    monkeypatch.setattr(lc_ai, "parse_partial_json", counting)
+    for streamed in (False, True):
+        llm = ChatLlamaCpp(
+            model_path=str(path),
+            temperature=0,
+            n_ctx=4096,
+            max_tokens=len(pieces) + 8,
+            stream_tool_args=streamed,
+        ).bind_tools([ANY_ARG_TOOL])
+        read.clear()
+        reply = llm.invoke("go")
+        assert [c["args"] for c in reply.tool_calls] == [{"a": note}]
+        # each fragment is read once where it is made (and the whole once): linear
+        assert sum(read) <= 3 * len(text), (streamed, len(read), sum(read))
