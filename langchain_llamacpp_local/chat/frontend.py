@@ -188,6 +188,7 @@ class Frontend:
                 prepared.prefill,
                 job.reasoning_budget,
                 job.reasoning_budget_message,
+                lambda text: eng.tokenize(text, add_special=False, parse_special=False),
             ),
         )
         # the grammar is compiled here, not on the decode loop; the worker owns it now
