@@ -873,3 +873,59 @@ def test_control_token_text_in_the_budget_message_stays_text(tmp_path: Path, mes
     ):
         llm.invoke("hi", reasoning_budget=2, reasoning_budget_message="ok \ud800")
     assert llm.invoke("hi", reasoning_budget=2).content == "Fine answer"
+
+
+# --------------------------------------------------------------------------- clear errors
+
+
+def test_a_validation_error_keeps_its_text() -> None:
+    """``as_model_error`` rebuilt pydantic's errors from their (empty) ``args``."""
+    from pydantic import ValidationError
+
+    from langchain_llamacpp_local.errors import as_model_error
+
+    class Point(BaseModel):
+        x: int
+
+    with pytest.raises(ValidationError) as info:
+        Point(x="not a number")  # type: ignore[arg-type]
+    converted = as_model_error(info.value)
+    assert "Input should be a valid integer" in str(converted), repr(converted)
+
+
+def test_decision_errors_name_the_problem(tiny_llama: str) -> None:
+    """A question id that is no string, a state nested 3,000 deep: errors naming them,
+    before any question is scored; the model serves on."""
+    from langchain_core.decisions import Noul
+
+    from langchain_llamacpp_local.errors import InvalidRequestError
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, max_tokens=2, temperature=0.0)
+    decider = llm.as_decision_model()
+    question = Noul(instructions="Is it fine?")
+    with pytest.raises(InvalidRequestError, match=r"question ids must be strings.*got 1 \(int\)"):
+        decider.invoke({"state": "s", "questions": {1: question}})  # type: ignore[dict-item]
+    deep: Any = "leaf"
+    for _ in range(3000):
+        deep = {"a": deep}
+    with pytest.raises(InvalidRequestError, match="state: nested too deep to render"):
+        decider.invoke({"state": deep, "questions": {"q": question}})
+    assert decider.invoke({"state": "s", "questions": {"q": question}}).nouls["q"] is not None
+
+
+def test_a_key_file_setting_naming_a_directory_names_it(
+    tiny_llama: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error named a file descriptor ("Is a directory: 7")."""
+    from langchain_llamacpp_local.cache.disk import ENV_KEY_FILE
+
+    key_dir = tmp_path / "a-directory"
+    key_dir.mkdir()
+    monkeypatch.setenv(ENV_KEY_FILE, str(key_dir))
+    cached = ChatLlamaCpp(
+        model_path=tiny_llama, max_tokens=2, prompt_cache_dir=str(tmp_path / "cache")
+    )
+    with pytest.raises(Exception, match=f"{key_dir}.* is a directory: {ENV_KEY_FILE}"):
+        cached.invoke("hi")
+    monkeypatch.delenv(ENV_KEY_FILE)
+    assert isinstance(ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi").content, str)
