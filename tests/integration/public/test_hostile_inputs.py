@@ -929,3 +929,66 @@ def test_a_key_file_setting_naming_a_directory_names_it(
         cached.invoke("hi")
     monkeypatch.delenv(ENV_KEY_FILE)
     assert isinstance(ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi").content, str)
+
+
+# --------------------------------------------------------------------------- model folders
+
+
+def test_a_model_folder_is_listed_two_levels_deep_once_and_within_the_deadline(
+    tiny_llama: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model named by its folder: only the folder and its subfolders are listed (not
+    the tree under them), the listing is remembered until a folder changes, a per-call
+    ``model="/"`` lists nothing, and a slow listing stops at the request's timeout."""
+    import shutil
+
+    from langchain_llamacpp_local.errors import RequestTimeoutError
+    from langchain_llamacpp_local.resolution.model_resolution import ModelNotFoundError
+
+    folder = tmp_path / "my-model"
+    (folder / "deep").mkdir(parents=True)
+    shutil.copy(tiny_llama, folder / "model.gguf")
+    below = folder / "deep"
+    for level in range(6):  # a tree under the model's subfolder: never to be walked
+        below = below / f"l{level}"
+        below.mkdir()
+        for i in range(20):
+            (below / f"f{i}.txt").write_text("x")
+    listed: list[str] = []
+    real = os.scandir
+
+    def counting(path: Any = ".") -> Any:
+        listed.append(str(path))
+        if len(listed) > 200:
+            raise RuntimeError("the lookup walks the tree")
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", counting)
+    llm = ChatLlamaCpp(model=str(folder), max_tokens=2, temperature=0.0)
+    assert isinstance(llm.invoke("hi").content, str)
+    assert set(listed) <= {str(folder), str(folder / "deep")}, listed
+    listed.clear()
+    assert isinstance(llm.invoke("again").content, str)
+    assert listed == []  # remembered: the folders' times are unchanged
+    (folder / "deep" / "readme.txt").write_text("a change")
+    llm.invoke("after a change")
+    assert str(folder) in listed or str(folder / "deep") in listed
+    listed.clear()
+    with pytest.raises(ModelNotFoundError, match="a file system root is not a model folder"):
+        llm.invoke("hi", model="/")
+    assert not [p for p in listed if p in ("/", "")], listed
+    # a slow file system: the lookup stops at the request's timeout
+    slow = tmp_path / "slow-model"
+    for i in range(8):
+        (slow / f"part{i}").mkdir(parents=True)
+    shutil.copy(tiny_llama, slow / "model.gguf")
+
+    def sluggish(path: Any = ".") -> Any:
+        time.sleep(0.4)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", sluggish)
+    start = time.monotonic()
+    with pytest.raises(RequestTimeoutError):
+        llm.invoke("hi", model=str(slow), timeout=1.0)
+    assert time.monotonic() - start < 2.2
