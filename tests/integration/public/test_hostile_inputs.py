@@ -992,3 +992,35 @@ def test_a_model_folder_is_listed_two_levels_deep_once_and_within_the_deadline(
     with pytest.raises(RequestTimeoutError):
         llm.invoke("hi", model=str(slow), timeout=1.0)
     assert time.monotonic() - start < 2.2
+
+
+def test_gpt_oss_output_without_a_header_streams_in_linear_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gpt-oss output that no channel header starts is content to its end: the stream
+    parser reads each piece once instead of the whole output at every piece (40 KB in
+    4-character pieces read 200M characters). Counted as characters the scanner reads."""
+    from dataclasses import replace
+
+    from langchain_llamacpp_local.formats.parsers import StreamParser
+    from langchain_llamacpp_local.formats.registry import FAMILIES
+
+    family = FAMILIES["gpt_oss"]
+    assert family.scanner is not None
+    real = family.scanner
+    read: list[int] = []
+
+    def counting(text: str, *a: Any) -> Any:
+        read.append(len(text))
+        return real(text, *a)
+
+    monkeypatch.setitem(FAMILIES, "gpt_oss", replace(family, scanner=counting))
+    text = ("Plain text, to=nobody <|not a header|> with no channel first. " * 700)[:40_000]
+    parser = StreamParser("gpt_oss", reasoning=True)
+    out = []
+    for i in range(0, len(text), 4):
+        out += parser.feed(text[i : i + 4])
+    out += parser.finish()
+    assert "".join(d.text for d in out if d.kind == "content") == text.strip()
+    assert parser.result.content == text.strip()
+    assert sum(read) <= 4 * len(text), (len(read), sum(read))
