@@ -88,7 +88,7 @@ def main() -> None:
     job = llm._make_job(_convo(turns, system_chars), None, {})
     last = cache_report.LastKwargs()
     warned = cache_report.MissWarnings()
-    hit = {"source": "slot", "mismatch": [], "at": n_prompt}
+    hit = {"source": "slot", "missed": False, "at": n_prompt}
     usage = {"input_tokens": n_prompt, "input_token_details": {"cache_read": n_prompt - 8}}
     fe_s = []
     for _ in range(200):

@@ -458,16 +458,18 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             self, CacheOptions, prompt_cache_dir=check_prompt_cache_dir(self.prompt_cache_dir)
         )
 
-    def _resolve(self, spec: str | None = None, mmproj: str | None = None) -> ResolvedModel:
+    def _resolve(
+        self, spec: str | None = None, mmproj: str | None = None, deadline: float | None = None
+    ) -> ResolvedModel:
         """The files for ``spec`` (a per-call ``model=``) or, if None, this instance's
         model, with this instance's projector setting."""
-        return super()._resolve(spec, self.mmproj_path if mmproj is None else mmproj)
+        return super()._resolve(spec, self.mmproj_path if mmproj is None else mmproj, deadline)
 
     def _lease(
         self, spec: str | None, deadline: float | None, keep_alive: float | None = None
     ) -> tuple[registry.Lease, ResolvedModel]:
         """Hold the model for one request, loading it (or waiting for room) if needed."""
-        resolved = self._resolve(spec)
+        resolved = self._resolve(spec, deadline=deadline)
         lease = hold(
             self._load_config(resolved),
             self._cache_options(),

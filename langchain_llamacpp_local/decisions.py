@@ -117,6 +117,11 @@ def _labels_line(labels: Sequence[str]) -> str:
 def ask(qid: str, question: Question) -> _Asked:
     """The labels and prompt text of one question; bad questions raise
     ``InvalidRequestError`` naming the problem."""
+    if not isinstance(qid, str):
+        raise InvalidRequestError(
+            f"question ids must be strings (they key the answers), got {qid!r} "
+            f"({type(qid).__name__})"
+        )
     where = f"question {qid!r}"
     if isinstance(question, Box):
         raise InvalidRequestError(
@@ -199,7 +204,13 @@ def render_state(state: State) -> tuple[str, list[dict[str, Any]]]:
 
     if isinstance(state, str):
         return state, media
-    return json.dumps(plain(state), ensure_ascii=False, indent=1), media
+    try:
+        return json.dumps(plain(state), ensure_ascii=False, indent=1), media
+    except RecursionError:
+        raise InvalidRequestError(
+            "state: nested too deep to render (past Python's recursion limit, a few "
+            "hundred levels), or it contains itself"
+        ) from None
 
 
 def question_message(state_text: str, media: Sequence[dict[str, Any]], text: str) -> HumanMessage:

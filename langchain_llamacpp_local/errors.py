@@ -243,15 +243,21 @@ def as_model_error(exc: Exception) -> Exception:
     """``exc`` as the error a chat call raises: itself when LangChain can already
     classify it (or it is a cancellation); otherwise a plain ``TimeoutError``,
     ``TypeError`` or ``ValueError`` from deeper code becomes the matching class above,
-    with the same message (the caller chains the original)."""
+    with the same message (the caller chains the original).
+
+    The message is the original's text (``str(exc)``), not its ``args``: a pydantic
+    ``ValidationError`` has none (its text is built from its errors), a codec error's
+    are a tuple of fields."""
     if isinstance(exc, (lc.ModelError, lc.OutputParserException, RequestCancelledError)):
         return exc
-    if isinstance(exc, TimeoutError):
-        return RequestTimeoutError(*exc.args)
-    if isinstance(exc, TypeError):
-        return InvalidArgumentError(*exc.args)
-    if isinstance(exc, ValueError):
-        return InvalidRequestError(*exc.args)
+    for kind, model_error in (
+        (TimeoutError, RequestTimeoutError),
+        (TypeError, InvalidArgumentError),
+        (ValueError, InvalidRequestError),
+    ):
+        if isinstance(exc, kind):
+            text = str(exc)
+            return model_error(text) if text else model_error(*exc.args)
     return exc
 
 

@@ -73,8 +73,11 @@ class ModelSelection(BaseModel):
             ).model_path
         check_gguf_file(path)
 
-    def _resolve(self, spec: str | None = None, mmproj: str | None = None) -> ResolvedModel:
-        """The files for ``spec`` (a per-call ``model=``) or, if None, this instance's model."""
+    def _resolve(
+        self, spec: str | None = None, mmproj: str | None = None, deadline: float | None = None
+    ) -> ResolvedModel:
+        """The files for ``spec`` (a per-call ``model=``) or, if None, this instance's
+        model; folder lookups stop at ``deadline`` (the request's)."""
         if spec is None and self.model is None:
             assert self.model_path is not None
             return resolve_path(self.model_path, mmproj)
@@ -82,6 +85,7 @@ class ModelSelection(BaseModel):
             spec if spec is not None else self.model,  # type: ignore[arg-type]
             models_dir=self.models_dir,
             mmproj=mmproj,
+            deadline=deadline,
         )
 
     def _local_model_file(self) -> str | None:

@@ -186,6 +186,24 @@ def check_tool_nesting(index: int, tool: Mapping[str, Any]) -> None:
         )
 
 
+def check_budget_message(value: Any) -> None:
+    """``reasoning_budget_message``: None or text that has a UTF-8 form (it is
+    tokenized as plain text, written into the reply's thinking block)."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError(
+            f"reasoning_budget_message must be a string, got {type(value).__name__} {value!r}"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"reasoning_budget_message is not valid Unicode: character {exc.start} is "
+            f"{value[exc.start]!r} ({exc.reason})"
+        ) from None
+
+
 def check_call_options(kwargs: Mapping[str, Any]) -> None:
     """Type checks of per-call options whose wrong types would fail obscurely later."""
     tools = kwargs.get("tools")
@@ -258,6 +276,7 @@ def check_call(
     stops = normalize_stop(stop if stop is not None else defaults.stop)
     timeout = check_timeout(options.get("timeout", defaults.timeout))
     max_tokens = check_max_tokens(options.get("max_tokens", defaults.max_tokens))
+    check_budget_message(options.get("reasoning_budget_message", defaults.reasoning_budget_message))
     speculative, max_draft = speculative_of(defaults, options)
     check_speculative(speculative, max_draft, draft_model=defaults.draft_model_path)
     specs = parse_adapters(defaults.lora_adapters)

@@ -192,6 +192,12 @@ def _load_secret(name: str) -> bytes:
     except FileNotFoundError:
         _create_secret(path)
         fd = os.open(path, _OPEN_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
+    if stat.S_ISDIR(os.fstat(fd).st_mode):  # (reading it would name the descriptor)
+        os.close(fd)
+        raise UnsafeCacheError(
+            f"the prompt cache key {name!r} is a directory: {ENV_KEY_FILE} names the key"
+            " file itself"
+        )
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         uid = _uid()

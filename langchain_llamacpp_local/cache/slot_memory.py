@@ -62,8 +62,6 @@ CHECK_ENV = "LLAMACPP_LOCAL_CHECK_KV"
 #: state copy, where a cut costs a decode call), or not at all when one at most this many
 #: entries before it exists; an edit there re-reads the entries in between.
 WINDOW_SLACK = 64
-#: entries of the cached candidate past the divergence point sent in a reply's report
-MISMATCH_WINDOW = 32
 
 
 @dataclass(frozen=True)
@@ -152,10 +150,11 @@ class SlotMemory:
         #: the file the slot being acquired was restored from (its checkpoints are next)
         self._restored_file: disk_cache.DiskEntry | None = None
         #: where the last acquired slot's kept prefix came from ("slot", "host_ram",
-        #: "disk"; None: nothing cached) and the best candidate's entries past the point
-        #: where the prompt left it (a bounded window; empty on a hit)
+        #: "disk"; None: nothing cached), whether the prompt left the candidate's cached
+        #: *prompt* (a miss), and where. Never the candidate's own entries: they may be
+        #: another caller's conversation, and the report goes into the caller's reply
         self.last_source: str | None = None
-        self.last_mismatch: tuple[Hashable, ...] = ()
+        self.last_missed = False
         self.last_mismatch_at = 0  # the position where the prompt left the candidate
         #: each sequence's state size while empty (the memory is empty now): what
         #: :meth:`reset` checks it left
@@ -297,8 +296,9 @@ class SlotMemory:
         from_disk: disk_cache.DiskEntry | None,
         tokens: Sequence[Hashable],
     ) -> None:
-        """Record :attr:`last_source` and :attr:`last_mismatch` for the cache report:
-        a slice past the shared prefix, nothing more (no cost on a hit)."""
+        """Record :attr:`last_source`, :attr:`last_missed` and where the prompt left the
+        candidate, for the cache report: positions only, nothing of the candidate's
+        entries (no cost on a hit)."""
         entries: Sequence[Hashable] = ()
         n_prompt = 0
         if action == "restore" and cached is not None:
@@ -312,7 +312,7 @@ class SlotMemory:
         n = common_prefix_len(entries, tokens)
         # leaving the cached reply is no miss: a re-rendered reply may differ from the
         # tokens the model wrote; leaving the cached prompt is one
-        self.last_mismatch = tuple(entries[n : n + MISMATCH_WINDOW]) if n < n_prompt else ()
+        self.last_missed = n < n_prompt
         self.last_mismatch_at = n
 
     def _from_disk(

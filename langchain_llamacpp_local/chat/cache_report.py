@@ -133,14 +133,14 @@ def excerpt(text: str, offset: int, chars: int = EXCERPT_CHARS) -> str:
 def miss_report(
     layout: PromptLayout,
     offset: int,
-    cached_text: str,
     *,
     source: str,
     cached_tokens: int,
     prompt_tokens: int,
 ) -> dict[str, object]:
     """The ``response_metadata["cache"]`` entry for a prompt that left the cache at
-    character ``offset``; ``cached_text`` is the cached candidate's text from there."""
+    character ``offset``: read from the caller's own prompt only (the cached side may be
+    another caller's conversation)."""
     point = locate(layout, offset)
     return {
         "cached_tokens": cached_tokens,
@@ -151,7 +151,6 @@ def miss_report(
             "role": point.role,
             "offset": point.offset,
             "prompt_offset": point.prompt_offset,
-            "cached": excerpt(cached_text, 0),
             "prompt": excerpt(layout.text, offset),
             "cause": likely_cause(point, layout),
         },
@@ -252,25 +251,23 @@ def explain_miss(
     prepared_text: str,
     tokens: Sequence[Any],
     at: int,
-    cached_window: Sequence[Any],
     piece: Callable[[int], bytes],
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]] = (),
     kwargs_changed: bool = False,
 ) -> dict[str, Any]:
     """The miss part of the report: the prompt left its cached candidate at token
-    ``at``; ``cached_window`` is the candidate's next entries, ``piece`` the vocabulary's
-    detokenizer. Runs on a miss only: it detokenizes the prompt up to ``at``."""
+    ``at``; ``piece`` is the vocabulary's detokenizer. Everything comes from the caller's
+    own prompt: the candidate may hold another caller's conversation, so nothing of it
+    (text, token ids) is read. Runs on a miss only: it detokenizes the prompt up to
+    ``at``."""
     full = _text_of(tokens, piece)
     # a token the renderer did not write (a BOS added by the tokenizer) shifts offsets
     shift = max(0, len(full) - len(prepared_text))
     offset = min(max(0, len(_text_of(tokens[:at], piece)) - shift), len(prepared_text))
     layout = replace(message_layout(prepared_text, messages, tools), kwargs_changed=kwargs_changed)
     point = locate(layout, offset)
-    media = (at < len(tokens) and _is_media(tokens[at])) or (
-        bool(cached_window) and _is_media(cached_window[0])
-    )
-    if media:
+    if at < len(tokens) and _is_media(tokens[at]):
         point = replace(point, in_image=True)
     return {
         "message_index": point.message_index,
@@ -278,7 +275,6 @@ def explain_miss(
         "offset": point.offset,
         "prompt_offset": point.prompt_offset,
         "token": at,
-        "cached": excerpt(_text_of(cached_window, piece), 0),
         "prompt": excerpt(prepared_text, offset),
         "cause": likely_cause(point, layout),
     }
@@ -385,7 +381,7 @@ def job_kwargs_key(job: Any) -> str:
 
 def reread_tokens(cache: dict[str, Any] | None, usage: dict[str, Any]) -> int:
     """Prompt tokens a call read again because it left the cached prompt (0: no miss)."""
-    if not cache or not cache.get("mismatch"):
+    if not cache or not cache.get("missed"):
         return 0
     cached = usage.get("input_token_details", {}).get("cache_read", 0)
     return int(usage.get("input_tokens", 0)) - int(cached)
@@ -409,7 +405,7 @@ def warn_on_miss(
     miss = cache.get("miss") or {}
     logger.warning(
         "prompt cache miss: re-read %d prompt tokens (threshold %d) from message %s "
-        "(%s), offset %s: cause %s; cached %r, prompt %r. Not repeated for this "
+        "(%s), offset %s: cause %s; prompt %r. Not repeated for this "
         "conversation; response_metadata['cache'] has the details (docs/cache.md).",
         reread,
         threshold,
@@ -417,7 +413,6 @@ def warn_on_miss(
         miss.get("role"),
         miss.get("offset"),
         miss.get("cause") or "unknown",
-        miss.get("cached"),
         miss.get("prompt"),
     )
     return True

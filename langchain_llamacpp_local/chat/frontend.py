@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Iterator
@@ -100,7 +101,6 @@ class Frontend:
                 prepared.text,
                 prepared.tokens,
                 cache["at"],
-                cache["mismatch"],
                 lambda t: self.engine.token_piece(t),
                 prepared.messages,
                 prepared.tool_specs,
@@ -188,6 +188,7 @@ class Frontend:
                 prepared.prefill,
                 job.reasoning_budget,
                 job.reasoning_budget_message,
+                lambda text: eng.tokenize(text, add_special=False, parse_special=False),
             ),
         )
         # the grammar is compiled here, not on the decode loop; the worker owns it now
@@ -204,6 +205,17 @@ class Frontend:
 _lock = threading.Lock()
 _frontends: weakref.WeakKeyDictionary[ModelWorker, Frontend] = weakref.WeakKeyDictionary()
 _creating: weakref.WeakKeyDictionary[ModelWorker, threading.Lock] = weakref.WeakKeyDictionary()
+
+
+def _after_fork_in_child() -> None:
+    """A parent's caller may have held a lock at a fork; the parent's workers, whose
+    front ends these are, do not run in the child."""
+    global _lock, _creating
+    _lock = threading.Lock()
+    _creating = weakref.WeakKeyDictionary()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def frontend_for(worker: ModelWorker) -> Frontend:

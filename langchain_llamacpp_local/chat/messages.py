@@ -44,8 +44,7 @@ def chunk_of(kind: str, value: Any, name: str | None = None) -> ChatGenerationCh
         meta["cache"] = {
             "source": done.cache["source"],
             "cached_tokens": done.usage["input_token_details"]["cache_read"],
-            "missed": bool(done.cache["mismatch"]),
-            "mismatch_tokens": done.cache["mismatch"],
+            "missed": bool(done.cache["missed"]),
         }
         if "miss" in done.cache:
             meta["cache"]["miss"] = done.cache["miss"]
@@ -81,6 +80,17 @@ def text_of(d: Any) -> str:
     return d.text if isinstance(d, StreamDelta) and d.kind == "content" else ""
 
 
+def _without_tool_chunks(chunk: ChatGenerationChunk) -> ChatGenerationChunk:
+    """``chunk`` with no tool-call fragments (a copy, not validated again: linear)."""
+    msg = chunk.message
+    if not isinstance(msg, AIMessageChunk) or not msg.tool_call_chunks:
+        return chunk
+    bare = msg.model_copy(
+        update={"tool_call_chunks": [], "tool_calls": [], "invalid_tool_calls": []}
+    )
+    return ChatGenerationChunk(message=bare, generation_info=chunk.generation_info)
+
+
 def aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
     """Merge streamed chunks into the ``invoke`` result.
 
@@ -90,6 +100,10 @@ def aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
     """
     if not chunks:
         raise RequestCancelledError("no reply from the model")
+    if any(PARSED_KEY in (c.generation_info or {}) for c in chunks[-1:]):
+        # the parser's result replaces the merged calls: merging argument fragments
+        # would re-read the growing partial JSON at each one (quadratic in its length)
+        chunks = [_without_tool_chunks(c) for c in chunks]
     total = chunks[0]
     for c in chunks[1:]:
         total += c

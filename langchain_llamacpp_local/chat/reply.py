@@ -97,7 +97,7 @@ class Reply:
                 self._logprobs.extend(item.logprobs)
             out = self._pieces(self.parser.finish())
             cache = item.cache
-            if cache is not None and cache["mismatch"] and self.explain_miss is not None:
+            if cache is not None and cache["missed"] and self.explain_miss is not None:
                 try:
                     miss = self.explain_miss(self.prepared, cache)
                 except WorkerDeadError:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import weakref
@@ -49,6 +50,15 @@ __all__ = [
 
 _cache: weakref.WeakKeyDictionary[Any, VocabInfo] = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A parent's caller may have held the lock at a fork."""
+    global _cache_lock
+    _cache_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _scans: weakref.WeakKeyDictionary[Any, threading.Thread] = weakref.WeakKeyDictionary()

@@ -50,9 +50,12 @@ def plan(
     prefill: str,
     budget: int | None,
     message: str | None,
+    tokenize_text: Callable[[str], Sequence[int]] | None = None,
 ) -> ThinkPlan | None:
     """The worker's :class:`ThinkPlan` for a prompt whose rendered end is ``prefill``;
-    ``tokenize``: a text's tokens, control-token texts parsed, nothing added."""
+    ``tokenize``: a text's tokens, control-token texts parsed, nothing added (for the
+    markers); ``tokenize_text``: the same with control-token texts kept as plain text,
+    for the caller's ``message`` (``"</s>"`` in it must not end the reply)."""
     found = markers(fmt)
     if found is None:
         return None
@@ -61,7 +64,10 @@ def plan(
     def ids(text: str) -> tuple[int, ...]:
         return tuple(tokenize(text))
 
-    forced = ids((message or "") + close)
+    said: tuple[int, ...] = ()
+    if message:
+        said = tuple((tokenize_text or tokenize)(message))
+    forced = said + ids(close)
     return ThinkPlan(
         start=ids(start),
         end=ids(end),

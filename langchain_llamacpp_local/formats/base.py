@@ -40,7 +40,7 @@ def json_arguments(value: Any) -> dict[str, Any] | None:
     if isinstance(value, str):
         try:
             decoded = json.loads(value) if value.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return decoded if isinstance(decoded, dict) else None
     return None
@@ -70,18 +70,24 @@ def call_from_obj(
     return ParsedCall(name, args, raw, id=str(cid) if cid else None)
 
 
+#: why a call whose JSON nests deeper than Python's reader goes is invalid
+TOO_DEEP = "invalid JSON: nested too deep to read (Python's JSON reader stops near 1,000 levels)"
+
+
 def loads_lenient(text: str) -> tuple[Any, str | None]:
     try:
         return json.loads(text), None
     except ValueError as exc:
         return None, f"invalid JSON: {exc}"
+    except RecursionError:
+        return None, TOO_DEEP
 
 
 def json_prefix(text: str) -> tuple[Any, int] | None:
     """Decode one JSON value at the start of ``text``; (value, end) or None."""
     try:
         return json.JSONDecoder().raw_decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -289,6 +295,8 @@ def typed_value(raw: str, types: set[str] | None) -> Any:
         return raw
     try:
         value = json.loads(raw)
+    except RecursionError:
+        return raw
     except ValueError:
         literal = raw.strip()
         if literal in _PY_LITERALS and (types is None or "string" not in types):
@@ -341,12 +349,16 @@ def checked(call: ParsedCall) -> ParsedCall:
 def read_as_arguments(text: str) -> bool:
     """Whether LangChain would read ``text``, given as a tool-call chunk's arguments, as a
     call: its chunk merging parses partial JSON (``{"a": "b`` is ``{"a": "b"}``), its
-    streaming protocol any complete JSON value, and empty arguments are ``{}``."""
+    streaming protocol any complete JSON value, and empty arguments are ``{}``. Text
+    nested too deep for Python's JSON reader is no call to LangChain either (its chunk
+    merging files the ``RecursionError`` under invalid calls)."""
     if not text.strip():
         return True
     try:
         json.loads(text)
         return True
+    except RecursionError:
+        return False
     except ValueError:
         pass
     try:

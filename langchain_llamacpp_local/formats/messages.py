@@ -110,6 +110,18 @@ def muse(
 _HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
 #: how a message header starts (the generation prompt ends with <|start|>assistant)
 _HARMONY_HEAD = re.compile(r"\s*(assistant\b|<\||to=|$)")
+#: what a generation may start with and still turn out to be a harmony header
+_HARMONY_OPENERS = ("assistant", "<|", "to=")
+
+
+def _plain_from_start(text: str) -> bool:
+    """Whether a generation starting with ``text`` is plain text to its end: no header
+    starts it, so whatever follows (markers included) is read as content (see
+    :func:`harmony`); a start that may still become a header is not decided yet."""
+    lead = text.lstrip()
+    if not lead or _HARMONY_HEAD.match(text):
+        return False
+    return not any(opener.startswith(lead) for opener in _HARMONY_OPENERS)
 
 
 def harmony(
@@ -124,6 +136,9 @@ def harmony(
     ``functions.*``. The end of generation (``<|call|>`` is an
     end-of-generation token) ends the last message.
     """
+    if not blank and _plain_from_start(text):
+        # the whole generation is content: a stream reads on without reading it again
+        return RegionScan(None, text, [], True, stage="plain")
     content: list[str] = []
     thought: list[str] = []
     calls: list[ParsedCall] = []

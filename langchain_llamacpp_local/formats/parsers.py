@@ -711,7 +711,9 @@ class StreamParser:
 
     def _read_tail(self) -> list[StreamDelta]:
         tail = self._tail
-        if self._state == "start":
+        if self._state == "plain":  # the rest of the generation is content, as written
+            sc = RegionScan(None, tail, [], True, stage="plain")
+        elif self._state == "start":
             sc = _scan(tail, self.fmt, self._opts, final=False, analysis=self._analysis)
         elif self._state == "think":
             sc = _scan_think(tail, self.fmt, self._opts)
@@ -851,7 +853,7 @@ class StreamParser:
         n_calls = self._calls_base + len(sc.calls)
         cut = (
             sc.stage == "think"
-            or sc.stage == "rest"
+            or sc.stage in ("rest", "plain")
             and sc.settled
             and not sc.trimmed
             and self._calls_done == n_calls
@@ -877,7 +879,7 @@ class StreamParser:
                 head=self._ctx.head and sc.rest_blank,
                 had_calls=self._ctx.had_calls or bool(sc.calls),
             )
-        self._state = "think" if sc.stage == "think" else "rest"
+        self._state = sc.stage if sc.stage in ("think", "plain") else "rest"
         self._replay = sc.resume
         self._calls_base = n_calls
         self._tail = ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import threading
 from collections.abc import Iterator
 
@@ -20,6 +21,16 @@ native_logger = logging.getLogger("langchain_llamacpp_local.llama_cpp")
 
 _backend_lock = threading.Lock()
 _backend_ready = False
+
+
+def _after_fork_in_child() -> None:
+    """The lock may have been held by a parent's thread at the fork (the backend
+    itself, started once, stays started in the child)."""
+    global _backend_lock
+    _backend_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _LEVELS = {
     1: logging.DEBUG,  # GGML_LOG_LEVEL_DEBUG

@@ -10,6 +10,7 @@ accepts a given weight (the check llama.cpp makes when it places a weight).
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from functools import cache
 
@@ -121,6 +122,15 @@ def cpu_features() -> dict[str, str]:
 
 
 _probe_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A parent's thread may have held the lock at a fork."""
+    global _probe_lock
+    _probe_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @cache

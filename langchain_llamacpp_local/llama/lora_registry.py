@@ -3,6 +3,7 @@ llama.cpp reads them, shared by the model's contexts and freed just before the m
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -21,6 +22,15 @@ from langchain_llamacpp_local.llama.model_handle import model_address
 # of the model, freed just before it (see :func:`.loading.load_model`'s ``free``).
 _adapters: dict[int, dict[str, object]] = {}
 _adapters_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A parent's loader may have held the lock at a fork (a child loads its own models)."""
+    global _adapters_lock
+    _adapters_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def free_adapters(model: object) -> None:

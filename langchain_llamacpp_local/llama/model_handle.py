@@ -49,6 +49,21 @@ class _SharedModel:
 
 _entries: dict[Hashable, _SharedModel] = {}
 _lock = threading.Lock()
+#: the parent's models in a forked child: kept (never freed there) but not shared
+_forked_away: list[_SharedModel] = []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits the parent's models, with locks their loaders (threads
+    that do not exist in the child) may hold: it loads its own. The parent's stay
+    referenced, so nothing in the child frees memory the parent's contexts still use."""
+    global _lock
+    _lock = threading.Lock()
+    _forked_away.extend(_entries.values())
+    _entries.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ModelRef:

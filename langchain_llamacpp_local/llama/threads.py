@@ -75,6 +75,15 @@ def usable_cpus(view: CpuView) -> int:
     return n
 
 
+#: The most threads a default team gets, however many CPUs the process may use: every
+#: barrier of a token waits for the slowest thread of the team, and past a few dozen
+#: threads a token's small matrices are split finer than a thread's start-up costs
+#: (llama.cpp's own tools are run with at most this many in practice; ggml refuses
+#: teams over 512). A mask or quota claiming thousands of CPUs no longer makes teams
+#: that size; an explicit setting is taken as it is.
+MAX_AUTO_THREADS = 64
+
+
 def plan_threads(
     view: CpuView, n_threads: int | None = None, n_threads_batch: int | None = None
 ) -> ThreadPlan:
@@ -85,6 +94,7 @@ def plan_threads(
     tools count physical cores too). Measured on a 2-CPU machine, generation with both
     CPUs is 1.5-1.7x one CPU, so nothing is held back on an idle machine; on a busy one
     the process-wide :class:`CpuBudget` lowers the threads in use, not this plan.
+    Default teams are capped at :data:`MAX_AUTO_THREADS`.
     An explicit setting always wins, and ``n_threads_batch`` follows an explicit
     ``n_threads`` when only that is given, as llama-cpp-python does not, but as a user
     who pins one number expects.
@@ -96,6 +106,9 @@ def plan_threads(
         why.append(f"cgroup quota {view.quota:g} CPUs")
     if view.cores is not None and view.cores < view.affinity:
         why.append(f"{view.cores} physical cores")
+    if cores > MAX_AUTO_THREADS:
+        cores = MAX_AUTO_THREADS
+        why.append(f"capped at {MAX_AUTO_THREADS} threads")
     gen = n_threads if n_threads is not None else cores
     batch = n_threads_batch if n_threads_batch is not None else (n_threads or cores)
     if n_threads is not None or n_threads_batch is not None:
@@ -566,3 +579,17 @@ def cpu_budget() -> CpuBudget:
         if _budget is None:
             _budget = CpuBudget(usable_cpus(view))
         return _budget
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads, but inherits the budget with the
+    threads of the decodes running at the fork counted as in use (every decode of the
+    child would then wait for them forever), locks they may have held, and the decoding
+    thread's open schedstat file (it names the parent's thread). It starts afresh."""
+    global _budget, _plan_lock, _per_thread
+    _plan_lock = threading.Lock()
+    _budget = None
+    _per_thread = _PerThread()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

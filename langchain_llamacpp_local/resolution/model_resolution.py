@@ -21,19 +21,26 @@ never loads one; any other value is the projector's path.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from langchain_llamacpp_local.errors import ModelLoadError, ModelNotFoundError
+from langchain_llamacpp_local.errors import (
+    ModelLoadError,
+    ModelNotFoundError,
+    RequestTimeoutError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -200,14 +207,100 @@ def models_dir_from(value: str | None) -> str | None:
 # --------------------------------------------------------------------------- local lookup
 
 
+#: Entries a model folder's two levels may hold before the lookup gives up: a folder
+#: named by mistake (a home directory, a data set) is not listed to its end.
+MAX_LISTED = 20_000
+#: Folder listings remembered (each checked against its folders' modification times).
+LISTINGS_KEPT = 64
+
+#: the deadline (``time.monotonic()``) of the request resolving a model now, if any
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "model_resolution_deadline", default=None
+)
+_listings: OrderedDict[str, tuple[int, dict[str, int], list[str]]] = OrderedDict()
+_listings_lock = threading.Lock()
+
+
+def _check_deadline(spec: str = "") -> None:
+    deadline = _deadline.get()
+    if deadline is not None and time.monotonic() >= deadline:
+        raise RequestTimeoutError(
+            "looking up the model" + (f" {spec!r}" if spec else "") + " took longer than "
+            "the request's timeout"
+        )
+
+
+@contextlib.contextmanager
+def _within(deadline: float | None) -> Iterator[None]:
+    token = _deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def _list_two_levels(folder: Path) -> tuple[dict[str, int], list[str]]:
+    """``folder``'s subfolders (name -> modification time) and the ``.gguf`` files in it
+    and in them, relative, sorted as paths: two levels, never deeper."""
+    listed = 0
+
+    def entries(path: str) -> list[os.DirEntry[str]]:
+        nonlocal listed
+        _check_deadline()
+        out = []
+        with os.scandir(path) as it:
+            for entry in it:
+                listed += 1
+                if listed > MAX_LISTED:
+                    raise OSError(
+                        f"more than {MAX_LISTED} entries in its first two levels: name the "
+                        "model file"
+                    )
+                out.append(entry)
+        return out
+
+    subfolders: dict[str, int] = {}
+    files: list[str] = []
+    for entry in entries(str(folder)):
+        if entry.is_dir():
+            subfolders[entry.name] = entry.stat().st_mtime_ns
+            files += [
+                f"{entry.name}/{inner.name}"
+                for inner in entries(entry.path)
+                if inner.name.endswith(".gguf") and inner.is_file()
+            ]
+        elif entry.name.endswith(".gguf") and entry.is_file():
+            files.append(entry.name)
+    return subfolders, sorted(files, key=lambda rel: rel.split("/"))
+
+
 def _model_files_in(folder: Path) -> list[str]:
-    """Relative paths of the ``.gguf`` files under ``folder`` (sorted, two levels deep)."""
-    out = []
-    for p in sorted(folder.rglob("*.gguf")):
-        rel = p.relative_to(folder).as_posix()
-        if rel.count("/") <= 1 and p.is_file():
-            out.append(rel)
-    return out
+    """Relative paths of the ``.gguf`` files under ``folder`` (sorted, two levels deep).
+
+    Listed once, then remembered: a later call stats the folder and its subfolders and
+    lists again only when one of their modification times changed (a file added,
+    removed or renamed in either level)."""
+    key = str(folder)
+    mtime = folder.stat().st_mtime_ns
+    with _listings_lock:
+        known = _listings.get(key)
+    if known is not None and known[0] == mtime:
+        try:
+            fresh = all((folder / name).stat().st_mtime_ns == t for name, t in known[1].items())
+        except OSError:
+            fresh = False
+        if fresh:
+            with _listings_lock:
+                if key in _listings:
+                    _listings.move_to_end(key)
+            return list(known[2])
+    subfolders, files = _list_two_levels(folder)
+    with _listings_lock:
+        _listings[key] = (mtime, subfolders, files)
+        _listings.move_to_end(key)
+        while len(_listings) > LISTINGS_KEPT:
+            _listings.popitem(last=False)
+    return list(files)
 
 
 def _from_folder(
@@ -325,6 +418,8 @@ def _fs_lookup(
     folder without permission) becomes a line of the not-found report."""
     try:
         return look()
+    except TimeoutError:
+        raise
     except OSError as exc:
         tried.append(f"{where}: cannot look it up ({exc.strerror or exc})")
         return None
@@ -336,6 +431,9 @@ def _from_path(spec: str, mmproj: str | None, tried: list[str]) -> ResolvedModel
         proj = _beside(p, only_named=False) if mmproj == MMPROJ_AUTO else None
         return ResolvedModel(str(p), proj, "path", spec)
     if p.is_dir():
+        if p.absolute() == Path(p.absolute().anchor):
+            tried.append(f"path {p}: a file system root is not a model folder")
+            return None
         found = _from_folder(p, "", MMPROJ_NONE if mmproj != MMPROJ_AUTO else MMPROJ_AUTO, tried)
         if found is not None:
             return ResolvedModel(found.model_path, found.mmproj_path, "path", spec)
@@ -541,14 +639,29 @@ def resolve_model(
     mmproj: str | None = None,
     hf_cache_dir: str | None = None,
     offline: bool | None = None,
+    deadline: float | None = None,
 ) -> ResolvedModel:
     """The files for ``spec`` (see the module docstring for the rules).
 
     ``mmproj``: None (automatic inside the model's folder), ``"auto"``, ``"none"`` or a
-    path. ``offline`` None follows ``HF_HUB_OFFLINE``. Raises :class:`ModelNotFoundError`.
+    path. ``offline`` None follows ``HF_HUB_OFFLINE``. ``deadline`` (``time.monotonic()``,
+    a request's): folder listings stop past it with :class:`RequestTimeoutError`.
+    Raises :class:`ModelNotFoundError`.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"model must be a non-empty string, not {spec!r}")
+    with _within(deadline):
+        return _resolve_model(spec, models_dir, mmproj, hf_cache_dir, offline)
+
+
+def _resolve_model(
+    spec: str,
+    models_dir: str | None,
+    mmproj: str | None,
+    hf_cache_dir: str | None,
+    offline: bool | None,
+) -> ResolvedModel:
+    _check_deadline(spec)
     tried: list[str] = []
     explicit_proj = mmproj not in (None, MMPROJ_AUTO, MMPROJ_NONE)
     mode = None if explicit_proj else mmproj

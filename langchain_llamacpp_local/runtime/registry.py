@@ -124,6 +124,24 @@ _events: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _WAKE = ("wake",)
 _n_loads = 0  # models loaded successfully (guarded by _lock)
 _reaper: threading.Thread | None = None
+#: the parent's models in a forked child: kept referenced (never stopped or freed there)
+_forked_away: list[_LoadedWorker] = []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: its workers, loaders and reaper
+    are gone, a model being loaded at the fork never finishes, and the lock may be held.
+    The child starts with an empty table (its models load again on first use)."""
+    global _lock, _cond, _events, _reaper
+    _lock = threading.Lock()
+    _cond = threading.Condition(_lock)
+    _events = queue.SimpleQueue()
+    _reaper = None
+    _forked_away.extend(_table.values())
+    _table.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Lease:

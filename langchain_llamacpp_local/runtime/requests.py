@@ -113,8 +113,9 @@ class Finished:
     logprobs: list[dict[str, Any]] | None = None
     speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
     lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
-    #: where the kept prefix came from and the cached candidate's next entries past the
-    #: point where the prompt left it: {"source", "mismatch"}; None when nothing was cached
+    #: where the kept prefix came from, whether the prompt left the cached prompt and at
+    #: which of its own tokens: {"source", "missed", "at"}; None when nothing was cached.
+    #: Nothing of the cached candidate itself: it may be another caller's conversation
     cache: dict[str, Any] | None = None
     #: generated tokens inside the thinking block (markers excluded); None: not counted
     n_reasoning: int | None = None

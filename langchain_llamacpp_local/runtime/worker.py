@@ -523,7 +523,7 @@ class _WorkerState:
             raise
         cache = {
             "source": memory.last_source,
-            "mismatch": list(memory.last_mismatch),
+            "missed": memory.last_missed,
             "at": memory.last_mismatch_at,
         }
         if n_keep == 0:

@@ -18,6 +18,7 @@ import copy
 import hashlib
 import json
 import logging
+import os
 import string
 import threading
 from collections import OrderedDict
@@ -57,6 +58,15 @@ _ENV = make_env()
 # probed once per process, not per model load or per request.
 _CACHE_SIZE = 64
 _cache_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A parent's caller may have held the lock at a fork."""
+    global _cache_lock
+    _cache_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _compiled: OrderedDict[str, tuple[Any, Any, frozenset[str]]] = OrderedDict()
 _probes: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
 

@@ -32,14 +32,14 @@ def test_hit_from_the_slot_reports_no_miss(tiny_llama: str) -> None:
     llm.invoke(_convo("You are a helpful assistant. ", 1))
     second = _cache(llm.invoke(_convo("You are a helpful assistant. ", 2)))
     assert second["source"] == "slot" and second["cached_tokens"] > 0
-    assert second["missed"] is False and second["mismatch_tokens"] == []
+    assert second["missed"] is False and "mismatch_tokens" not in second
 
 
 def test_changed_system_prompt_is_a_miss(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, **SETTINGS)
     llm.invoke(_convo("You are a helpful assistant. ", 1))
     report = _cache(llm.invoke(_convo("You are a careful assistant. ", 2)))
-    assert report["missed"] is True and report["mismatch_tokens"]
+    assert report["missed"] is True and "mismatch_tokens" not in report
 
 
 def test_restored_from_host_ram(tiny_llama: str) -> None:
@@ -66,7 +66,7 @@ def test_system_prompt_change_names_message_and_offset(tiny_llama: str) -> None:
     assert miss["message_index"] == 0 and miss["role"] == "system"
     assert miss["cause"] == "system prompt changed"
     # offsets count from the message's content (byte-level vocabulary: exact)
-    assert miss["prompt"].startswith("6. ") and miss["cached"].startswith("5. ")
+    assert miss["prompt"].startswith("6. ") and "cached" not in miss
     assert miss["offset"] == old.index("5. ")
 
 
@@ -78,7 +78,7 @@ def test_edited_earlier_message_is_history_edited(tiny_llama: str) -> None:
     miss = _miss(llm, first, edited)
     assert miss["message_index"] == 1 and miss["role"] == "user"
     assert miss["cause"] == "history edited"
-    assert miss["prompt"].startswith("zero") and miss["cached"].startswith("0")
+    assert miss["prompt"].startswith("zero") and "cached" not in miss
     assert miss["offset"] == len("question ")
 
 
@@ -110,7 +110,6 @@ def test_reordered_tools(tiny_llama: str) -> None:
     differ = next(i for i, (x, y) in enumerate(zip(before, after, strict=False)) if x != y)
     assert report["miss"]["offset"] == differ - after.index(convo[0].content)
     assert report["miss"]["prompt"].startswith("search_web")
-    assert report["miss"]["cached"].startswith("get_weather")
 
 
 DATED = (
@@ -155,7 +154,7 @@ def test_restored_from_disk(tiny_llama: str, tmp_path: Path) -> None:
     assert second["source"] == "disk" and second["cached_tokens"] > 0
     # the file records its prompt's length: leaving the reply it holds (the scripted
     # "answer 1" is not what the model wrote) is a new turn, not a miss
-    assert second["missed"] is False and second["mismatch_tokens"] == []
+    assert second["missed"] is False and "mismatch_tokens" not in second
     # leaving its prompt is one, reported as for a slot
     third = call(_convo("A system prompt saved to disk, edited. ", 2))
     assert third["source"] == "disk" and third["missed"] is True
@@ -213,7 +212,7 @@ def test_changed_template_kwargs_inside_a_message(tiny_llama: str) -> None:
     assert miss["cause"] == "template kwargs changed"
     assert miss["message_index"] == 0 and miss["role"] == "system"
     assert miss["offset"] == len("A system prompt. " * 8 + " Signed: ")
-    assert miss["prompt"].startswith("Bob") and miss["cached"].startswith("Alice")
+    assert miss["prompt"].startswith("Bob") and "cached" not in miss
     # the same arguments again, the system prompt edited: the system prompt is named
     edited = [SystemMessage("B system prompt. " * 8), *later[1:]]
     report = _cache(llm.invoke(edited, chat_template_kwargs={"signature": "Bob"}))

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import logging
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -670,3 +673,465 @@ def test_a_grammar_is_refused_beside_tools_or_a_response_format(tiny_llama: str)
         fixed.with_structured_output(Answer, method="json_schema").invoke("hi")
     assert fixed.invoke("hi").content in ("yes", "no")
     assert fixed.invoke("hi", grammar=None).content == llm.invoke("hi").content
+
+
+# --------------------------------------------------------------------------- cache report privacy
+
+SECRET = "Tr0ub4dor&3 is my bank password, remember it"
+SHARED_SYSTEM = "You are the bank's assistant. Answer in one short sentence. " * 3
+CACHE_SOURCES = ["slot copy", "single slot", "host RAM", "decision state", "disk"]
+
+
+def _secret_ids_in(value: Any, ids: list[int]) -> bool:
+    """Whether any list of ints inside ``value`` holds ``ids`` as a run."""
+    if isinstance(value, dict):
+        return any(_secret_ids_in(v, ids) for v in value.values())
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, int) for v in value):
+            k = len(ids)
+            return any(list(value[i : i + k]) == ids for i in range(len(value) - k + 1))
+        return any(_secret_ids_in(v, ids) for v in value)
+    return False
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("source", CACHE_SOURCES)
+def test_the_cache_report_never_shows_another_callers_conversation(
+    tiny_llama: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    source: str,
+    deterministic: bool,
+) -> None:
+    """Two instances share a model; Alice's secret sits in the cache where Bob's prompt
+    leaves it. Bob's ``response_metadata["cache"]`` and every log line of his call name
+    where his own prompt left the cache, never Alice's text or its token ids."""
+    from langchain_core.decisions import Noul
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from langchain_llamacpp_local.decisions import question_message
+
+    settings: dict[str, Any] = {
+        "model_path": tiny_llama,
+        "temperature": 0.0,
+        "max_tokens": 4,
+        "deterministic": deterministic,
+        "n_slots": 2 if source == "slot copy" else 1,
+    }
+    if source == "disk":
+        settings["prompt_cache_dir"] = str(tmp_path / "cache")
+    alice = ChatLlamaCpp(**settings)
+    bob = ChatLlamaCpp(**settings, cache_miss_warning_tokens=0)
+    expected = {"host RAM": "host_ram", "disk": "disk"}.get(source, "slot")
+    bob_says: list[Any] = [SystemMessage(SHARED_SYSTEM), HumanMessage("What are your hours?")]
+    if source == "decision state":
+        alice.as_decision_model().invoke(
+            {"state": SECRET, "questions": {"q": Noul(instructions="Is it a password?")}}
+        )
+        # a chat caller whose prompt starts as a decision's does, up to the state
+        intro = str(question_message("", [], "").content).split("<state>")[0]
+        bob_says = [HumanMessage(f"{intro}<state>\nWhat are your hours?")]
+    elif source == "disk":
+        # an earlier process wrote Alice's conversation to the disk cache
+        proc = _run_isolated(
+            f"""
+            from langchain_llamacpp_local import ChatLlamaCpp
+            from langchain_llamacpp_local.cache import disk
+            from langchain_core.messages import HumanMessage, SystemMessage
+            llm = ChatLlamaCpp(**{settings!r})
+            llm.invoke([SystemMessage({SHARED_SYSTEM!r}), HumanMessage({SECRET!r})])
+            assert disk.flush(30)
+            print("WROTE")
+            """
+        )
+        assert "WROTE" in proc.stdout, proc.stderr[-2000:]
+    else:
+        alice.invoke([SystemMessage(SHARED_SYSTEM), HumanMessage(SECRET)])
+        if source == "host RAM":  # another conversation pushes Alice's out of the slot
+            alice.invoke([SystemMessage("Another system prompt entirely."), HumanMessage("hi")])
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="langchain_llamacpp_local")
+    reply = bob.invoke(bob_says)
+    report = reply.response_metadata["cache"]
+    assert report["source"] == expected and report["missed"] is True, report
+    assert report["cached_tokens"] > 0
+    # where Bob's own prompt left the cache is still named
+    assert report["miss"]["prompt"].startswith("What are your hours")
+    ids = bob.get_token_ids(SECRET[:16])
+    for text in (json.dumps(reply.response_metadata), *(r.getMessage() for r in caplog.records)):
+        assert "Tr0ub4dor" not in text and "bank password" not in text, text
+    assert not _secret_ids_in(reply.response_metadata, ids)
+    assert any("prompt cache miss" in r.getMessage() for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- fork
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("busy", ["decode", "embedding batch", "decision"])
+def test_a_child_forked_mid_decode_loads_a_model_and_serves(
+    tiny_llama: str, tmp_path: Path, busy: str
+) -> None:
+    """A process forks while its model decodes (the threads of that decode counted as in
+    use in the process-wide CPU budget, locks possibly held): the child loads models,
+    the parent's settings included, and serves them. A hang is killed by an alarm."""
+    from tests.gguf_models import write_tiny_bert
+
+    bert = write_tiny_bert(tmp_path / "bert.gguf")
+    other = write_tiny_llama(tmp_path / "other.gguf", seed=1)
+    proc = _run_isolated(
+        f"""
+        import os, signal, threading, time
+        from langchain_core.decisions import Choice
+        from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings
+        from langchain_llamacpp_local.llama import threads
+
+        # other programs' load on the test machine must not shrink the decoding team
+        # below every usable CPU: the fork is to find them all counted as in use
+        usable = threads.usable_cpus(threads.default_cpu_view())
+        threads._budget = threads.CpuBudget(usable, adaptive=False)
+        chat = dict(model_path={tiny_llama!r}, n_ctx=2048, temperature=0.0)
+        llm = ChatLlamaCpp(**chat, max_tokens=1500)
+        emb = LlamaCppEmbeddings(model_path={str(bert)!r})
+        llm.invoke("warm up", max_tokens=2)
+        emb.embed_query("warm up")
+        stop = threading.Event()
+
+        def work():
+            while not stop.is_set():
+                if {busy!r} == "decode":
+                    llm.invoke("tell me a long story")
+                elif {busy!r} == "embedding batch":
+                    emb.embed_documents(["a long enough document to embed " * 8] * 64)
+                else:
+                    labels = {{f"label{{i}}": None for i in range(40)}}
+                    llm.as_decision_model().invoke(
+                        {{"state": "a state " * 50,
+                          "questions": {{"q": Choice(instructions="Which?", criteria=labels)}}}}
+                    )
+
+        threading.Thread(target=work, daemon=True).start()
+        budget = threads.cpu_budget()
+        until = time.monotonic() + 30
+        while budget._in_use < usable and time.monotonic() < until:
+            pass
+        print("IN USE AT FORK", budget._in_use, "OF", usable, flush=True)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)  # a hang ends the child (status: killed by SIGALRM)
+            try:
+                fresh = ChatLlamaCpp(model_path={str(other)!r}, max_tokens=3, temperature=0.0)
+                fresh.invoke("hi", timeout=30)
+                ChatLlamaCpp(**chat, max_tokens=3).invoke("hello", timeout=30)
+                LlamaCppEmbeddings(model_path={str(bert)!r}).embed_query("child")
+                print("CHILD SERVED", flush=True)
+                os._exit(0)
+            except BaseException as exc:
+                print("CHILD FAILED", repr(exc), flush=True)
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        stop.set()
+        print("CHILD STATUS", status, flush=True)
+        llm.invoke("the parent serves on", max_tokens=2)
+        print("PARENT SERVED", flush=True)
+        """,
+        timeout=180,
+    )
+    out = proc.stdout
+    # the fork found every usable CPU counted as in use (the case that hung)
+    assert re.search(r"IN USE AT FORK (\d+) OF \1\n", out), out + proc.stderr[-2000:]
+    assert "CHILD SERVED" in out and "CHILD STATUS 0" in out, out + proc.stderr[-2000:]
+    assert "PARENT SERVED" in out, out + proc.stderr[-2000:]
+
+
+def test_a_huge_affinity_mask_does_not_make_huge_thread_teams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An affinity mask claiming 10,000 CPUs: the automatic plan is capped (an explicit
+    setting still wins)."""
+    from langchain_llamacpp_local.llama import threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(10_000)), raising=False)
+    view = threads.read_cpu_view()
+    assert view.affinity == 10_000
+    plan = threads.plan_threads(view)
+    assert plan.n_threads == plan.n_threads_batch <= 64
+    assert "capped at" in plan.reason
+    assert threads.plan_threads(view, n_threads=100).n_threads == 100
+
+
+# --------------------------------------------------------------------------- tool-call arguments
+
+QWEN25 = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
+ANY_ARG_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "description": "f",
+        "parameters": {"type": "object", "properties": {"a": {}}},
+    },
+}
+
+
+@pytest.mark.parametrize("stream_tool_args", [False, True])
+def test_tool_arguments_nested_too_deep_are_an_invalid_call(
+    tmp_path: Path, stream_tool_args: bool
+) -> None:
+    """A call whose arguments nest 1,000 objects deep (past Python's JSON reader): an
+    invalid call naming why, with and without ``stream_tool_args``, never a bare
+    RecursionError; the stream's merged chunks hold no valid call either."""
+    from langchain_core.messages import AIMessageChunk
+
+    from tests.printing_model import write_printing_llama
+
+    depth = 1000
+    deep = '{"a": ' * depth + "1" + "}" * depth
+    text = f'<tool_call>\n{{"name": "f", "arguments": {deep}}}\n</tool_call>'
+    path, pieces = write_printing_llama(
+        tmp_path / "deep.gguf",
+        text,
+        chat_template=QWEN25.read_text(encoding="utf-8"),
+        cuts=("<tool_call>",),
+    )
+    llm = ChatLlamaCpp(
+        model_path=str(path),
+        temperature=0,
+        n_ctx=4096,
+        max_tokens=len(pieces) + 8,
+        stream_tool_args=stream_tool_args,
+    ).bind_tools([ANY_ARG_TOOL])
+    reply = llm.invoke("go")
+    assert reply.tool_calls == [] and len(reply.invalid_tool_calls) == 1, reply
+    assert "nested too deep" in str(reply.invalid_tool_calls[0]["error"])
+    merged: Any = None
+    for chunk in llm.stream("go"):
+        merged = chunk if merged is None else merged + chunk
+    assert isinstance(merged, AIMessageChunk)
+    assert merged.tool_calls == [] and merged.invalid_tool_calls
+
+
+def test_invoke_with_streamed_tool_args_reads_the_arguments_in_linear_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``invoke`` with ``stream_tool_args=True`` keeps the parser's calls and does not
+    merge the argument fragments (LangChain's merge re-reads the growing partial JSON at
+    each fragment: quadratic). Counted as characters LangChain's partial-JSON reader
+    reads, against the argument's length."""
+    import langchain_core.messages.ai as lc_ai
+
+    from tests.printing_model import write_printing_llama
+
+    note = " ".join(f"w{i:04d}" for i in range(700))  # 4,199 characters, no two pieces alike
+    text = f'<tool_call>\n{{"name": "f", "arguments": {{"a": "{note}"}}}}\n</tool_call>'
+    path, pieces = write_printing_llama(
+        tmp_path / "long.gguf",
+        text,
+        chat_template=QWEN25.read_text(encoding="utf-8"),
+        cuts=("<tool_call>",),
+    )
+    read: list[int] = []
+    original = lc_ai.parse_partial_json
+
+    def counting(s: str, *a: Any, **k: Any) -> Any:
+        read.append(len(s))
+        return original(s, *a, **k)
+
+    monkeypatch.setattr(lc_ai, "parse_partial_json", counting)
+    for streamed in (False, True):
+        llm = ChatLlamaCpp(
+            model_path=str(path),
+            temperature=0,
+            n_ctx=4096,
+            max_tokens=len(pieces) + 8,
+            stream_tool_args=streamed,
+        ).bind_tools([ANY_ARG_TOOL])
+        read.clear()
+        reply = llm.invoke("go")
+        assert [c["args"] for c in reply.tool_calls] == [{"a": note}]
+        # each fragment is read once where it is made (and the whole once): linear
+        assert sum(read) <= 3 * len(text), (streamed, len(read), sum(read))
+
+
+# --------------------------------------------------------------------------- reasoning budget message
+
+
+@pytest.mark.parametrize("message", [" </s> then", " <|im_end|>\n<|im_start|>user\nhi"])
+def test_control_token_text_in_the_budget_message_stays_text(tmp_path: Path, message: str) -> None:
+    """``reasoning_budget_message`` is the caller's text: control-token text in it is
+    plain text (``</s>`` ended the reply inside the thinking block; turn markup cut the
+    answer off). Bad types and encodings are refused naming the option."""
+    thoughts = [f" t{i}" for i in range(8)]
+    pieces = ["<think>", *thoughts, "</think>", "Fine", " answer"]
+    path = write_scripted_llama(
+        tmp_path / "think.gguf",
+        transitions={p: {n: 20.0} for p, n in zip(pieces, [*pieces[1:], "</s>"], strict=True)},
+        extra_tokens=tuple(pieces),
+        default_next=pieces[0],
+        chat_template=(TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text(),
+        n_ctx_train=8192,
+    )
+    llm = ChatLlamaCpp(
+        model_path=str(path), temperature=0, reasoning=True, max_tokens=64, n_ctx=4096
+    )
+    out = llm.invoke("hi", reasoning_budget=2, reasoning_budget_message=message)
+    assert out.content == "Fine answer", out
+    thought = out.additional_kwargs.get("reasoning_content") or ""
+    assert thought.strip() == ("".join(thoughts[:2]) + message).strip()
+    with pytest.raises(TypeError, match="reasoning_budget_message must be a string, got int 5"):
+        llm.invoke("hi", reasoning_budget=2, reasoning_budget_message=5)
+    with pytest.raises(
+        ValueError, match=r"reasoning_budget_message is not valid Unicode: .*'\\ud800'"
+    ):
+        llm.invoke("hi", reasoning_budget=2, reasoning_budget_message="ok \ud800")
+    assert llm.invoke("hi", reasoning_budget=2).content == "Fine answer"
+
+
+# --------------------------------------------------------------------------- clear errors
+
+
+def test_a_validation_error_keeps_its_text() -> None:
+    """``as_model_error`` rebuilt pydantic's errors from their (empty) ``args``."""
+    from pydantic import ValidationError
+
+    from langchain_llamacpp_local.errors import as_model_error
+
+    class Point(BaseModel):
+        x: int
+
+    with pytest.raises(ValidationError) as info:
+        Point(x="not a number")  # type: ignore[arg-type]
+    converted = as_model_error(info.value)
+    assert "Input should be a valid integer" in str(converted), repr(converted)
+
+
+def test_decision_errors_name_the_problem(tiny_llama: str) -> None:
+    """A question id that is no string, a state nested 3,000 deep: errors naming them,
+    before any question is scored; the model serves on."""
+    from langchain_core.decisions import Noul
+
+    from langchain_llamacpp_local.errors import InvalidRequestError
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, max_tokens=2, temperature=0.0)
+    decider = llm.as_decision_model()
+    question = Noul(instructions="Is it fine?")
+    with pytest.raises(InvalidRequestError, match=r"question ids must be strings.*got 1 \(int\)"):
+        decider.invoke({"state": "s", "questions": {1: question}})  # type: ignore[dict-item]
+    deep: Any = "leaf"
+    for _ in range(3000):
+        deep = {"a": deep}
+    with pytest.raises(InvalidRequestError, match="state: nested too deep to render"):
+        decider.invoke({"state": deep, "questions": {"q": question}})
+    assert decider.invoke({"state": "s", "questions": {"q": question}}).nouls["q"] is not None
+
+
+def test_a_key_file_setting_naming_a_directory_names_it(
+    tiny_llama: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error named a file descriptor ("Is a directory: 7")."""
+    from langchain_llamacpp_local.cache.disk import ENV_KEY_FILE
+
+    key_dir = tmp_path / "a-directory"
+    key_dir.mkdir()
+    monkeypatch.setenv(ENV_KEY_FILE, str(key_dir))
+    cached = ChatLlamaCpp(
+        model_path=tiny_llama, max_tokens=2, prompt_cache_dir=str(tmp_path / "cache")
+    )
+    with pytest.raises(Exception, match=f"{key_dir}.* is a directory: {ENV_KEY_FILE}"):
+        cached.invoke("hi")
+    monkeypatch.delenv(ENV_KEY_FILE)
+    assert isinstance(ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi").content, str)
+
+
+# --------------------------------------------------------------------------- model folders
+
+
+def test_a_model_folder_is_listed_two_levels_deep_once_and_within_the_deadline(
+    tiny_llama: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model named by its folder: only the folder and its subfolders are listed (not
+    the tree under them), the listing is remembered until a folder changes, a per-call
+    ``model="/"`` lists nothing, and a slow listing stops at the request's timeout."""
+    import shutil
+
+    from langchain_llamacpp_local.errors import RequestTimeoutError
+    from langchain_llamacpp_local.resolution.model_resolution import ModelNotFoundError
+
+    folder = tmp_path / "my-model"
+    (folder / "deep").mkdir(parents=True)
+    shutil.copy(tiny_llama, folder / "model.gguf")
+    below = folder / "deep"
+    for level in range(6):  # a tree under the model's subfolder: never to be walked
+        below = below / f"l{level}"
+        below.mkdir()
+        for i in range(20):
+            (below / f"f{i}.txt").write_text("x")
+    listed: list[str] = []
+    real = os.scandir
+
+    def counting(path: Any = ".") -> Any:
+        listed.append(str(path))
+        if len(listed) > 200:
+            raise RuntimeError("the lookup walks the tree")
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", counting)
+    llm = ChatLlamaCpp(model=str(folder), max_tokens=2, temperature=0.0)
+    assert isinstance(llm.invoke("hi").content, str)
+    assert set(listed) <= {str(folder), str(folder / "deep")}, listed
+    listed.clear()
+    assert isinstance(llm.invoke("again").content, str)
+    assert listed == []  # remembered: the folders' times are unchanged
+    (folder / "deep" / "readme.txt").write_text("a change")
+    llm.invoke("after a change")
+    assert str(folder) in listed or str(folder / "deep") in listed
+    listed.clear()
+    with pytest.raises(ModelNotFoundError, match="a file system root is not a model folder"):
+        llm.invoke("hi", model="/")
+    assert not [p for p in listed if p in ("/", "")], listed
+    # a slow file system: the lookup stops at the request's timeout
+    slow = tmp_path / "slow-model"
+    for i in range(8):
+        (slow / f"part{i}").mkdir(parents=True)
+    shutil.copy(tiny_llama, slow / "model.gguf")
+
+    def sluggish(path: Any = ".") -> Any:
+        time.sleep(0.4)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", sluggish)
+    start = time.monotonic()
+    with pytest.raises(RequestTimeoutError):
+        llm.invoke("hi", model=str(slow), timeout=1.0)
+    assert time.monotonic() - start < 2.2
+
+
+def test_gpt_oss_output_without_a_header_streams_in_linear_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gpt-oss output that no channel header starts is content to its end: the stream
+    parser reads each piece once instead of the whole output at every piece (40 KB in
+    4-character pieces read 200M characters). Counted as characters the scanner reads."""
+    from dataclasses import replace
+
+    from langchain_llamacpp_local.formats.parsers import StreamParser
+    from langchain_llamacpp_local.formats.registry import FAMILIES
+
+    family = FAMILIES["gpt_oss"]
+    assert family.scanner is not None
+    real = family.scanner
+    read: list[int] = []
+
+    def counting(text: str, *a: Any) -> Any:
+        read.append(len(text))
+        return real(text, *a)
+
+    monkeypatch.setitem(FAMILIES, "gpt_oss", replace(family, scanner=counting))
+    text = ("Plain text, to=nobody <|not a header|> with no channel first. " * 700)[:40_000]
+    parser = StreamParser("gpt_oss", reasoning=True)
+    out = []
+    for i in range(0, len(text), 4):
+        out += parser.feed(text[i : i + 4])
+    out += parser.finish()
+    assert "".join(d.text for d in out if d.kind == "content") == text.strip()
+    assert parser.result.content == text.strip()
+    assert sum(read) <= 4 * len(text), (len(read), sum(read))

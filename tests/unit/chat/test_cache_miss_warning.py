@@ -32,13 +32,12 @@ def _convo(system: str, question: str = "What is the weather?") -> list[dict[str
 
 MISS: dict[str, Any] = {
     "source": "slot",
-    "mismatch": [17, 18],
+    "missed": True,
     "at": 12,
     "miss": {
         "message_index": 0,
         "role": "system",
         "offset": 41,
-        "cached": "5. Be brief.",
         "prompt": "6. Be brief.",
         "cause": "system prompt changed",
     },
@@ -61,7 +60,7 @@ def test_key_ignores_the_system_prompt_but_not_the_opening_turn() -> None:
 
 def test_reread_counts_only_a_miss() -> None:
     assert reread_tokens(MISS, USAGE) == 888
-    hit = {**MISS, "mismatch": []}  # a new turn extending the cache: no miss
+    hit = {**MISS, "missed": False}  # a new turn extending the cache: no miss
     assert reread_tokens(hit, USAGE) == 0
     assert reread_tokens(None, USAGE) == 0
 
@@ -74,7 +73,7 @@ def test_warns_once_per_conversation(caplog: pytest.LogCaptureFixture) -> None:
     text = record.getMessage()
     assert record.levelno == logging.WARNING
     assert "888" in text and "message 0" in text and "offset 41" in text
-    assert "system prompt changed" in text and "'5. Be brief.'" in text
+    assert "system prompt changed" in text and "'6. Be brief.'" in text
     # the same conversation (its system prompt changed again): no second warning
     assert not warn_on_miss(MISS, USAGE, 500, _convo("Today is Wednesday."), warned)
     # another conversation warns once too
@@ -88,7 +87,7 @@ def test_no_warning_below_threshold_on_a_hit_or_when_off(
     caplog.set_level(logging.WARNING, logger=LOGGER)
     convo = _convo("s")
     assert not warn_on_miss(MISS, USAGE, 888, convo, MissWarnings())  # not *more than*
-    assert not warn_on_miss({**MISS, "mismatch": []}, USAGE, 0, convo, MissWarnings())
+    assert not warn_on_miss({**MISS, "missed": False}, USAGE, 0, convo, MissWarnings())
     assert not warn_on_miss(MISS, USAGE, None, convo, MissWarnings())
     assert not caplog.records
 

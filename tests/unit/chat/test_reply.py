@@ -138,9 +138,9 @@ def test_a_miss_the_unloaded_model_cannot_explain_leaves_the_reply_whole() -> No
         raise WorkerDeadError("the model worker has stopped")
 
     reply.explain_miss = gone
-    cache = {"source": "slot", "at": 1, "mismatch": [7, 8]}
+    cache = {"source": "slot", "at": 1, "missed": True}
     out = reply.handle(_finished(cache=cache))
     done = out[-1][1]
     assert out[-1][0] == "done" and isinstance(done, Done)
     assert done.cache["miss"] == {"cause": f"not explained: {UNLOADED}"}
-    assert done.cache["mismatch"] == [7, 8]
+    assert done.cache["missed"] is True
