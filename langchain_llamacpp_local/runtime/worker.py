@@ -66,6 +66,7 @@ from langchain_llamacpp_local.runtime.scheduler import (
 )
 from langchain_llamacpp_local.runtime.scoring import LabelWork
 from langchain_llamacpp_local.runtime.speculative import DraftController, NgramProposer, Proposer
+from langchain_llamacpp_local.runtime.stats import SlotStats, WorkerStats
 from langchain_llamacpp_local.runtime.thinking import ThinkCounter
 
 logger = logging.getLogger(__name__)
@@ -91,31 +92,6 @@ class ModelInfo:
     #: the CPU threads chosen at load (``n_threads``, ``n_threads_batch``, the usable
     #: CPUs they were chosen from and why); under load fewer may run at a time
     threads: dict[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SlotStats:
-    """One slot as the worker saw it between two steps."""
-
-    seq_id: int
-    n_past: int  # entries the slot's memory records
-    pos_max: int  # the newest position llama.cpp holds for the sequence (-1: none)
-    checkpoint_bytes: int  # its state checkpoints' total size
-
-
-@dataclass(frozen=True)
-class WorkerStats:
-    """A read-only snapshot of a worker, taken on its thread between two steps
-    (:meth:`ModelWorker.stats`): for tests, benchmarks and monitoring."""
-
-    slots: tuple[SlotStats, ...]
-    n_active: int  # requests holding a slot (reading their prompt, generating, scoring)
-    n_pending: int  # requests queued for a slot
-    preparing: int  # requests their callers are preparing (:meth:`ModelWorker.preparing`)
-    host_ram_items: int  # conversations the host-RAM prompt cache holds
-    kv_unified: bool
-    exact_rows: int  # generation rows one call keeps bit-identical (0: not probed)
-    exact_verify_rows: int  # verify rows one call keeps bit-identical (0: not probed)
 
 
 @dataclass
@@ -364,10 +340,11 @@ class _WorkerState:
     Each loop iteration admits queued requests into free slots, then decodes one
     step: the next token of every generating request, and a piece (see
     :mod:`chunking`) of the oldest request still reading its prompt, the younger
-    ones' pieces filling the rest of its call. In deterministic mode pieces lie on a
-    fixed grid, are never mixed with other sequences and generation steps share a
-    call only in groups the kernels keep exact, so a request computes the same
-    logits whatever runs beside it.
+    ones' pieces filling the rest of its call, and at most one label call of a
+    scoring request (:class:`ScoreRequest`) whose prompt is read. In deterministic
+    mode pieces lie on a fixed grid, are never mixed with other sequences and
+    generation steps share a call only in groups the kernels keep exact, so a request
+    computes the same logits whatever runs beside it.
 
     Anything that goes wrong while starting, sampling or streaming one request
     becomes that request's error; only a failure of llama.cpp itself (an
@@ -554,10 +531,9 @@ class _WorkerState:
         tokens = job.tokens
         if not tokens:
             raise InvalidRequestError("the rendered prompt is empty")
-        # first: they may refuse the job
         labels = LabelWork.check(eng, job) if isinstance(job, ScoreRequest) else None
         spans = [(p, m.n_pos) for p, m in job.media.items()]
-        spec = self._speculation(job)
+        spec = self._speculation(job)  # first: it may refuse the job
         marks = job.marks
         needed = len(tokens) + job.max_new
         reserved = sum(a.reserved for a in self.active)
