@@ -551,3 +551,19 @@ def test_decisions_run_on_the_base_model_beside_default_adapters(
     assert got.nouls["risky"].noul == pytest.approx(base.nouls["risky"].noul, abs=1e-4)
     for label, p in base.choices["team"].probabilities.items():
         assert got.choices["team"].probabilities[label] == pytest.approx(p, abs=1e-4)
+
+
+def test_decisions_at_once_get_their_solo_answers(tiny_llama: str) -> None:
+    """Questions of several callers run at once, each in its slot: their prompt pieces
+    and label calls interleave step by step; in deterministic mode each answer is
+    exactly the one it gets alone (here read from the cache the first round left)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dm = ChatLlamaCpp(model_path=tiny_llama, deterministic=True, n_ctx=2048).as_decision_model()
+    requests = [
+        {"state": f"case {i}: " + "word " * (60 + 40 * i), "questions": QUESTIONS} for i in range(3)
+    ]
+    with ThreadPoolExecutor(3) as pool:  # first: their prompts are read together
+        together = list(pool.map(lambda r: dm.invoke(r).answers, requests))
+    alone = [dm.invoke(r).answers for r in requests]
+    assert together == alone
