@@ -292,9 +292,11 @@ class LlamaCppDecisionModel(BaseDecisionModel):
             try:
                 shared = self._shared(lease, decision)
                 scores = [
-                    answer_of(
-                        submit_as(
-                            job, lease, self.chat_model._inflight, partial(_scoring, a, shared)
+                    _scores(
+                        answer_of(
+                            submit_as(
+                                job, lease, self.chat_model._inflight, partial(_scoring, a, shared)
+                            )
                         )
                     )
                     for job, a in zip(decision.jobs, decision.asked, strict=True)
@@ -313,12 +315,12 @@ class LlamaCppDecisionModel(BaseDecisionModel):
                 lease, _ = await self.chat_model._alease(None, decision.deadline)
                 try:
                     shared = await anyio.to_thread.run_sync(self._shared, lease, decision)
-                    scores = []
+                    scores: list[LabelScores] = []
                     for job, a in zip(decision.jobs, decision.asked, strict=True):
                         request = await asubmit_as(
                             job, lease, self.chat_model._inflight, partial(_scoring, a, shared)
                         )
-                        scores.append(await aanswer_of(request))
+                        scores.append(_scores(await aanswer_of(request)))
                 finally:
                     lease.release()
             except BaseException:
@@ -408,6 +410,13 @@ def _scoring(asked: _Asked, shared: int, fe: Frontend, request: EngineRequest) -
         if not t:
             raise InvalidRequestError(f"the answer label {label!r} tokenizes to no tokens")
     return score_request(request, toks, shared)
+
+
+def _scores(item: object) -> LabelScores:
+    """A question's answer from the worker (its only reply item)."""
+    if not isinstance(item, LabelScores):
+        raise TypeError(f"unexpected reply item {item!r}")
+    return item
 
 
 __all__ = ["LlamaCppDecisionModel"]
