@@ -29,7 +29,6 @@ package. Records the CPU flags and thread settings (benchmarks/machine.py).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -222,7 +221,7 @@ def main() -> None:
         args.template_loop, args.stream_tokens = 2_000, 40
 
     from langchain_core.messages import HumanMessage
-    from machine import flags_line, machine_info, thread_settings
+    from machine import flags_line, machine_info, thread_settings, write_results
 
     from langchain_llamacpp_local import ChatLlamaCpp
 
@@ -291,10 +290,8 @@ def main() -> None:
         f" ms, goal <= {goal:.1f} ms (its last piece + {GOAL_SLACK_MS:.0f} ms); every run: "
         f"{'met' if result['goal_met'] else 'NOT met'}"
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    write_results("arrival", result, settings=settings, out=args.out, machine=info)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--out", default="benchmarks/results/cache_report.json")
+    ap.add_argument("--out", default=None, help="default: results/cache_report.json")
     args = ap.parse_args()
     if args.quick:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -115,8 +115,11 @@ def main() -> None:
         f" ms turn ({result['ratio']:.4%}); explain_miss ran {explained} times on hits"
     )
     if not args.quick:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from machine import write_results
+
+        settings = {"model": Path(model).name, "turns": turns, "system_chars": system_chars}
+        write_results("cache_report", result, settings=settings, out=args.out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_concurrency.py [--tokens 32] [--model PATH]
 
-Prints one JSON dict:
+Prints one JSON dict and writes it to ``benchmarks/results/concurrency.json`` (``--out``):
 
 * ``raw_batch_speedup``: tokens/s of ``n`` sequences stepping together in one
   ``llama_decode`` over one sequence alone, through the low-level API (our
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--turns", type=int, default=5, help="turns for the TTFT figure")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3, help="tries of each timing (best kept)")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/concurrency.json")
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
     figures: dict[str, Any] = {}
@@ -205,6 +206,14 @@ def main(argv: list[str] | None = None) -> None:
         figures[label] = got
     figures.update(checkpoint_ttft(path, args.turns, args.n_ctx))
     print(json.dumps(figures, indent=2))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import machine_info, write_results
+
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    settings["model"] = Path(path).name
+    write_results(
+        "concurrency", figures, settings=settings, out=args.out, machine=machine_info(path)
+    )
 
 
 if __name__ == "__main__":

@@ -642,7 +642,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from machine import flags_line, machine_info, thread_settings
+    from machine import flags_line, machine_info, thread_settings, write_results
 
     repeats = 0 if args.paired_only else 1 if args.quick else args.repeats
     conditions = args.conditions.split(",")
@@ -689,8 +689,10 @@ def main() -> None:
         for k, v in pr.items():
             if isinstance(v, float) or k.endswith("_interval_90"):
                 row[f"paired_{k}"] = v
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / args.out).write_text(json.dumps(result, indent=2))
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "child", "serve", "extras")}
+    write_results(
+        Path(args.out).stem, result, settings=settings, out=RESULTS / args.out, machine=info
+    )
     print(json.dumps(result["ratios"], indent=2))
 
 

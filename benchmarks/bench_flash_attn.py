@@ -28,7 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from bench_contention import SYSTEM, gemma_path, smollm2_path  # noqa: E402
-from machine import STORY_PROMPT, flags_line, machine_info, thread_settings  # noqa: E402
+from machine import (  # noqa: E402
+    STORY_PROMPT,
+    flags_line,
+    machine_info,
+    thread_settings,
+    write_results,
+)
 
 ROUNDS = 3
 
@@ -121,8 +127,7 @@ def main() -> None:
             "runs": runs,
         }
         print(json.dumps(out["models"][name]["median"], indent=2), flush=True)
-    path = ROOT / "benchmarks" / "results" / "flash_attn.json"
-    path.write_text(json.dumps(out, indent=2))
+    write_results("flash_attn", out, settings={"models": list(out["models"])})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ adapter or the second model. Resident memory is the process RSS added by the ada
 instance (its context and the adapter) and by the second model (its context and
 weights).
 
-    python benchmarks/bench_lora.py [--prompt 256] [--runs 5] [--rank 16] [--out r.json]
+    python benchmarks/bench_lora.py [--prompt 256] [--runs 5] [--rank 16]  # results/lora.json
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
-from machine import flags_line, machine_info  # noqa: E402
+from machine import flags_line, machine_info, write_results  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
 from langchain_llamacpp_local.llama.gguf import (  # noqa: E402
@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256, help="prompt length in words (about)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/lora.json")
     args = ap.parse_args()
 
     model = _gemma()
@@ -168,10 +168,9 @@ def main() -> None:
         f"{ld['second_model']:>8.2f} {m['added_by_second_model']:>9.1f}"
     )
     print(f"{'  first model':<28} {t['first_model']:>9.1f} {'':>8} {m['base_model']:>9.1f}")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
-    else:
-        print(json.dumps(result))
+    print(json.dumps(result))
+    settings = {"prompt_words": args.prompt, "runs": args.runs, "rank": args.rank, **common}
+    write_results("lora", result, settings=settings, out=args.out, machine=info)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from langchain_core.runnables import ConfigurableField  # noqa: E402
-from machine import machine_info  # noqa: E402
+from machine import machine_info, write_results  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
 from langchain_llamacpp_local.runtime import registry  # noqa: E402
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default=None, help="GGUF path or name (default: Gemma 3 270M)")
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/models.json")
     args = ap.parse_args(argv)
     model = args.model or gemma_path()
     before = ten_calls(model, args.calls, unload_each=True)
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     figures["machine"] = machine_info()
     print(json.dumps(figures, indent=2))
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    write_results("models", figures, settings=settings, out=args.out, machine=figures["machine"])
     return figures
 
 

@@ -24,12 +24,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from bench_contention import smollm2_path  # noqa: E402
-from machine import STORY_PROMPT, flags_line, machine_info, thread_settings  # noqa: E402
+from machine import (  # noqa: E402
+    STORY_PROMPT,
+    flags_line,
+    machine_info,
+    thread_settings,
+    write_results,
+)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replies", type=int, default=12)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/omp_pool.json")
     args = ap.parse_args()
 
     from langchain_llamacpp_local import ChatLlamaCpp
@@ -65,6 +72,8 @@ def main() -> None:
         "runs": rates,
     }
     print(json.dumps(out, indent=2))
+    settings = {"replies": args.replies, "max_tokens": 96, "n_ctx": 1024}
+    write_results("omp_pool", out, settings=settings, out=args.out, machine=info)
 
 
 if __name__ == "__main__":

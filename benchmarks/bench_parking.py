@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from bench_contention import smollm2_path  # noqa: E402
-from machine import flags_line, machine_info, thread_settings  # noqa: E402
+from machine import flags_line, machine_info, thread_settings, write_results  # noqa: E402
 
 CONTENDERS = ("parked", "kept", "llama")
 
@@ -65,6 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--child", choices=CONTENDERS)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/parking.json")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child)))
@@ -101,7 +102,7 @@ def main() -> None:
         "runs": runs,
     }
     print(json.dumps(out, indent=2))
-    (ROOT / "benchmarks" / "results" / "parking.json").write_text(json.dumps(out, indent=2))
+    write_results("parking", out, settings={"rounds": args.rounds}, out=args.out, machine=info)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,7 @@ as at its start.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from langchain_llamacpp_local.chat.prompts import resolve_format
@@ -242,8 +240,6 @@ def main() -> None:
     ap.add_argument("--stream-args", action="store_true", help="stream_tool_args=True")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    name = "parsers_stream_args.json" if args.stream_args else "parsers.json"
-    args.out = args.out or str(Path(__file__).parent / "results" / name)
     rows = []
     print(f"{'format':18} {'first µs/tok':>13} {'last µs/tok':>12} {'ratio':>6} {'finish ms':>10}")
     for fmt in args.formats:
@@ -256,10 +252,12 @@ def main() -> None:
         )
     worst = max(rows, key=lambda r: r["ratio"])
     print(f"worst ratio: {worst['format']} {worst['ratio']}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from machine import write_results  # benchmarks/ is the script's own folder
+
+    name = "parsers_stream_args" if args.stream_args else "parsers"
     summary = {"tokens": args.tokens, "stream_args": args.stream_args, "rows": rows}
-    out.write_text(json.dumps(summary, indent=1) + "\n")
+    settings = {"tokens": args.tokens, "formats": args.formats, "stream_args": args.stream_args}
+    write_results(name, summary, settings=settings, out=args.out)
 
 
 if __name__ == "__main__":

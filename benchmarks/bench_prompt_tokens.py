@@ -106,7 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=40)
     ap.add_argument("--result-chars", type=int, default=2000)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "prompt_tokens.json"))
+    ap.add_argument("--out", default=None, help="default: results/prompt_tokens.json")
     args = ap.parse_args()
     results = [
         run_model("SmolLM2-135M-Instruct", smollm2_path(), args.turns, args.result_chars),
@@ -122,9 +122,12 @@ def main() -> None:
                     f"  {row['pieces_ms']:9.2f}"
                 )
     recorded = {"turns": args.turns, "result_chars": args.result_chars}
-    out = json.dumps({"args": recorded, "results": results}, indent=1)
-    Path(args.out).write_text(out)
-    print(out)
+    figures = {"args": recorded, "results": results}
+    print(json.dumps(figures, indent=1))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import write_results
+
+    write_results("prompt_tokens", figures, settings=recorded, out=args.out)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
+from machine import machine_info, write_results  # noqa: E402
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
 from langchain_llamacpp_local.llama import rpc  # noqa: E402
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    ap.add_argument("--out", type=Path, default=None, help="default: results/rpc.json")
     args = ap.parse_args(argv)
     reason = rpc.rpc_unavailable_reason()
     if reason:
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     result["machine"] = machine_info(args.model)
     print(json.dumps(result, indent=2))
+    write_results("rpc", result, settings=settings, out=args.out, machine=result["machine"])
     return result
 
 

@@ -2,6 +2,8 @@
 
     python benchmarks/bench_speculative.py [--runs 3] [--max-tokens 400] [--model PATH]
 
+Writes ``benchmarks/results/speculative.json`` (``--out`` for another file).
+
 Three greedy workloads on Gemma 3 270M, each run ``--runs`` times per contender
 (interleaved, so a busy machine slows every contender alike; medians reported):
 
@@ -337,6 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         default=ChatLlamaCpp.model_fields["speculative_max_draft"].default,
         help="speculative_max_draft of our contenders (default: the package's)",
     )
+    ap.add_argument("--out", type=Path, default=None, help="default: results/speculative.json")
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
     contenders = build(args, path)
@@ -352,6 +355,13 @@ def main(argv: list[str] | None = None) -> None:
         prompt, sampling = WORKLOADS[name]
         figures[name] = measure(contenders, prompt, sampling, args.runs)
     print(json.dumps(figures, indent=2))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import machine_info, write_results
+
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    write_results(
+        "speculative", figures, settings=settings, out=args.out, machine=machine_info(path)
+    )
 
 
 if __name__ == "__main__":

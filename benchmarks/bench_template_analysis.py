@@ -49,6 +49,9 @@ def _time(fn: Callable[[], object], repeat: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="8 templates, fewer parse runs")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="default: results/template_analysis.json"
+    )
     args = ap.parse_args()
     paths = sorted(TEMPLATES.glob("*.jinja"))
     if args.quick:
@@ -67,23 +70,24 @@ def main() -> None:
     repeat = 50 if args.quick else 500
     auto = _time(lambda: parse(OUTPUT, "auto", analysis=analysis), repeat)
     hermes = _time(lambda: parse(OUTPUT, "hermes"), repeat)
-    print(
-        json.dumps(
-            {
-                "templates": len(paths),
-                "compile_ms_median": round(1000 * statistics.median(compile_s), 2),
-                "analysis_ms_median": round(1000 * statistics.median(analysis_s), 2),
-                "analysis_ms_max": round(1000 * max(analysis_s), 2),
-                "analysis_over_compile": round(
-                    statistics.median(analysis_s) / statistics.median(compile_s), 2
-                ),
-                "parse_auto_us": round(1e6 * auto, 1),
-                "parse_hermes_us": round(1e6 * hermes, 1),
-                "parse_auto_over_hermes": round(auto / hermes, 2),
-            },
-            indent=2,
-        )
-    )
+    figures = {
+        "templates": len(paths),
+        "compile_ms_median": round(1000 * statistics.median(compile_s), 2),
+        "analysis_ms_median": round(1000 * statistics.median(analysis_s), 2),
+        "analysis_ms_max": round(1000 * max(analysis_s), 2),
+        "analysis_over_compile": round(
+            statistics.median(analysis_s) / statistics.median(compile_s), 2
+        ),
+        "parse_auto_us": round(1e6 * auto, 1),
+        "parse_hermes_us": round(1e6 * hermes, 1),
+        "parse_auto_over_hermes": round(auto / hermes, 2),
+    }
+    print(json.dumps(figures, indent=2))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import write_results
+
+    settings = {"quick": args.quick, "parse_repeats": repeat}
+    write_results("template_analysis", figures, settings=settings, out=args.out)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import llama_cpp.llama_cpp as C  # noqa: E402
-from machine import flags_line, machine_info  # noqa: E402
+from machine import flags_line, machine_info, write_results  # noqa: E402
 
 from langchain_llamacpp_local.llama import loading  # noqa: E402
 
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/weight_placement.json")
     args = ap.parse_args()
     path = _gemma()
     runs: dict[str, list[dict]] = {name: [] for name in CANDIDATES}
@@ -125,10 +125,9 @@ def main() -> None:
             "weight_buffers_mib": bufs,
             "placement": rs[-1]["placement"],
         }
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
-    else:
-        print(json.dumps(result))
+    print(json.dumps(result))
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    write_results("weight_placement", result, settings=settings, out=args.out, machine=info)
 
 
 if __name__ == "__main__":

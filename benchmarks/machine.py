@@ -7,13 +7,21 @@ the extra buffer types it registered, and where llama.cpp put a model's weights.
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import platform
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 _FLAG = re.compile(r"^(avx2|avx512\w*|amx\w*)$")
+
+#: Where every benchmark writes its figures by default: ``results/<name>.json``.
+RESULTS = Path(__file__).resolve().parent / "results"
+_ROOT = RESULTS.parents[1]
 
 
 def cpu_flags() -> list[str]:
@@ -238,3 +246,57 @@ def _in_own_process(call: str) -> float:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def code_commit() -> dict[str, Any]:
+    """The git commit the figures were measured at, and whether the package or the
+    benchmarks had uncommitted changes (then the commit alone does not reproduce them)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            res = subprocess.run(
+                ["git", *args], cwd=_ROOT, capture_output=True, text=True, check=True
+            )
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        return res.stdout.strip()
+
+    status = git("status", "--porcelain", "--", "langchain_llamacpp_local", "benchmarks")
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": None if status is None else bool(status),
+    }
+
+
+def default_out(name: str) -> Path:
+    """``benchmarks/results/<name>.json``: the file a benchmark writes unless told
+    otherwise (``--out``), and the one the README's figures name."""
+    return RESULTS / f"{name}.json"
+
+
+def write_results(
+    name: str,
+    figures: dict[str, Any],
+    *,
+    settings: dict[str, Any],
+    out: Path | str | None = None,
+    machine: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``figures`` to ``out`` (default :func:`default_out`) beside what they depend
+    on: the benchmark's settings, the code's commit, when it ran, the machine (CPU flags,
+    ggml's features; pass ``machine`` when it was read with a model's weight placement)
+    and the thread settings. Keys already in ``figures`` win. Returns the path."""
+    record: dict[str, Any] = {
+        "benchmark": name,
+        "settings": settings,
+        "code": code_commit(),
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine if machine is not None else machine_info(),
+        "thread_settings": thread_settings(),
+    }
+    record.update(figures)
+    path = Path(out) if out is not None else default_out(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"results written to {path}", file=sys.stderr, flush=True)
+    return path

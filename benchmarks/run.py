@@ -40,6 +40,7 @@ from machine import (  # noqa: E402
     flags_line,
     machine_info,
     reply_decode_rate_fresh,
+    write_results,
 )
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -544,13 +545,21 @@ _MODEL_FREE = ("bench_parsers.py", "bench_prompt_tokens.py", "bench_template_ana
 
 
 def run_topics(model: str | None, quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
-    """Each topic benchmark in its own process (they load models and measure memory)."""
+    """Each topic benchmark in its own process (they load models and measure memory).
+
+    A full run leaves each script's own ``results/<name>.json``; a quick run's files go to
+    a temporary folder, so smoke figures never replace the recorded ones."""
+    import tempfile
+
     out: dict[str, Any] = {}
+    scratch = Path(tempfile.mkdtemp(prefix="bench-topics-")) if quick else None
     for script, (full, short) in TOPICS.items():
         path = ROOT / "benchmarks" / script
         if not path.exists():
             continue
         cmd = [sys.executable, str(path), *(short if quick else full)]
+        if scratch is not None:
+            cmd += ["--out", str(scratch / f"{path.stem}.json")]
         if model and script not in _MODEL_FREE:
             cmd += ["--model", model]
         log(f"topic {script}...")
@@ -627,6 +636,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--turns", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument(
         "--repeats", type=int, default=REPEATS, help="agent-loop conversations per contender"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=None, help="default: results/results.json (and chart.png)"
     )
     args = ap.parse_args(argv)
     path = args.model or gemma_path()
@@ -714,9 +726,17 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.topics:
         results["topics"] = run_topics(args.model, args.quick, log)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "results.json").write_text(json.dumps(results, indent=2))
-    chart(results, RESULTS / "chart.png")
+    settings = {
+        "model": Path(path).name,
+        "quick": args.quick,
+        "topics": args.topics,
+        "turns": turns,
+        "repeats": args.repeats,
+    }
+    written = write_results(
+        "results", results, settings=settings, out=args.out, machine=results["machine"]
+    )
+    chart(results, written.with_name("chart.png"))
     print(
         json.dumps(
             {

@@ -8,7 +8,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import anyio
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -39,7 +39,6 @@ from langchain_llamacpp_local.chat.request_options import (
     sampling_params,
 )
 from langchain_llamacpp_local.chat.structured import structured_output
-from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 from langchain_llamacpp_local.errors import model_errors
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
@@ -65,6 +64,9 @@ from langchain_llamacpp_local.validation import (
     check_keep_alive_option,
     check_prompt_cache_dir,
 )
+
+if TYPE_CHECKING:
+    from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 
 logger = logging.getLogger(__name__)
 
@@ -237,6 +239,43 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """OpenAI-style frequency penalty."""
     penalty_last_n: int = SamplingParams.penalty_last_n
     """How many recent tokens the penalties look at (-1: the whole context)."""
+    dry_multiplier: float = SamplingParams.dry_multiplier
+    """DRY ("don't repeat yourself") penalty on tokens that extend a repeated sequence
+    (0: off); llama.cpp's ``dry_multiplier``."""
+    dry_base: float = SamplingParams.dry_base
+    """How fast the DRY penalty grows with the repeat's length (>= 1)."""
+    dry_allowed_length: int = SamplingParams.dry_allowed_length
+    """Repeats up to this many tokens go unpenalized by DRY."""
+    dry_penalty_last_n: int = SamplingParams.dry_penalty_last_n
+    """How many recent tokens DRY scans (-1: the whole context, 0: off)."""
+    dry_sequence_breakers: tuple[str, ...] = SamplingParams.dry_sequence_breakers
+    """Texts that end a repeat for DRY (at most 32, each at most 40 bytes)."""
+    top_n_sigma: float = SamplingParams.top_n_sigma
+    """Keep tokens within n standard deviations of the top logit (-1: off)."""
+    typical_p: float = SamplingParams.typical_p
+    """Locally typical sampling (1.0: off)."""
+    xtc_probability: float = SamplingParams.xtc_probability
+    """XTC ("exclude top choices"): the chance per token that every choice above
+    ``xtc_threshold`` but the least likely one is removed (0: off); seeded by ``seed``."""
+    xtc_threshold: float = SamplingParams.xtc_threshold
+    """The probability a choice needs for XTC to remove it (0 to 0.5)."""
+    dynatemp_range: float = SamplingParams.dynatemp_range
+    """Dynamic temperature: ``temperature`` +- this range, by the candidates' entropy
+    (0: off)."""
+    dynatemp_exponent: float = SamplingParams.dynatemp_exponent
+    """How the entropy maps to the dynamic temperature."""
+    mirostat: int = SamplingParams.mirostat
+    """1 or 2: Mirostat (v1/v2) in place of the truncation samplers (0: off)."""
+    mirostat_tau: float = SamplingParams.mirostat_tau
+    """Mirostat's target surprise."""
+    mirostat_eta: float = SamplingParams.mirostat_eta
+    """Mirostat's learning rate."""
+    logit_bias: dict[int | str, float | str | bool] | None = SamplingParams.logit_bias
+    """Token -> bias added to its logit: a token id or one token's text; ``-inf`` (or
+    False) bans the token (docs/configuration.md)."""
+    grammar: str | None = SamplingParams.grammar
+    """A GBNF grammar (root rule ``root``) every reply must match; not together with
+    tools or ``response_format``, which build their own."""
     max_tokens: int | None = 256
     """Most tokens to generate; None generates until the model stops or the context is full."""
     stop: list[str] | None = None
@@ -530,7 +569,11 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     def as_decision_model(self) -> LlamaCppDecisionModel:
         """A :class:`~langchain_llamacpp_local.decisions.LlamaCppDecisionModel` on this
         model: it shares the loaded worker (weights, slots, prompt caches) and answers
-        LangChain decision questions from next-token probabilities (docs/decisions.md)."""
+        LangChain decision questions from next-token probabilities (docs/decisions.md).
+
+        Needs langchain-core's decision API (langchain-core 1.8+, Python 3.11+); the chat
+        model itself does not, so it is imported here, on first use."""
+        from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 
         return LlamaCppDecisionModel(chat_model=self)
 

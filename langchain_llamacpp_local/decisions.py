@@ -24,19 +24,30 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from langchain_core.decisions import (
-    BaseDecisionModel,
-    Box,
-    Choice,
-    ChoiceAnswer,
-    ClassifierResponse,
-    Noul,
-    NoulAnswer,
-    Question,
-    Score,
-    ScoreAnswer,
-    State,
-)
+
+try:
+    from langchain_core.decisions import (
+        BaseDecisionModel,
+        Box,
+        Choice,
+        ChoiceAnswer,
+        ClassifierResponse,
+        Noul,
+        NoulAnswer,
+        Question,
+        Score,
+        ScoreAnswer,
+        State,
+    )
+except ImportError as exc:  # langchain-core before 1.8 (the newest for Python 3.10 is 1.7)
+    import langchain_core
+
+    raise ImportError(
+        "LlamaCppDecisionModel needs langchain-core's decision API (langchain_core.decisions, "
+        f"langchain-core 1.8 or later, which needs Python 3.11+); this environment has "
+        f"langchain-core {langchain_core.__version__}. ChatLlamaCpp, LlamaCppEmbeddings and "
+        "LlamaCppRerank work without it."
+    ) from exc
 from langchain_core.messages import BaseMessage, HumanMessage
 from pydantic import ConfigDict, Field, PrivateAttr
 

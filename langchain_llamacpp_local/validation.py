@@ -25,7 +25,11 @@ from langchain_llamacpp_local.chat.request_options import (
     sampling_params,
     speculative_of,
 )
-from langchain_llamacpp_local.llama.json_grammar import MAX_SCHEMA_NESTING, nesting_depth
+from langchain_llamacpp_local.llama.json_grammar import (
+    MAX_SCHEMA_NESTING,
+    check_grammar,
+    nesting_depth,
+)
 from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.settings import check_int, check_load_settings
 from langchain_llamacpp_local.runtime import registry
@@ -38,6 +42,7 @@ __all__ = [
     "check_constructor_arguments",
     "check_dimensions",
     "check_encodable",
+    "check_grammar_alone",
     "check_keep_alive_option",
     "check_max_loaded_models",
     "check_model_choice",
@@ -60,10 +65,8 @@ __all__ = [
 #: with what to use instead (docs/migration.md): spelling similarity would point them
 #: at an unrelated field (``grammar_path`` is not ``mmproj_path``).
 COMMUNITY_HINTS: dict[str, str] = {
-    "grammar": "grammars are built from schemas: use with_structured_output() or "
-    "bind_tools(tool_choice=...)",
-    "grammar_path": "grammars are built from schemas: use with_structured_output() or "
-    "bind_tools(tool_choice=...)",
+    "grammar_path": "pass the grammar's text as grammar=..., or build one from a schema: "
+    "use with_structured_output() or bind_tools(tool_choice=...)",
     "model_kwargs": "llama.cpp settings are fields of their own (n_ctx=, n_gpu_layers=, "
     "chat_template=, chat_template_kwargs=...)",
     "chat_format": "use chat_template= (the GGUF's own template is the default)",
@@ -217,11 +220,29 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
         raise TypeError(f"chat_template must be a string, got {type(tmpl).__name__}")
 
 
+def check_grammar_alone(grammar: Any, options: Mapping[str, Any]) -> None:
+    """A user's ``grammar`` is the whole constraint: tools and ``response_format``
+    build a grammar of their own, and one reply cannot follow two."""
+    if grammar is None:
+        return
+    if not isinstance(grammar, str):
+        raise TypeError(f"grammar must be a GBNF string or None, got {type(grammar).__name__}")
+    check_grammar(grammar)  # size and nesting; llama.cpp parses it when the call runs
+    clash = [name for name in ("tools", "response_format") if options.get(name)]
+    if clash:
+        raise ValueError(
+            f"grammar cannot be combined with {' or '.join(clash)}: they constrain the "
+            "reply with a grammar of their own (drop grammar=, or the tools / "
+            "structured output)"
+        )
+
+
 def check_call(
     kwargs: dict[str, Any], stop: list[str] | None, defaults: ChatDefaults
 ) -> CheckedCall:
     """Every check of one chat call's options, before anything runs: unknown names,
-    types, ``tool_choice``, stop strings, limits, speculation and LoRA names and scales
+    types, a grammar beside tools, ``tool_choice``, stop strings, limits, speculation
+    and LoRA names and scales
     (the caller's errors, raised in that order). The model's fields fill what the call
     leaves out; they were checked at construction."""
     unknown = set(kwargs) - CALL_OPTIONS
@@ -229,6 +250,7 @@ def check_call(
         raise unknown_names_error(unknown, CALL_OPTIONS, "keyword arguments for ChatLlamaCpp")
     options = {k: v for k, v in kwargs.items() if k != "ls_structured_output_format"}
     check_call_options(options)
+    check_grammar_alone(options.get("grammar", defaults.grammar), options)
     if options.get("tool_choice") is not None:
         from langchain_llamacpp_local.chat.prompts import check_tool_choice
 
@@ -473,5 +495,6 @@ def check_chat_settings(model: Any) -> None:
     )
     request_key(parse_adapters(model.lora_adapters), model.lora)  # names and scales
     sampling_params(model)  # SamplingParams checks its values
+    check_grammar_alone(model.grammar, {})
     check_max_loaded_models(model.max_loaded_models)
     check_cache_miss_warning_tokens(model.cache_miss_warning_tokens)

@@ -25,20 +25,55 @@ def ids(msg: BaseMessage) -> list[int]:
     return [e["id"] for e in entries(msg)]
 
 
+def _finish(msg: BaseMessage) -> object:
+    return msg.response_metadata.get("finish_reason")
+
+
+def _tie_break(i: int, x: dict, y: dict, gap: float, tol: float) -> str | None:
+    """Why ``got``'s token ``x`` is no tie broken the other way at the reference's ``y``
+    (None if it is one): the reference is at a near-tie, ``got`` took its runner-up, and
+    both sides saw the two tokens with the same log-probabilities."""
+    if gap >= TIE:
+        return f"token {i}: {x['id']} != {y['id']} at a clear choice (gap {gap:.4f})"
+    runner_up = y["top_logprobs"][1]
+    if x["id"] != runner_up["id"]:
+        return (
+            f"token {i}: {x['id']} is neither the reference's choice {y['id']} nor its "
+            f"runner-up {runner_up['id']}"
+        )
+    if abs(x["logprob"] - runner_up["logprob"]) > tol:
+        return f"token {i}: tied token logprob {x['logprob']:.5f} vs {runner_up['logprob']:.5f}"
+    seen = {t["id"]: t["logprob"] for t in x.get("top_logprobs") or ()}
+    if y["id"] not in seen:
+        return f"token {i}: the reference's choice {y['id']} is not in this side's top two"
+    if abs(seen[y["id"]] - y["logprob"]) > tol:
+        return f"token {i}: tied token logprob {seen[y['id']]:.5f} vs {y['logprob']:.5f}"
+    return None
+
+
 def greedy_mismatch(got: BaseMessage, ref: BaseMessage, *, tol: float = LOGPROB_TOL) -> str | None:
-    """Why ``got`` is not the same greedy generation as ``ref`` (None if it is)."""
+    """Why ``got`` is not the same greedy generation as ``ref`` (None if it is).
+
+    Token by token: the same token with a log-probability within ``tol``. A different
+    token passes at one near-tie only (the generations are different texts after it, so
+    no later position can be compared), and only as a tie broken the other way, seen so
+    by both sides (:func:`_tie_break`). The lengths and finish reasons must agree; after
+    a tie, lengths must still agree where both ran to ``max_tokens``."""
     a, b = entries(got), entries(ref)
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         top = y["top_logprobs"]
         gap = top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else float("inf")
         if x["id"] != y["id"]:
-            if gap < TIE:
-                return None  # a floating-point tie broke differently: texts diverge here
-            return f"token {i}: {x['id']} != {y['id']} at a clear choice (gap {gap:.4f})"
+            problem = _tie_break(i, x, y, gap, tol)
+            if problem is None and _finish(got) == _finish(ref) == "length" and len(a) != len(b):
+                problem = f"{len(a)} tokens vs {len(b)}, both cut at max_tokens"
+            return problem
         if abs(x["logprob"] - y["logprob"]) > tol:
             return f"token {i}: logprob {x['logprob']:.5f} vs {y['logprob']:.5f}"
     if len(a) != len(b):
         return f"{len(a)} tokens vs {len(b)}"
+    if _finish(got) != _finish(ref):
+        return f"finish reason {_finish(got)!r} vs {_finish(ref)!r} after the same tokens"
     return None
 
 

@@ -80,3 +80,27 @@ def close_while_running(
     assert not t.is_alive(), f"the call still runs {stop_within:.0f} s after close()"
     assert len(outcome) == 1, outcome
     return outcome[0], waited
+
+
+def reply_of(msg: Any) -> tuple[object, ...]:
+    """What a greedy reply must contain, to compare with another: its text, the tokens it
+    generated and why it ended (one model answers one prompt the same way each time it
+    decodes it afresh)."""
+    return (
+        msg.content,
+        msg.usage_metadata["output_tokens"],
+        msg.response_metadata["finish_reason"],
+    )
+
+
+def assert_generated(msg: Any, max_tokens: int) -> None:
+    """A whole reply, not just a returned one: ``max_tokens`` tokens generated (cut there)
+    or at most that many ending at the end of generation, and its text."""
+    finish = msg.response_metadata["finish_reason"]
+    n = msg.usage_metadata["output_tokens"]
+    assert isinstance(msg.content, str)
+    assert (finish == "length" and n == max_tokens) or (finish == "stop" and n <= max_tokens), (
+        finish,
+        n,
+        max_tokens,
+    )

@@ -453,6 +453,8 @@ def _prepare(
         if job.reasoning or job.reasoning_budget is not None:  # think, then answer
             grammar = grammar_after_thinking(grammar, tool_format, text[-_PREFILL_CHARS:])
     if grammar is not None:
+        if sampling.grammar is not None:  # check_call refuses it first; never overwrite
+            raise ValueError("grammar cannot be combined with tools or response_format")
         sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 
     reasoning = job.reasoning

@@ -21,9 +21,9 @@ from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.templates.messages import convert_messages
 
-#: SamplingParams fields the prompt decides (structured output, forced tool calls),
-#: never a field or call option of their own.
-_FROM_THE_PROMPT = frozenset({"grammar", "grammar_lazy_triggers"})
+#: SamplingParams fields the prompt decides (tool calls' lazy grammars), never a field
+#: or call option of their own (``grammar`` is both: the user's, or the prompt's).
+_FROM_THE_PROMPT = frozenset({"grammar_lazy_triggers"})
 
 #: The sampling settings a model field (and a call) sets, in SamplingParams' order.
 SAMPLING_OPTIONS: tuple[str, ...] = tuple(
@@ -51,6 +51,7 @@ class ChatDefaults(Protocol):
 
     stop: list[str] | None
     max_tokens: int | None
+    grammar: str | None
     timeout: float | None
     chat_template: str | None
     chat_template_kwargs: dict[str, Any] | None

@@ -154,7 +154,10 @@ def test_sequential_requests_never_run_out_of_room(tiny_llama: str) -> None:
     four = ChatLlamaCpp(model_path=tiny_llama, n_ctx=512, n_slots=4, max_tokens=64, **_GREEDY)
     for tag in ("a", "b", "c"):
         four.invoke(f"conversation {tag} " * 10)
-    assert four.invoke("the fourth one", max_tokens=None).content is not None
+    # with no max_tokens it generates to the end of the context: the others made room
+    fourth = four.invoke("the fourth one", max_tokens=None)
+    assert fourth.response_metadata["finish_reason"] == "length"
+    assert fourth.usage_metadata["total_tokens"] == 512  # type: ignore[index]
 
 
 def test_unified_cache_queues_instead_of_failing_midstream(tiny_llama: str) -> None:

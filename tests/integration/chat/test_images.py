@@ -130,7 +130,8 @@ def test_refused_forms_have_clear_errors(
     text_only = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, max_tokens=4)
     with pytest.raises(ValueError, match="mmproj_path"):
         text_only.invoke(_ask(_v1(RED)))
-    assert vlm.invoke(_ask(_v1(RED))).content is not None  # still serving
+    served = vlm.invoke(_ask(_v1(RED)))  # still serving, as a fresh decode does
+    assert ids(served) and ids(served) == ids(vlm.invoke(_ask(_v1(RED)), cache_prompt=False))
 
 
 def test_the_pixels_reach_mtmd_without_a_copy(vlm: ChatLlamaCpp) -> None:
@@ -154,4 +155,5 @@ def test_the_pixels_reach_mtmd_without_a_copy(vlm: ChatLlamaCpp) -> None:
     assert peak < len(big.rgb) // 4, f"{peak} bytes traced for {len(big.rgb)} bytes of pixels"
     with pytest.raises(ValueError, match="RGB bytes"):
         worker.engine.tokenize_multimodal(text, [(1024, 1024, big.rgb[:-3], "x")])
-    assert vlm.invoke(_ask(_v1(RED))).content is not None  # still serving
+    served = vlm.invoke(_ask(_v1(RED)))  # still serving, as a fresh decode does
+    assert ids(served) and ids(served) == ids(vlm.invoke(_ask(_v1(RED)), cache_prompt=False))

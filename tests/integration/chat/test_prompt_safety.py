@@ -24,6 +24,7 @@ from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.templates.messages import convert_messages
 from tests.gguf_models import EOS_ID, byte_token
+from tests.helpers import reply_of
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,11 @@ def test_hostile_template_errors_and_the_worker_serves_on(tiny_llama: str) -> No
     with pytest.raises(ChatTemplateError, match="'chatmlx' is not a built-in template name"):
         llm.invoke("hi", chat_template="chatmlx")
     assert time.monotonic() - start < 10
-    assert llm.invoke("hi", chat_template="chatml").content is not None
+    # served on, as a fresh decode: the failed templates left nothing behind
+    served = llm.invoke("hi", chat_template="chatml")
+    assert reply_of(served) == reply_of(
+        llm.invoke("hi", chat_template="chatml", cache_prompt=False)
+    )
 
 
 def _contains(seq: list[int], sub: list[int]) -> bool:

@@ -212,7 +212,12 @@ def test_vocab_differences_below_the_checked_ids_are_accepted(
 ) -> None:
     """Like llama.cpp, token texts are compared from id 5 on (special tokens may differ)."""
     path = str(write_tiny_llama_vocab(models_dir / "tiny-unk.gguf", renamed={0: "<pad>"}))
-    _draft(path, target).close()
+    draft = _draft(path, target)
+    try:  # accepted, and it drafts (the same weights: the target's own continuation)
+        history = _text(target, "def f(x): return x + 1")
+        assert draft.propose(0, history, 8) == greedy(target, history, 8)
+    finally:
+        draft.close()
 
 
 def test_built_from_the_targets_config(tiny_llama: str, target: Engine) -> None:

@@ -35,6 +35,7 @@ from langchain_llamacpp_local.llama.embedding import (
     head_skips,
 )
 from tests.gguf_models import BOS_ID, EOS_ID, write_tiny_bert, write_tiny_llama
+from tests.helpers import assert_generated
 
 TEXTS = [
     "The cat sat on the mat.",
@@ -332,7 +333,8 @@ def test_shares_weights_with_chat_through_a_symlink(tmp_path: Path) -> None:
         keys = [k for k in model_handle.model_refcounts() if "linked" in dict(k)["model_path"]]
         assert len(keys) == 1
         assert model_handle.model_refcounts()[keys[0]] >= 2
-        assert emb.embed_query("hello") and chat.invoke("hi").content is not None
+        assert emb.embed_query("hello")
+        assert_generated(chat.invoke("hi"), 4)
     finally:
         emb.close()
         chat.close()

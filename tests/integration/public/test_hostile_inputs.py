@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.errors import ModelLoadError
 from tests.gguf_models import write_scripted_llama, write_tiny_llama
+from tests.helpers import reply_of
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATES = ROOT / "tests" / "data" / "llama_cpp_templates"
@@ -287,33 +288,59 @@ def test_smallest_valid_configs_load_and_run(tiny_llama: str) -> None:
 # --------------------------------------------------------------------------- event loop
 
 
-def test_first_ainvoke_does_not_block_the_event_loop(gemma: str) -> None:
-    """Loading (and image decoding) run in worker threads: a ticker on the loop keeps
-    ticking while the first ``ainvoke`` loads Gemma."""
+def _record_threads(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """The threads that call ``module.name`` from now on (the work counted where it runs)."""
+    threads: list[int] = []
+    original = getattr(module, name)
 
-    async def main() -> float:
-        llm = ChatLlamaCpp(model_path=gemma, temperature=0, max_tokens=2, n_ctx=512)
-        worst = 0.0
-        done = False
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return original(*args, **kwargs)
 
-        async def ticker() -> None:
-            nonlocal worst
-            last = time.perf_counter()
-            while not done:
-                await asyncio.sleep(0.01)
-                now = time.perf_counter()
-                worst = max(worst, now - last)
-                last = now
+    monkeypatch.setattr(module, name, recording)
+    return threads
 
-        task = asyncio.create_task(ticker())
-        await asyncio.sleep(0.05)
-        await llm.ainvoke("hi")
-        done = True
-        await task
-        return worst
 
-    # generous on a loaded 2-core machine; the load itself takes far longer
-    assert asyncio.run(main()) < 0.25
+async def _ticking(call: Any) -> tuple[float, float, int]:
+    """Await ``call()`` beside a ticker on the loop: (the ticker's longest wait, the
+    call's duration, the loop's thread)."""
+    worst = 0.0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal worst
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            worst = max(worst, now - last)
+            last = now
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.05)
+    t0 = time.perf_counter()
+    await call()
+    took = time.perf_counter() - t0
+    done = True
+    await task
+    return worst, took, threading.get_ident()
+
+
+def test_first_ainvoke_does_not_block_the_event_loop(
+    gemma: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading runs on threads: the loop's own thread never waits for the model (another
+    thread acquires it, and the load has a thread of its own), and a ticker on the loop
+    keeps ticking while the first ``ainvoke`` loads Gemma. Where the work runs is
+    counted; the ticker's longest wait is compared with the call, not with a fixed figure
+    (a loaded 2-core machine stalls any thread for a while)."""
+    from langchain_llamacpp_local.runtime import registry
+
+    acquired_on = _record_threads(monkeypatch, registry, "acquire")
+    llm = ChatLlamaCpp(model_path=gemma, temperature=0, max_tokens=2, n_ctx=512)
+    worst, took, loop_thread = asyncio.run(_ticking(lambda: llm.ainvoke("hi")))
+    assert acquired_on and loop_thread not in acquired_on
+    assert worst < took / 2, (worst, took)
 
 
 def test_mtmd_clip_log_goes_through_logging(tmp_path: Path) -> None:
@@ -344,7 +371,9 @@ def test_mtmd_clip_log_goes_through_logging(tmp_path: Path) -> None:
     assert n > 0
 
 
-def test_image_decoding_does_not_block_the_event_loop(tmp_path: Path, tiny_llama: str) -> None:
+def test_image_decoding_does_not_block_the_event_loop(
+    tmp_path: Path, tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A large image is decoded (pillow) in a worker thread, not on the event loop."""
     import base64
     import io
@@ -374,30 +403,12 @@ def test_image_decoding_does_not_block_the_event_loop(tmp_path: Path, tiny_llama
         ],
     }
 
-    async def main() -> tuple[float, float]:
-        worst = 0.0
-        done = False
+    from langchain_llamacpp_local.chat import images
 
-        async def ticker() -> None:
-            nonlocal worst
-            last = time.perf_counter()
-            while not done:
-                await asyncio.sleep(0.01)
-                now = time.perf_counter()
-                worst = max(worst, now - last)
-                last = now
-
-        task = asyncio.create_task(ticker())
-        await asyncio.sleep(0.05)
-        t0 = time.perf_counter()
-        await llm.ainvoke([msg])
-        took = time.perf_counter() - t0
-        done = True
-        await task
-        return worst, took
-
-    worst, took = asyncio.run(main())
-    assert worst < 0.25 and worst < took / 2, (worst, took)
+    decoded_on = _record_threads(monkeypatch, images, "load_image")
+    worst, took, loop_thread = asyncio.run(_ticking(lambda: llm.ainvoke([msg])))
+    assert decoded_on and loop_thread not in decoded_on  # decoded on a thread of its own
+    assert worst < took / 2, (worst, took)
 
 
 def test_close_during_embed_rerank_and_chat_never_kills_the_process(
@@ -522,8 +533,9 @@ def test_a_slow_template_stops_at_the_callers_timeout(tiny_llama: str) -> None:
         llm.invoke("hi", chat_template=slow, timeout=0.5)
     assert time.monotonic() - start < 2.0
     start = time.monotonic()
-    assert llm.invoke("hi", timeout=3).content is not None
+    served = llm.invoke("hi", timeout=3)
     assert time.monotonic() - start < 2.0
+    assert reply_of(served) == reply_of(llm.invoke("hi", cache_prompt=False))  # a whole reply
 
 
 def test_a_tool_schema_nested_too_deep_is_refused_naming_its_depth(tiny_llama: str) -> None:
@@ -559,3 +571,102 @@ def test_a_prompt_cache_dir_that_cannot_be_expanded_names_the_setting(
         ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi")
     monkeypatch.delenv(ENV_DIR)
     assert isinstance(ChatLlamaCpp(model_path=tiny_llama, max_tokens=2).invoke("hi").content, str)
+
+
+# --------------------------------------------------------------------------- samplers
+
+#: (setting, what the error names): each refused as a field and per call
+_BAD_SAMPLERS: list[tuple[dict[str, Any], str]] = [
+    ({"dry_multiplier": float("nan")}, "dry_multiplier must be finite"),
+    ({"dry_multiplier": -1.0}, "dry_multiplier must be >= 0"),
+    ({"dry_base": 0.5}, "dry_base must be >= 1"),
+    ({"dry_allowed_length": -1}, "dry_allowed_length must be >= 0"),
+    ({"dry_penalty_last_n": -2}, "dry_penalty_last_n must be -1"),
+    ({"dry_sequence_breakers": ["x"] * 100_000}, "more than the 32 allowed"),
+    ({"dry_sequence_breakers": ["y" * 41]}, "41 bytes long"),
+    ({"dry_sequence_breakers": [""]}, r"dry_sequence_breakers\[0\] must be a non-empty"),
+    ({"dry_sequence_breakers": ["\ud800"]}, "not valid Unicode"),
+    ({"top_n_sigma": -0.5}, "top_n_sigma must be > 0"),
+    ({"top_n_sigma": float("inf")}, "top_n_sigma must be finite"),
+    ({"typical_p": 0.0}, r"typical_p must be in \(0, 1\]"),
+    ({"xtc_probability": 1.5}, r"xtc_probability must be in \[0, 1\]"),
+    ({"xtc_threshold": 0.7}, r"xtc_threshold must be in \[0, 0.5\]"),
+    ({"dynatemp_range": -0.1}, "dynatemp_range must be >= 0"),
+    ({"dynatemp_exponent": 0}, "dynatemp_exponent must be > 0"),
+    ({"mirostat": 3}, "mirostat must be 0"),
+    ({"mirostat_tau": float("nan")}, "mirostat_tau must be finite"),
+    ({"mirostat_eta": 0}, r"mirostat_eta must be in \(0, 1\]"),
+    ({"mirostat": 2, "repeat_penalty": 1.2, "temperature": 1.0}, "turn off the penalties"),
+    ({"mirostat": 1, "temperature": 0}, "temperature=0 is greedy"),
+    ({"logit_bias": {"a": float("nan")}}, r"logit_bias\['a'\] must be a finite number"),
+    ({"logit_bias": {"a": float("inf")}}, r"logit_bias\['a'\] must be a finite number"),
+    ({"logit_bias": {"a": 1e300}}, r"within \+-1e\+06"),
+    ({"logit_bias": {"a": "lots"}}, "must be a number or -inf"),
+    ({"logit_bias": {-1: 1.0}}, "token id -1 is negative"),
+    ({"logit_bias": {"": 1.0}}, "text keys must be non-empty"),
+    ({"logit_bias": {"x" * 5000: 1.0}}, "at most 256 characters"),
+    ({"grammar": 'root ::= "a"\0'}, "NUL"),
+]
+
+#: settings only the loaded model's vocabulary (or grammar parser) can refuse
+_BAD_FOR_THE_MODEL: list[tuple[dict[str, Any], str]] = [
+    ({"logit_bias": {"hello": -1.0}}, r"'hello' is 5 tokens of this model"),
+    ({"logit_bias": {"<|im_end|>": float("-inf")}}, "is 10 tokens of this model"),
+    ({"logit_bias": {99_999: 1.0}}, "token id 99999 is not in this model's vocabulary"),
+    ({"logit_bias": {"a": 1.0, "100": 2.0}}, "gives token 100 twice"),
+    ({"grammar": "root ::= ("}, "invalid grammar"),
+    ({"grammar": 'start ::= "x"'}, "invalid grammar"),
+]
+
+
+def test_bad_sampler_settings_get_clear_errors_and_the_worker_serves(tiny_llama: str) -> None:
+    from langchain_core.exceptions import ModelInvalidRequestError
+
+    llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=3)
+    ok = llm.invoke("hi").content
+    for setting, message in _BAD_SAMPLERS:
+        with pytest.raises((ValueError, TypeError)) as info:
+            ChatLlamaCpp(model_path=tiny_llama, **setting)
+        assert next(iter(setting)) in str(info.value), (setting, info.value)
+        with pytest.raises(ModelInvalidRequestError, match=message):
+            llm.invoke("hi", **setting)
+    for setting, message in _BAD_FOR_THE_MODEL:
+        with pytest.raises(ModelInvalidRequestError, match=message):
+            llm.invoke("hi", **setting)
+        assert ChatLlamaCpp(model_path=tiny_llama, **setting)  # checked when the call runs
+    # wrong types per call, named
+    for setting in (
+        {"dry_sequence_breakers": "\n"},
+        {"logit_bias": [1, 2]},
+        {"logit_bias": "a"},
+        {"logit_bias": {1.5: 1.0}},
+        {"typical_p": "high"},
+        {"mirostat": True},
+        {"grammar": 5},
+    ):
+        with pytest.raises(ModelInvalidRequestError, match=next(iter(setting))):
+            llm.invoke("hi", **setting)
+    assert llm.invoke("hi").content == ok  # the worker still serves, unchanged
+
+
+def test_a_grammar_is_refused_beside_tools_or_a_response_format(tiny_llama: str) -> None:
+    from langchain_core.exceptions import ModelInvalidRequestError
+
+    grammar = 'root ::= "yes" | "no"'
+    llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=4)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(ModelInvalidRequestError, match="grammar cannot be combined with tools"):
+        llm.invoke("hi", grammar=grammar, tools=[tool])
+    with pytest.raises(ModelInvalidRequestError, match="with response_format"):
+        llm.invoke("hi", grammar=grammar, response_format={"type": "json_object"})
+    fixed = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=4, grammar=grammar)
+    with pytest.raises(ModelInvalidRequestError, match="grammar cannot be combined with tools"):
+        fixed.bind_tools([tool]).invoke("hi")
+
+    class Answer(BaseModel):
+        yes: bool
+
+    with pytest.raises(ModelInvalidRequestError, match="grammar cannot be combined"):
+        fixed.with_structured_output(Answer, method="json_schema").invoke("hi")
+    assert fixed.invoke("hi").content in ("yes", "no")
+    assert fixed.invoke("hi", grammar=None).content == llm.invoke("hi").content

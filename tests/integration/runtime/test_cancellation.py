@@ -20,7 +20,12 @@ from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_same_greedy, greedy_mismatch
-from tests.helpers import break_worker, close_while_running, worker_threads
+from tests.helpers import (
+    break_worker,
+    close_while_running,
+    reply_of,
+    worker_threads,
+)
 
 GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 16}
 
@@ -52,39 +57,52 @@ def test_breaking_a_stream_stops_generation_promptly(tiny_llama: str) -> None:
 
 def test_breaking_a_gemma_stream_returns_within_a_decode_step(gemma: str) -> None:
     llm = ChatLlamaCpp(model_path=gemma, max_tokens=500, n_ctx=2048, **_GREEDY)
-    n = 0
-    gen = llm.stream("Write a very long story about a dragon.")
-    for chunk in gen:
-        if chunk.content:
-            n += 1
-        if n == 3:
-            break
-    t0 = time.perf_counter()
-    gen.close()
-    assert time.perf_counter() - t0 < 0.5
+
+    def close_a_stream() -> float:
+        n = 0
+        gen = llm.stream("Write a very long story about a dragon.")
+        for chunk in gen:
+            if chunk.content:
+                n += 1
+            if n == 3:
+                break
+        t0 = time.perf_counter()
+        gen.close()
+        return time.perf_counter() - t0
+
+    closes = [close_a_stream()]
     msgs = "Say hello."
     a = llm.invoke(msgs, max_tokens=8)
     b = llm.invoke(msgs, max_tokens=8, cache_prompt=False)
     assert_same_greedy(a, b, tol=0.1)
-    assert a.response_metadata["timings"]["prompt_ms"] < 5000
+    timings = a.response_metadata["timings"]
+    assert timings["prompt_ms"] < 5000
+    closes += [close_a_stream() for _ in range(2)]
+    # counted in decode steps, not seconds: the rest of the story is about 497 steps,
+    # closing waits for one at most (the least of three tries: a try preempted by other
+    # work on a loaded machine says nothing about the close)
+    step_s = timings["predicted_ms"] / 1000 / timings["predicted_n"]
+    assert min(closes) < 50 * step_s, (closes, step_s)
 
 
 async def test_wait_for_timeout_cancels_ainvoke(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=1000, n_slots=1)
     await llm.ainvoke("warm up", max_tokens=2)
+    expected = reply_of(await llm.ainvoke("served next", max_tokens=8, cache_prompt=False))
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(llm.ainvoke("x " * 200), timeout=0.05)
     t0 = time.perf_counter()
-    out = await llm.ainvoke("served next", max_tokens=8)
-    assert out.content is not None
+    out = await llm.ainvoke("served next", max_tokens=8, cache_prompt=False)
+    assert reply_of(out) == expected
     assert time.perf_counter() - t0 < 5
 
 
 def test_timeout_field_raises_timeout_error(tiny_llama: str) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=1500, timeout=0.05)
+    expected = reply_of(llm.invoke("fine", timeout=None, max_tokens=4, cache_prompt=False))
     with pytest.raises(TimeoutError):
         llm.invoke("y " * 200)
-    assert llm.invoke("fine", timeout=None, max_tokens=4).content is not None
+    assert reply_of(llm.invoke("fine", timeout=None, max_tokens=4, cache_prompt=False)) == expected
 
 
 def test_close_cancels_running_calls(tiny_llama: str) -> None:
@@ -174,7 +192,7 @@ def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
     from langchain_llamacpp_local.llama.sampling import SamplingParams
 
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
-    llm.load()
+    expected = reply_of(llm.invoke("still serving", cache_prompt=False))
     worker = llm._worker
     assert worker is not None
     poison = _Poison(tokens=[1, 2, 3], sampling=SamplingParams(), max_new=4)
@@ -182,7 +200,7 @@ def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
     item = poison.channel.get(timeout=10)
     assert isinstance(item, Failed) and "simulated broken request" in repr(item.error)
     assert worker.alive
-    assert llm.invoke("still serving").content is not None
+    assert reply_of(llm.invoke("still serving", cache_prompt=False)) == expected
     assert llm._worker is worker
 
 
@@ -190,6 +208,7 @@ def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
     from langchain_llamacpp_local.llama.sampling import SamplingParams
 
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
+    expected = reply_of(llm.invoke("reloaded", cache_prompt=False))
     worker = break_worker(llm)
     job = ChatJob(messages=[{"role": "user", "content": "x"}], sampling=SamplingParams())
     request, _ = frontend_for(worker).prepare(job)
@@ -199,20 +218,21 @@ def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
     assert not worker.alive
     with pytest.raises(WorkerDeadError):
         worker.submit(EngineRequest(tokens=[], sampling=SamplingParams(), max_new=1))
-    assert llm.invoke("reloaded").content is not None  # a new worker was started
+    # a new worker was started, and it answers as the first one did
+    assert reply_of(llm.invoke("reloaded")) == expected
     assert llm._worker is not worker
 
 
 def test_interpreter_exit_is_clean(tiny_llama: str) -> None:
     code = f"""
 import threading
-from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local import ChatLlamaCpp, RequestCancelledError
 llm = ChatLlamaCpp(model_path={tiny_llama!r}, temperature=0, max_tokens=1500)
 def run():
     try:
         for _ in llm.stream("exit while generating " * 20):
             pass
-    except Exception:
+    except RequestCancelledError:  # the exit closes the model under the stream
         pass
 threading.Thread(target=run, daemon=True).start()
 import time; time.sleep(0.5)
@@ -221,6 +241,7 @@ print("bye")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "bye" in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr  # no thread died of another error
 
 
 def test_a_parser_failure_fails_its_request_only(
@@ -278,10 +299,18 @@ def test_a_timeout_stops_a_prompt_piece_mid_decode(smollm2: str) -> None:
     piece_s = time.perf_counter() - t0
     timings = whole.response_metadata["timings"]
     assert timings["prompt_n"] > 600
-    with pytest.raises(TimeoutError):
-        llm.invoke(prompt, cache_prompt=False, timeout=0.2)
-    t1 = time.perf_counter()
-    again = llm.invoke("Say hello.", max_tokens=4)
-    # the aborted piece would have held the worker for most of piece_s
-    assert time.perf_counter() - t1 < 0.2 + piece_s / 3, piece_s
-    assert again.content
+
+    def short() -> float:
+        t1 = time.perf_counter()
+        assert llm.invoke("Say hello.", max_tokens=4).content
+        return time.perf_counter() - t1
+
+    alone = min(short() for _ in range(3))
+    waits = []
+    for _ in range(3):  # the least of three tries: a loaded machine only adds time
+        with pytest.raises(TimeoutError):
+            llm.invoke(prompt, cache_prompt=False, timeout=0.2)
+        waits.append(short())
+    # the aborted piece would have held the worker for most of piece_s (both sides of
+    # the comparison are measured here: no fixed figure)
+    assert min(waits) < alone + piece_s / 3, (waits, alone, piece_s)

@@ -23,7 +23,7 @@ from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.registry import live_workers, load_count, loaded_models
 from langchain_llamacpp_local.runtime.worker import CacheOptions
 from tests.gguf_models import write_tiny_llama, write_tiny_mmproj
-from tests.helpers import wait_for, worker_threads
+from tests.helpers import reply_of, wait_for, worker_threads
 
 FAST: dict[str, Any] = {"temperature": 0.0, "max_tokens": 4, "n_ctx": 512, "n_slots": 2}
 
@@ -34,6 +34,19 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_tiny_llama(d / "alpha.gguf", seed=1)
     write_tiny_llama(d / "beta.gguf", seed=2)
     return d
+
+
+@pytest.fixture(scope="module")
+def answers(models: Path) -> dict[tuple[str, str], tuple[object, ...]]:
+    """Each tiny model's greedy reply to the prompts the tests send, from its first load:
+    a reply after an eviction, a timeout or a reload must be this one."""
+    out = {}
+    for name in ("alpha", "beta"):
+        llm = ChatLlamaCpp(model=name, models_dir=str(models), **FAST)
+        for prompt in ("hi", "again"):
+            out[name, prompt] = reply_of(llm.invoke(prompt, cache_prompt=False))
+        llm.unload()
+    return out
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +88,9 @@ def _busy(llm: ChatLlamaCpp) -> Iterator[None]:
             t.join(60)
 
 
-def test_two_models_evict_each_other_only_when_idle(models: Path) -> None:
+def test_two_models_evict_each_other_only_when_idle(
+    models: Path, answers: dict[tuple[str, str], tuple[object, ...]]
+) -> None:
     a = ChatLlamaCpp(model="alpha", models_dir=str(models), max_loaded_models=1, **FAST)
     b = ChatLlamaCpp(model="beta", models_dir=str(models), max_loaded_models=1, **FAST)
     a.invoke("warm up")
@@ -93,22 +108,27 @@ def test_two_models_evict_each_other_only_when_idle(models: Path) -> None:
     assert result["b"].response_metadata["model_name"] == "beta"
     assert _loaded_names() == ["beta.gguf"] and load_count() == loads + 1
     # and back: alpha evicts the idle beta
-    assert a.invoke("again").content is not None
+    assert reply_of(a.invoke("again")) == answers["alpha", "again"]
     assert _loaded_names() == ["alpha.gguf"] and load_count() == loads + 2
 
 
-def test_waiting_for_room_respects_the_request_timeout(models: Path) -> None:
+def test_waiting_for_room_respects_the_request_timeout(
+    models: Path, answers: dict[tuple[str, str], tuple[object, ...]]
+) -> None:
     a = ChatLlamaCpp(model="alpha", models_dir=str(models), max_loaded_models=1, **FAST)
     b = ChatLlamaCpp(model="beta", models_dir=str(models), max_loaded_models=1, **FAST)
     with _busy(a), pytest.raises(TimeoutError, match="max_loaded_models=1"):
         b.invoke("hi", timeout=0.3)
-    assert b.invoke("hi").content is not None  # the timed-out wait left nothing behind
+    # the timed-out wait left nothing behind
+    assert reply_of(b.invoke("hi")) == answers["beta", "hi"]
 
 
-def test_keep_alive_zero_frees_the_model_after_the_call(models: Path) -> None:
+def test_keep_alive_zero_frees_the_model_after_the_call(
+    models: Path, answers: dict[tuple[str, str], tuple[object, ...]]
+) -> None:
     threads = worker_threads()
     llm = ChatLlamaCpp(model="alpha", models_dir=str(models), keep_alive=0, **FAST)
-    assert llm.invoke("hi").content is not None
+    assert reply_of(llm.invoke("hi")) == answers["alpha", "hi"]
     assert wait_for(lambda: live_workers() == 0), _loaded_names()
     assert wait_for(lambda: worker_threads() == threads)
     # per call, as Ollama's keep_alive request option
@@ -120,10 +140,16 @@ def test_keep_alive_zero_frees_the_model_after_the_call(models: Path) -> None:
 
 
 def test_keep_alive_seconds_and_forever(models: Path) -> None:
-    short = ChatLlamaCpp(model="alpha", models_dir=str(models), keep_alive=0.5, **FAST)
+    # kept after the call (a keep_alive long enough that no stall of the test reaches it)
+    short = ChatLlamaCpp(model="alpha", models_dir=str(models), keep_alive=60, **FAST)
     short.invoke("hi")
-    assert live_workers() == 1  # still there right after the call
-    assert wait_for(lambda: live_workers() == 0)  # and gone once idle for 0.5 s
+    assert [(m.active, m.keep_alive) for m in loaded_models()] == [(0, 60)]
+    # a call's own keep_alive wins (as in Ollama): gone once idle for 0.5 s, and not
+    # before (a lower bound: a busy machine only delays the unload)
+    start = time.monotonic()
+    short.invoke("hi", keep_alive=0.5)
+    assert wait_for(lambda: live_workers() == 0)
+    assert time.monotonic() - start >= 0.5
     forever = ChatLlamaCpp(model="beta", models_dir=str(models), keep_alive=-1, **FAST)
     forever.invoke("hi")
     time.sleep(0.6)
@@ -210,7 +236,9 @@ def test_gc_of_a_model_in_a_cycle_during_another_load_does_not_hang(models: Path
     assert wait_for(lambda: all(m.active == 0 for m in loaded_models()))
 
 
-def test_an_interrupted_load_is_registered_and_reused(models: Path) -> None:
+def test_an_interrupted_load_is_registered_and_reused(
+    models: Path, answers: dict[tuple[str, str], tuple[object, ...]]
+) -> None:
     """Ctrl-C while a model loads leaves it registered (reused, or freed
     after keep_alive), never loaded on a thread nobody can stop."""
     llm = ChatLlamaCpp(
@@ -233,7 +261,7 @@ def test_an_interrupted_load_is_registered_and_reused(models: Path) -> None:
     assert wait_for(lambda: _loaded_names() == ["alpha.gguf"])
     assert wait_for(lambda: loaded_models()[0].active == 0)  # nobody holds it
     assert load_count() == loads + 1
-    assert llm.invoke("hi").content is not None
+    assert reply_of(llm.invoke("hi")) == answers["alpha", "hi"]
     assert load_count() == loads + 1  # reused, not loaded again
 
     # with keep_alive=0 the finished load is freed at once: no stray worker thread
@@ -262,17 +290,19 @@ async def test_a_cancelled_task_during_load_strands_nothing(gemma: str) -> None:
     assert wait_for(lambda: load_count() == loads + 1, 60)
     assert wait_for(lambda: bool(loaded_models()) and loaded_models()[0].active == 0)
     out = await llm.ainvoke("hi")
-    assert out.content is not None
     assert load_count() == loads + 1  # the cancelled task's load was kept and reused
+    # and it answers as a fresh decode on it does
+    assert reply_of(out) == reply_of(await llm.ainvoke("hi", cache_prompt=False))
+    assert out.usage_metadata["output_tokens"] == 2 and out.content
 
 
-def test_unload_and_list(models: Path) -> None:
+def test_unload_and_list(models: Path, answers: dict[tuple[str, str], tuple[object, ...]]) -> None:
     llm = ChatLlamaCpp(model="alpha", models_dir=str(models), **FAST)
     llm.load()
     assert _loaded_names() == ["alpha.gguf"]
     assert {"alpha", "beta"} <= {e.name for e in llm.list_models()}
     assert llm.unload() == 1 and live_workers() == 0
-    assert llm.invoke("hi").content is not None  # loads again on use
+    assert reply_of(llm.invoke("hi")) == answers["alpha", "hi"]  # loads again on use
     assert ChatLlamaCpp.unload_all() == 1
     cache = CacheOptions()
     assert registry.unload(llm._load_config(), cache) == 0  # nothing left to free
@@ -357,7 +387,9 @@ def test_loaded_models_does_not_swallow_releases(models: Path) -> None:
         assert wait_for(lambda: live_workers() == 0, timeout=3), _loaded_names()
 
 
-def test_a_complete_reply_frees_its_model_though_its_stream_is_unread(models: Path) -> None:
+def test_a_complete_reply_frees_its_model_though_its_stream_is_unread(
+    models: Path, answers: dict[tuple[str, str], tuple[object, ...]]
+) -> None:
     """A stream read only in part holds its model until the reply is complete, not until
     the generator is closed: keep_alive runs from there and another model may evict it
     (``max_loaded_models``); the unread chunks are all still there. Bounded by waits and
@@ -372,7 +404,7 @@ def test_a_complete_reply_frees_its_model_though_its_stream_is_unread(models: Pa
     stream = a.stream("read one chunk only", max_tokens=20)
     first = next(stream)
     assert wait_for(lambda: [m.active for m in loaded_models()] == [0]), loaded_models()
-    assert b.invoke("hi", timeout=20).content is not None
+    assert reply_of(b.invoke("hi", timeout=20)) == answers["beta", "hi"]
     assert _loaded_names() == ["beta.gguf"]
     whole = first
     for chunk in stream:  # alpha is gone; its reply is all there

@@ -113,3 +113,36 @@ def test_every_rule_is_reachable(rule: object) -> None:
     bare = PromptLayout("<bos>" + USER1, (MessageSpan(0, "user", Span(5, 5 + len(USER1))),))
     cases.append((bare, 2))
     assert any(likely_cause(locate(lay, off), lay) == rule[1] for lay, off in cases)  # type: ignore[index]
+
+
+def test_a_span_holds_its_start_and_not_its_end() -> None:
+    span = Span(3, 5)
+    assert [o for o in range(8) if o in span] == [3, 4]
+    assert 3.0 not in span and "3" not in span  # offsets are ints
+    assert 0 not in Span(0, 0)  # an empty message holds nothing
+
+
+def test_a_new_turn_from_its_first_character_is_no_miss() -> None:
+    """The prompt leaving the cache exactly where the new message starts (where the last
+    cached message ends) is in the new message: a new turn, not an edited history."""
+    layout = _layout()
+    boundary = layout.messages[3].span.start
+    assert boundary == layout.messages[2].span.end
+    point = locate(layout, boundary)
+    assert (point.message_index, point.offset) == (3, 0)
+    assert likely_cause(point, layout) is None
+    # one character earlier is the end of the earlier message: its history was edited
+    before = locate(layout, boundary - 1)
+    assert before.message_index == 2 and likely_cause(before, layout) == "history edited"
+
+
+def test_a_changed_developer_message_is_a_changed_system_prompt() -> None:
+    """OpenAI's "developer" role is the system prompt of reasoning models."""
+    layout = _layout()
+    developer = PromptLayout(
+        layout.text,
+        (MessageSpan(0, "developer", layout.messages[0].span), *layout.messages[1:]),
+    )
+    point = locate(developer, developer.text.index("2026"))
+    assert point.role == "developer"
+    assert likely_cause(point, developer) == "system prompt changed"

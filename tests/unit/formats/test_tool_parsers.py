@@ -58,6 +58,40 @@ RECORDED = [
         0,
     ),
     ("hermes", "Just text, no tools.", "Just text, no tools.", None, [], 0),
+    # a JSON array in one tag is every call in it, not the first
+    (
+        "hermes",
+        '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        '{"name": "add", "arguments": {"a": 1, "b": 2}}]</tool_call>',
+        "",
+        None,
+        [("get_weather", W), ("add", A)],
+        0,
+    ),
+    # arguments that are not a JSON object are an invalid call (LangChain's args are a dict)
+    ("hermes", '<function=get_weather>["Paris"]</function>', "", None, [], 1),
+    ("hermes", '<function=get_weather>"Paris"</function>', "", None, [], 1),
+    (
+        "hermes",
+        '<tool_call><function=get_weather>["Paris"]</function></tool_call>',
+        "",
+        None,
+        [],
+        1,
+    ),
+    # a whole output that is a JSON object with a "name" but neither "arguments" nor
+    # "parameters" is an answer, not a call (llama.cpp's JSON tool-call grammar requires the
+    # arguments key: common/chat-peg-parser.cpp build_json_tools_flat_keys)
+    ("hermes", '{"name": "Paris"}', '{"name": "Paris"}', None, [], 0),
+    ("hermes", '{"name": "get_weather"}', '{"name": "get_weather"}', None, [], 0),
+    (
+        "hermes",
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        "",
+        None,
+        [("get_weather", W)],
+        0,
+    ),
     (
         "qwen3_coder",
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",

@@ -5,6 +5,7 @@ tests/integration/llama/test_sampling.py)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from langchain_llamacpp_local.errors import InvalidSamplingParams
 from langchain_llamacpp_local.formats.grammars import tool_call_grammar
 from langchain_llamacpp_local.llama.json_grammar import json_schema_to_grammar
-from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.llama.sampling import SamplingParams, chain_plan
 from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
 from tests.sampling_support import TOOLS, Person
 
@@ -260,3 +261,142 @@ def test_tool_call_grammar_name_and_fallback() -> None:
         tool_call_grammar(TOOLS, "hermes", name="nope")
     with pytest.raises(ValueError, match="at least one tool"):
         tool_call_grammar([], "hermes")
+
+
+# ----------------------------------------------------------------------------- added samplers
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("dry_multiplier", -0.5),
+        ("dry_multiplier", float("nan")),
+        ("dry_base", 0.99),
+        ("dry_allowed_length", -1),
+        ("dry_allowed_length", 2.5),
+        ("dry_penalty_last_n", -2),
+        ("dry_sequence_breakers", "\n"),
+        ("dry_sequence_breakers", ["ok", 3]),
+        ("dry_sequence_breakers", ["z" * 41]),
+        ("dry_sequence_breakers", ["a\0b"]),
+        ("dry_sequence_breakers", ["x"] * 33),
+        ("top_n_sigma", 0.0),
+        ("top_n_sigma", -2.0),
+        ("typical_p", 0.0),
+        ("typical_p", 1.1),
+        ("xtc_probability", -0.1),
+        ("xtc_probability", 1.01),
+        ("xtc_threshold", 0.51),
+        ("xtc_threshold", -0.1),
+        ("dynatemp_range", -1.0),
+        ("dynatemp_exponent", 0.0),
+        ("mirostat", 3),
+        ("mirostat", -1),
+        ("mirostat", True),
+        ("mirostat_tau", 0.0),
+        ("mirostat_eta", 0.0),
+        ("mirostat_eta", 2.0),
+        ("logit_bias", {"a": float("nan")}),
+        ("logit_bias", {"a": float("inf")}),
+        ("logit_bias", {"a": True}),
+        ("logit_bias", {"a": "+inf"}),
+        ("logit_bias", {"a": 2e6}),
+        ("logit_bias", {True: 1.0}),
+        ("logit_bias", {-3: 1.0}),
+        ("logit_bias", {"": 1.0}),
+        ("logit_bias", {"\0": 1.0}),
+        ("logit_bias", {"\udcff": 1.0}),
+        ("logit_bias", {2.0: 1.0}),
+        ("logit_bias", [(1, 2, 3)]),
+        ("logit_bias", "a"),
+        ("grammar", 3),
+    ],
+)
+def test_added_samplers_reject_bad_values(field: str, value: Any) -> None:
+    with pytest.raises(InvalidSamplingParams, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_added_samplers_default_off_and_normalize() -> None:
+    p = SamplingParams()
+    assert not p.dry_active and not p.xtc_active
+    assert (p.top_n_sigma, p.typical_p, p.dynatemp_range, p.mirostat) == (-1.0, 1.0, 0.0, 0)
+    assert p.logit_bias is None and p.dry_sequence_breakers == ("\n", ":", '"', "*")
+    q = SamplingParams(
+        logit_bias={"7": "-inf", "ab": 2, 5: False, 9: -1}, dry_sequence_breakers=["x"]
+    )
+    assert q.logit_bias == ((7, -math.inf), ("ab", 2.0), (5, -math.inf), (9, -1.0))
+    assert q.dry_sequence_breakers == ("x",)
+    assert SamplingParams(logit_bias=[(1, 2.0)]).logit_bias == ((1, 2.0),)
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    assert q.replace(seed=3).logit_bias == q.logit_bias  # normalized values pass again
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"mirostat": 2, "repeat_penalty": 1.1}, "the penalties"),
+        ({"mirostat": 1, "dry_multiplier": 0.8}, "dry_multiplier"),
+        ({"mirostat": 1, "xtc_probability": 0.5}, "xtc_probability"),
+        ({"mirostat": 2, "typical_p": 0.5, "top_n_sigma": 1.0}, "top_n_sigma, typical_p"),
+        ({"mirostat": 2, "dynatemp_range": 0.5}, "dynatemp_range"),
+        ({"mirostat": 2, "temperature": 0}, "temperature=0 is greedy"),
+        ({"dynatemp_range": 0.5, "temperature": 0}, "temperature=0 is greedy"),
+    ],
+)
+def test_combinations_llama_cpp_would_ignore_are_refused(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidSamplingParams, match=message):
+        SamplingParams(**settings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "plan"),
+    [
+        ({}, ("top-k", "top-p", "min-p", "temp", "dist")),
+        ({"temperature": 0}, ("greedy",)),
+        ({"temperature": 0, "repeat_penalty": 1.1}, ("penalties", "greedy")),
+        # every sampler on: llama.cpp's common_sampler_init order
+        (
+            {
+                "logit_bias": {1: 1.0},
+                "repeat_penalty": 1.1,
+                "dry_multiplier": 0.8,
+                "top_n_sigma": 1.0,
+                "typical_p": 0.9,
+                "xtc_probability": 0.5,
+                "dynatemp_range": 0.5,
+            },
+            (
+                "logit-bias",
+                "penalties",
+                "dry",
+                "top-n-sigma",
+                "top-k",
+                "typical",
+                "top-p",
+                "min-p",
+                "xtc",
+                "temp-ext",
+                "dist",
+            ),
+        ),
+        # greedy keeps what can change its pick: truncation only before typical/XTC
+        ({"temperature": 0, "top_n_sigma": 1.0, "dry_multiplier": 1.0}, ("dry", "greedy")),
+        (
+            {"temperature": 0, "xtc_probability": 1.0},
+            ("top-k", "top-p", "min-p", "xtc", "greedy"),
+        ),
+        ({"temperature": 0, "logit_bias": {"x": -1}}, ("logit-bias", "greedy")),
+        ({"mirostat": 1, "logit_bias": {2: 1}}, ("logit-bias", "temp", "mirostat")),
+        ({"mirostat": 2}, ("temp", "mirostat-v2")),
+        (
+            {"dry_multiplier": 0.8, "dry_penalty_last_n": 0},
+            ("top-k", "top-p", "min-p", "temp", "dist"),
+        ),
+        ({"xtc_probability": 0.0, "top_k": 0, "top_p": 1, "min_p": 0}, ("temp", "dist")),
+    ],
+)
+def test_chain_plan_follows_llama_cpp(settings: dict[str, Any], plan: tuple[str, ...]) -> None:
+    assert chain_plan(SamplingParams(**settings)) == plan

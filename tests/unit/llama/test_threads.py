@@ -267,6 +267,26 @@ def test_a_probe_that_meets_contention_is_undone_at_once() -> None:
     assert next_limit(state, 0.5, now=10.1, wall_s=0.2) == 1
 
 
+def test_a_probe_meeting_mild_contention_is_undone_within_quick_s_not_a_window() -> None:
+    """A share between CONTENDED and STRONG lowers a steady limit only when the window
+    closes, but undoes a try of one more CPU as soon as the decodes span QUICK_S."""
+    wall = 0.005
+    share = (T.CONTENDED + T.STRONG) / 2
+
+    def decodes_until_lowered(state: ContentionState) -> int:
+        n = 0
+        while state.limit == 2:
+            next_limit(state, share, now=10.0, wall_s=wall)
+            n += 1
+            assert n < 10 * T.WINDOW_S / wall
+        return n
+
+    probing = decodes_until_lowered(ContentionState(usable=2, limit=2, probing=True))
+    steady = decodes_until_lowered(ContentionState(usable=2, limit=2))
+    assert probing * wall == pytest.approx(T.QUICK_S, abs=wall)
+    assert steady * wall == pytest.approx(T.WINDOW_S, abs=wall)
+
+
 # ---------------------------------------------------------------- the budget's mechanism
 
 

@@ -73,8 +73,7 @@ def test_call_options_are_named_by_the_settings_they_fill() -> None:
     SamplingParams or ChatJob field is a call option without being listed again, and
     each sampling field is a model field under the same name."""
     sampling = {f.name for f in dataclasses.fields(SamplingParams)} - {
-        "grammar",  # the prompt's (structured output, forced calls), never a setting
-        "grammar_lazy_triggers",
+        "grammar_lazy_triggers",  # the prompt's (lazy tool-call grammars), never a setting
     }
     assert set(SAMPLING_OPTIONS) == sampling
     assert sampling <= set(ChatLlamaCpp.model_fields)

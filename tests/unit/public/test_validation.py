@@ -109,6 +109,24 @@ def test_wrong_call_options_name_the_parameter(
         llm.invoke("hi", **kwargs)  # refused before any model is loaded
 
 
+def test_a_grammar_beside_tools_or_a_response_format_is_refused_before_loading(
+    tmp_path: Path,
+) -> None:
+    grammar = 'root ::= "a"'
+    tool = {"type": "function", "function": {"name": "f"}}
+    llm = ChatLlamaCpp(model_path=str(tmp_path / "missing.gguf"))
+    for options in ({"tools": [tool]}, {"response_format": {"type": "json_object"}}):
+        with pytest.raises(ValueError, match="grammar cannot be combined with"):
+            llm.invoke("hi", grammar=grammar, **options)
+    fixed = ChatLlamaCpp(model_path=str(tmp_path / "missing.gguf"), grammar=grammar)
+    with pytest.raises(ValueError, match="grammar cannot be combined with tools"):
+        fixed.invoke("hi", tools=[tool])
+    with pytest.raises(ValueError, match="grammar nests 500 groups deep"):
+        ChatLlamaCpp(model_path=str(tmp_path / "m.gguf"), grammar="root ::= " + "(" * 500)
+    with pytest.raises(TypeError, match="grammar must be a GBNF string"):
+        llm.invoke("hi", grammar=["root ::= x"])
+
+
 def test_check_call_options_accepts_good_values() -> None:
     check_call_options(
         {
@@ -291,7 +309,7 @@ def test_community_parameters_get_what_replaces_them_not_a_lookalike_field() -> 
         ChatLlamaCpp(model_path="m.gguf", grammar_path="g.gbnf", model_kwargs={}, lora_path="a")
     msg = str(info.value)
     assert "mmproj_path" not in msg and "'model_path'" not in msg, msg
-    assert "'grammar_path' (grammars are built from schemas: use with_structured_output()" in msg
+    assert "'grammar_path' (pass the grammar's text as grammar=..., or build one from a" in msg
     assert "'model_kwargs' (llama.cpp settings are fields of their own" in msg
     assert "'lora_path' (use lora_adapters=" in msg
     with pytest.raises(TypeError, match="'last_n_tokens_size' \\(use penalty_last_n=\\)"):

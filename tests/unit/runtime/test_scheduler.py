@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from langchain_llamacpp_local.cache.chunking import piece_end
+from langchain_llamacpp_local.cache.slot_memory import WINDOW_SLACK
 from langchain_llamacpp_local.runtime.scheduler import (
     PieceRules,
     PromptPiece,
@@ -132,6 +133,23 @@ def test_window_checkpoints_near_the_start_are_taken_before_the_piece() -> None:
     assert not img.window and img.targets_taken == 0 and img.end == 40
 
 
+def test_window_checkpoint_boundaries_sit_at_the_slack() -> None:
+    """A target up to WINDOW_SLACK entries past the start is taken at the start; a newest
+    checkpoint exactly WINDOW_SLACK before the last target taken is close enough (no new
+    checkpoint), one entry further is not."""
+    rules = PieceRules(
+        deterministic=False, n_batch=256, n_ubatch=256, align=64, window_checkpoints=True
+    )
+    edge = 100 + WINDOW_SLACK
+    assert piece(PromptRead(100, 1000, targets=(edge,)), rules).targets_taken == 1
+    beyond = piece(PromptRead(100, 1000, targets=(edge + 1,)), rules)
+    assert beyond.targets_taken == 0 and beyond.end == edge + 1
+    close = piece(PromptRead(100, 1000, targets=(150,), last_checkpoint=150 - WINDOW_SLACK), rules)
+    assert close.targets_taken == 1 and not close.checkpoint_at_start
+    far = piece(PromptRead(100, 1000, targets=(150,), last_checkpoint=149 - WINDOW_SLACK), rules)
+    assert far.targets_taken == 1 and far.checkpoint_at_start
+
+
 def test_deterministic_pieces_lie_on_the_grid() -> None:
     rules = PieceRules(
         deterministic=True, n_batch=512, n_ubatch=128, align=64, window_checkpoints=False
@@ -180,6 +198,21 @@ def test_generation_rides_in_the_piece_call_and_the_piece_makes_room() -> None:
     assert (step.prompt.start, step.prompt.end) == (0, 253)
     # the prompt's short tail is not cut shorter
     assert _mixed(["a"], {}, PromptRead(900, 1000)).prompt.end == 1000
+
+
+def test_a_group_of_n_batch_rows_leaves_no_room_to_ride() -> None:
+    """A group one row short of n_batch rides with a one-token piece; a group of exactly
+    n_batch rows would leave the piece no token: it decodes in its own call."""
+    small = PieceRules(
+        deterministic=False, n_batch=4, n_ubatch=4, align=4, window_checkpoints=False
+    )
+    rows = ["a", "b", "c", "d"]
+    full = _mixed(rows, {}, PromptRead(0, 1000), rules=small)
+    assert full.with_prompt == () and full.decode_groups == (tuple(rows),)
+    assert (full.prompt.start, full.prompt.end) == (0, 4)
+    short = _mixed(rows[:3], {}, PromptRead(0, 1000), rules=small)
+    assert short.with_prompt == ("a", "b", "c") and short.decode_groups == ()
+    assert (short.prompt.start, short.prompt.end) == (0, 1)
 
 
 def test_only_the_group_with_the_piece_adapters_rides() -> None:

@@ -209,6 +209,8 @@ def _render_isolated(*sources: str, timeout: float = 20.0) -> list[str]:
 
 
 BOMBS = [
+    "{{ 2000000000 * 'a' }}",  # the count first: refused as 'a' * 2000000000 is
+    "{{ 2000000000 * ['a'] }}",
     "{{ '%*s' % (4000000000, 'x') }}",
     "{{ '%.*f' % (4000000000, 1.5) }}",
     "{{ '{:>{}}'.format('x', 4000000000) }}",
@@ -319,12 +321,22 @@ def test_compiling_is_bounded() -> None:
     assert time.monotonic() - start < 3.0
 
 
-def test_compiled_templates_are_cached_per_source() -> None:
+def test_compiled_templates_are_cached_per_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    from langchain_llamacpp_local.templates import chat_template
+
+    compiled: list[str] = []  # compilations counted, not timed
+    compile_once = chat_template._compile
+
+    def counting(source: str, limits: RenderLimits) -> object:
+        compiled.append(source)
+        return compile_once(source, limits)
+
+    monkeypatch.setattr(chat_template, "_compile", counting)
     source = "{{ messages[0].content }} cached " + "{{ 1 }}" * 3000
+    chat_template._compiled.pop(source, None)
     first = ChatTemplate(source, origin="a")
-    start = time.monotonic()
     second = ChatTemplate(source, origin="b")
-    assert time.monotonic() - start < 0.05
+    assert compiled == [source]
     assert second._template is first._template
     assert second.render(MSGS).startswith("hi cached 1")
 
@@ -342,3 +354,196 @@ def test_a_cancelled_request_stops_the_template() -> None:
         with pytest.raises(ChatTemplateError, match="cancelled"):
             tpl.render(MSGS)
     assert time.monotonic() - start < 1.0
+
+
+# ----------------------------------------------------------------- each cap, at it and one past it
+
+_SMALL = RenderLimits(
+    max_output_chars=100,
+    max_range=10,
+    max_repeat=10,
+    max_pow_bits=64,
+    max_int_bits=100,
+    max_source_chars=60,
+    max_lipsum=3,
+)
+
+#: (case, source at the cap, source one past it, the error naming the cap); variables
+#: ``s60``/``s40``/``s41``/``s98``/``s99`` are strings of that many characters, ``i100``/``i101``
+#: integers of that many bits
+CAP_CASES = [
+    (
+        "range",
+        "{{ range(10) | list | length }}",
+        "{{ range(11) | list | length }}",
+        r"range\(\) of 11 items exceeds the cap of 10",
+    ),
+    (
+        "range step",
+        "{{ range(0, 20, 2) | list | length }}",
+        "{{ range(0, 21, 2) | list | length }}",
+        r"range\(\) of 11 items exceeds the cap of 10",
+    ),
+    ("str * int", "{{ 'a' * 10 }}", "{{ 'a' * 11 }}", "repetition producing 11 items"),
+    ("int * str", "{{ 10 * 'a' }}", "{{ 11 * 'a' }}", "repetition producing 11 items"),
+    (
+        "list * int",
+        "{{ ([0] * 10) | length }}",
+        "{{ ([0] * 11) | length }}",
+        "repetition producing 11 items",
+    ),
+    (
+        "int * list",
+        "{{ (10 * [0]) | length }}",
+        "{{ (11 * [0]) | length }}",
+        "repetition producing 11 items",
+    ),
+    ("long str * int", "{{ 'ab' * 5 }}", "{{ 3 * 'abcd' }}", "repetition producing 12 items"),
+    (
+        "'%*s' width",
+        "{{ '%*s' % (10, 'x') }}",
+        "{{ '%*s' % (11, 'x') }}",
+        "width or precision of 11 exceeds the cap of 10",
+    ),
+    (
+        "format width",
+        "{{ '{:>10}'.format('x') }}",
+        "{{ '{:>11}'.format('x') }}",
+        "width or precision of 11 exceeds the cap of 10",
+    ),
+    (
+        "center",
+        "{{ 'a' | center(10) }}",
+        "{{ 'a' | center(11) }}",
+        "'do_center' argument 11 exceeds the cap of 10",
+    ),
+    ("ljust", "{{ 'a'.ljust(10) }}", "{{ 'a'.ljust(11) }}", r"ljust\(11\) exceeds the cap of 10"),
+    ("int ** int", "{{ 2 ** 32 }}", "{{ 2 ** 33 }}", r"2 \*\* 33 exceeds the cap of 64 bits"),
+    (
+        "int * int",
+        "{{ (2 ** 31) * (2 ** 31) }}",
+        "{{ (2 ** 31) * (2 ** 32) }}",
+        "product of about 65 bits exceeds the cap of 64 bits",
+    ),
+    (
+        "int operand",
+        "{{ i100 // 7 > 0 }}",
+        "{{ i101 // 7 > 0 }}",
+        "integer of 101 bits exceeds the cap of 100 bits",
+    ),
+    (
+        "tojson indent",
+        "{{ [1] | tojson(indent=64) | length }}",
+        "{{ [1] | tojson(indent=65) | length }}",
+        r"tojson\(indent=65\) exceeds the cap of 64",
+    ),
+    ("output", "{{ s60 }}{{ s40 }}", "{{ s60 }}{{ s41 }}", "output cap of 100 characters"),
+    (
+        "~",
+        "{{ (s60 ~ s40) | length }}",
+        "{{ (s60 ~ s41) | length }}",
+        "concatenated string of 101 characters exceeds the cap of 100",
+    ),
+    (
+        "+",
+        "{{ (s60 + s40) | length }}",
+        "{{ (s60 + s41) | length }}",
+        r"'\+' result of 101 items exceeds the cap of 100",
+    ),
+    (
+        "join",
+        "{{ [s60, s40] | join | length }}",
+        "{{ [s60, s41] | join | length }}",
+        "join\\(\\) result of 101 characters exceeds the cap of 100",
+    ),
+    (
+        "str.join",
+        "{{ ''.join([s60, s40]) | length }}",
+        "{{ ''.join([s60, s41]) | length }}",
+        "join\\(\\) result of 101 characters exceeds the cap of 100",
+    ),
+    (
+        "replace",
+        "{{ s60.replace('x', 'xx', 40) | length }}",
+        "{{ s60.replace('x', 'xx', 41) | length }}",
+        r"replace\(\) result of 101 characters exceeds the cap of 100",
+    ),
+    (
+        "replace filter",
+        "{{ s60 | replace('x', 'xx', 40) | length }}",
+        "{{ s60 | replace('x', 'xx', 41) | length }}",
+        r"replace\(\) result of 101 characters exceeds the cap of 100",
+    ),
+    # the '%' prediction is an upper bound: the format's own text plus each value
+    (
+        "'%s' %",
+        "{{ ('%s' % s98) | length }}",
+        "{{ ('%s' % s99) | length }}",
+        "'%' formatted string of 101 characters exceeds the cap of 100",
+    ),
+    (
+        "str.format",
+        "{{ '{}{}'.format(s60, s40) | length }}",
+        "{{ '{}{}'.format(s60, s41) | length }}",
+        "formatted string of 101 characters exceeds the cap of 100",
+    ),
+]
+
+
+def _render_small(source: str) -> str:
+    variables = {
+        "s60": "x" * 60,
+        "s40": "x" * 40,
+        "s41": "x" * 41,
+        "s98": "x" * 98,
+        "s99": "x" * 99,
+        "i100": 1 << 99,
+        "i101": 1 << 100,
+    }
+    return ChatTemplate(source, origin="override", limits=_SMALL).render(MSGS, **variables)
+
+
+@pytest.mark.parametrize(
+    ("case", "at_cap", "past_cap", "limit"), CAP_CASES, ids=[c[0] for c in CAP_CASES]
+)
+def test_each_cap_allows_its_value_and_refuses_one_more(
+    case: str, at_cap: str, past_cap: str, limit: str
+) -> None:
+    """Every limit sits exactly at its cap: the cap itself renders, one more is refused
+    with an error naming the cap (a ``<`` turned ``<=``, a cap checked for one operand
+    order only, or a check loosened past the cap fails here)."""
+    _render_small(at_cap)
+    with pytest.raises(ChatTemplateError, match=limit) as info:
+        _render_small(past_cap)
+    assert info.value.limit
+
+
+def test_the_source_cap_allows_its_length_and_refuses_one_more() -> None:
+    at_cap = "{{ messages[0].content }}" + "x" * (_SMALL.max_source_chars - 25)
+    assert len(at_cap) == _SMALL.max_source_chars
+    assert ChatTemplate(at_cap, origin="override", limits=_SMALL).render(MSGS).startswith("hi")
+    with pytest.raises(ChatTemplateError, match="source of 61 characters exceeds the cap of 60"):
+        ChatTemplate(at_cap + "y", origin="override", limits=_SMALL)
+
+
+def test_format_widths_below_a_million_pass_the_pattern_check() -> None:
+    """The format-string check refuses widths of seven digits or more; six digits go on to
+    the width cap (a million by default), and render."""
+    assert ChatTemplate("{{ ('%999999d' % 1) | length }}").render(MSGS) == "999999"
+    with pytest.raises(ChatTemplateError, match="a million or more"):
+        ChatTemplate("{{ ('%1000000d' % 1) | length }}").render(MSGS)
+
+
+def test_lipsum_allows_its_cap_and_refuses_one_more() -> None:
+    limits = RenderLimits(max_lipsum=3)
+
+    def lipsum(args: str) -> str:
+        return ChatTemplate(f"{{{{ lipsum({args}) | length > 0 }}}}", limits=limits).render(MSGS)
+
+    assert lipsum("3, min=5, max=30") == "True"
+    for args, shown in (("4, min=5, max=30", "n=4"), ("3, min=5, max=31", "max=31")):
+        with pytest.raises(ChatTemplateError, match=rf"lipsum\(.*{shown}.*\) exceeds the cap of 3"):
+            lipsum(args)
+    # a min past its cap is refused before lipsum runs (jinja would fail on min > max)
+    with pytest.raises(ChatTemplateError, match=r"min=31, max=30\) exceeds the cap of 3"):
+        lipsum("3, min=31, max=30")

@@ -940,13 +940,18 @@ def test_property_langchain_conversations(
 ) -> None:
     msgs = convert_messages(messages)
     tools = [WEATHER_TOOL] if with_tools else None
+    texts = [m["content"] for m in msgs if isinstance(m.get("content"), str) and m["content"]]
     for tpl in _builtins.values():  # lenient: never fail on anything convert_messages makes
-        tpl.render(msgs, tools=tools, add_generation_prompt=gen)
+        out = tpl.render(msgs, tools=tools, add_generation_prompt=gen)
+        missing = [t for t in texts if t.strip() and t.strip() not in out]
+        assert not missing, (tpl.origin, missing)  # every message's text is in the prompt
     for tpl in _real_templates:  # strict ones may refuse, but only with ChatTemplateError
         try:
-            tpl.render(msgs, tools=tools, add_generation_prompt=gen)
-        except ChatTemplateError:
-            pass
+            out = tpl.render(msgs, tools=tools, add_generation_prompt=gen)
+        except ChatTemplateError as exc:
+            assert repr(tpl.origin) in str(exc), exc  # the error names the template
+        else:
+            assert isinstance(out, str)
 
 
 _junk = st.one_of(
@@ -968,9 +973,11 @@ _raw_message = st.dictionaries(
 def test_property_random_dicts_only_raise_template_errors(messages: list[dict[str, Any]]) -> None:
     for tpl in [*_builtins.values(), *_real_templates]:
         try:
-            tpl.render(messages)
-        except (ChatTemplateError, ValueError):
-            pass
+            out = tpl.render(messages)
+        except ChatTemplateError as exc:  # not any ValueError: UnicodeError, JSON errors...
+            assert repr(tpl.origin) in str(exc) or "messages" in str(exc), exc
+        else:
+            assert isinstance(out, str)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
