@@ -5,6 +5,10 @@ if needed), has its prompt prepared by the model's front end on the caller's sid
 queues the token request; the lease goes back once the reply is complete, even when the
 caller never reads it to the end. An async caller does the blocking parts (the load, the
 preparation) on a worker-pool thread, and a cancelled task never strands a lease.
+
+Other kinds of work made from a chat prompt (a decision question's scoring request)
+take the same path (:func:`submit_as`) and are answered by one typed item
+(:func:`answer_of`), waited for up to the request's deadline.
 """
 
 from __future__ import annotations
