@@ -25,7 +25,6 @@ any version of the package. Records the CPU flags and thread settings
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -146,7 +145,7 @@ def main() -> None:
     if args.quick:
         args.repeats, args.state_tokens, args.stream_tokens = 1, 300, 200
 
-    from machine import flags_line, machine_info, thread_settings
+    from machine import flags_line, machine_info, write_results
 
     from langchain_llamacpp_local import ChatLlamaCpp
 
@@ -194,25 +193,20 @@ def main() -> None:
             f"{r['rate_during_over_before'] or 0:.2f}; streams {r['stream_tokens']}"
         )
     print(f"the decision alone: {alone_ms:.0f} ms (best of {len(alone)})")
-    result = {
+    settings = {
         "model": Path(path).name,
-        "settings": {
-            "n_slots": 4,
-            "state_tokens": args.state_tokens,
-            "stream_tokens": args.stream_tokens,
-            "repeats": args.repeats,
-            "quick": args.quick,
-        },
+        "n_slots": 4,
+        "state_tokens": args.state_tokens,
+        "stream_tokens": args.stream_tokens,
+        "repeats": args.repeats,
+        "quick": args.quick,
+    }
+    result = {
         "runs": runs,
         "decision_alone_ms": alone,
         "threads": llm.model_info.threads,
-        "thread_settings": thread_settings(),
-        "machine": info,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {out}")
+    write_results("decision_arrival", result, settings=settings, out=args.out, machine=info)
 
 
 if __name__ == "__main__":
