@@ -141,7 +141,7 @@ def ours_batch_speedup(
     exact_conc, _ = concurrent()
     same = sum(_entries(a) == _entries(b) for a, b in zip(exact_conc, exact_solo, strict=True))
     info = llm._worker.info if llm._worker is not None else None  # type: ignore[union-attr]
-    rows = llm._worker.call(lambda st: st.engine.exact_rows)  # type: ignore[union-attr]
+    rows = llm._worker.stats().exact_rows  # type: ignore[union-attr]
     llm.close()
     # both include prompt reading; prompts are short, so generation dominates
     solo_rate = solo_tokens / solo_time

@@ -446,7 +446,7 @@ def regenerate(
     ours.ttft(history, 8)
     regen_ours = [ours.ttft(history, 8)[0] for _ in range(3)]
     info = ours.llm.model_info
-    ck_bytes = ours.llm._worker.call(lambda st: sum(s.checkpoints.total_bytes for s in st.slots))  # type: ignore[union-attr]
+    ck_bytes = sum(s.checkpoint_bytes for s in ours.llm._worker.stats().slots)  # type: ignore[union-attr]
     n_prompt = ours.llm.invoke(history, max_tokens=1).usage_metadata["input_tokens"]  # type: ignore[index]
     ours.llm.close()
     raw = RawLlama(path, **llama_kw)

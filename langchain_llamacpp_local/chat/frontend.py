@@ -86,10 +86,11 @@ class Frontend:
             ref.release()
 
     def _tokenize_media(self, text: Any, images: list[Any]) -> tuple[list[Any], dict[int, Any]]:
-        worker = self._worker()
-        if worker is None:
+        """A prompt with images as positions and image chunks, made on this thread (mtmd
+        preprocesses the images; the engine's lock keeps its projector loaded meanwhile)."""
+        if self._worker() is None:
             raise WorkerDeadError("the model worker has stopped")
-        return worker.tokenize_media(text, images)
+        return self.engine.tokenize_multimodal(text, images)
 
     def explain_miss(
         self, prepared: prompts.PreparedPrompt, cache: dict[str, Any]

@@ -5,12 +5,17 @@ if needed), has its prompt prepared by the model's front end on the caller's sid
 queues the token request; the lease goes back once the reply is complete, even when the
 caller never reads it to the end. An async caller does the blocking parts (the load, the
 preparation) on a worker-pool thread, and a cancelled task never strands a lease.
+
+Other kinds of work made from a chat prompt (a decision question's scoring request)
+take the same path (:func:`submit_as`) and are answered by one typed item
+(:func:`answer_of`), waited for up to the request's deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,16 +23,22 @@ from typing import Any, TypeVar
 import anyio
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
-from langchain_llamacpp_local.chat.frontend import frontend_for
+from langchain_llamacpp_local.chat.frontend import Frontend, frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
 from langchain_llamacpp_local.chat.reply import Reply
+from langchain_llamacpp_local.errors import RequestTimeoutError
 from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.requests import EngineRequest
+from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R", bound=EngineRequest)
+
+#: Turns a prepared chat request into the request actually queued (a decision
+#: question's scoring request), on the caller's thread with the front end at hand.
+Convert = Callable[[Frontend, EngineRequest], R]
 
 
 def hold(
@@ -142,6 +153,101 @@ def _queue(request: EngineRequest, prepared: Any, model_name: str, lease: regist
     request.channel.on_final(lease.release)
     lease.worker.submit(request)
     return reply
+
+
+def submit_as(
+    job: ChatJob,
+    lease: registry.Lease,
+    inflight: weakref.WeakSet[threading.Event],
+    convert: Convert[R],
+) -> R:
+    """Prepare ``job`` as :func:`submit` does, queue ``convert(frontend, request)``
+    instead of the chat request and return it: its answer is one final item
+    (:func:`answer_of`). The lease stays the caller's to release."""
+    inflight.add(job.cancel)
+    frontend = frontend_for(lease.worker)
+    with lease.worker.preparing():
+        request = _convert(frontend, job, convert)
+        lease.worker.submit(request)
+        return request
+
+
+async def asubmit_as(
+    job: ChatJob,
+    lease: registry.Lease,
+    inflight: weakref.WeakSet[threading.Event],
+    convert: Convert[R],
+) -> R:
+    """:func:`submit_as` with the preparation off the event loop; its answer is read
+    with :func:`aanswer_of`."""
+    inflight.add(job.cancel)
+    frontend = frontend_for(lease.worker)
+    made: list[EngineRequest] = []
+
+    def prepare() -> R:
+        made.append(_convert(frontend, job, convert))
+        return made[-1]  # type: ignore[return-value]
+
+    with lease.worker.preparing():
+        try:
+            request = await anyio.to_thread.run_sync(prepare)
+        except BaseException:  # cancelled while it ran: free what it built
+            for req in made:
+                req.close_sampler()
+            raise
+        request.channel.bind_loop()
+        lease.worker.submit(request)
+        return request
+
+
+def _convert(frontend: Frontend, job: ChatJob, convert: Convert[R]) -> R:
+    request, _ = frontend.prepare(job)
+    try:
+        return convert(frontend, request)
+    finally:
+        request.close_sampler()  # what the converted request does not take
+
+
+def answer_of(request: EngineRequest) -> Any:
+    """The final item of a request answered by one item (a :class:`Failed` raises its
+    error); past the request's deadline it is cancelled and ``RequestTimeoutError``
+    raised, and it is cancelled too if the wait ends any other way."""
+    done = False
+    try:
+        remaining = None if request.deadline is None else request.deadline - time.monotonic()
+        try:
+            item = request.channel.get(timeout=None if remaining is None else max(remaining, 0))
+        except TimeoutError:
+            raise RequestTimeoutError("the request timed out") from None
+        done = True
+    finally:
+        if not done:
+            request.cancel.set()
+    if isinstance(item, Failed):
+        raise item.error
+    return item
+
+
+async def aanswer_of(request: EngineRequest) -> Any:
+    """:func:`answer_of` for an event loop (the request's channel bound to it)."""
+    done = False
+    try:
+        remaining = None if request.deadline is None else request.deadline - time.monotonic()
+        try:
+            if remaining is None:
+                item = await request.channel.aget()
+            else:
+                with anyio.fail_after(max(remaining, 0)):
+                    item = await request.channel.aget()
+        except TimeoutError:
+            raise RequestTimeoutError("the request timed out") from None
+        done = True
+    finally:
+        if not done:
+            request.cancel.set()
+    if isinstance(item, Failed):
+        raise item.error
+    return item
 
 
 def log_progress(path: str) -> Callable[[float], None]:

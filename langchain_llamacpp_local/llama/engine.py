@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from collections.abc import Callable, Hashable, Sequence
 
 import llama_cpp.llama_cpp as C
@@ -23,6 +24,7 @@ from langchain_llamacpp_local.errors import (
     ModelLoadError,
     NonFiniteOutputError,
     RequestCancelledError,
+    WorkerDeadError,
 )
 from langchain_llamacpp_local.llama import model_handle, mtmd, vocab
 from langchain_llamacpp_local.llama.abort import DecodeAbort
@@ -75,6 +77,11 @@ class Engine(vocab.VocabMethods):
         self.weight_buffers = weight_buffers(model)
         self.ctx = None
         self.mtmd: object | None = None
+        #: held while a caller's thread tokenizes images with the projector, and while
+        #: the worker frees it: mtmd's tokenizer only reads the projector's settings
+        #: (llama.cpp's server tokenizes on its HTTP threads as well), but must not
+        #: outlive it
+        self._mtmd_lock = threading.Lock()
         self._batch: C.llama_batch | None = None
         # the adapter set applied to the context (set_lora); () while probing
         self._lora_current: tuple[tuple[str, float], ...] = ()
@@ -215,8 +222,12 @@ class Engine(vocab.VocabMethods):
         text: str | Sequence[tuple[str, bool] | None],
         images: Sequence[tuple[int, int, bytes | bytearray, str]],
     ) -> tuple[list[Hashable], dict[int, MediaChunk]]:
-        """:func:`.mtmd.tokenize_multimodal` with this model's projector."""
-        return mtmd.tokenize_multimodal(self.mtmd, text, images)
+        """:func:`.mtmd.tokenize_multimodal` with this model's projector, on the
+        caller's thread (the image preprocessing runs there, not on the decode loop)."""
+        with self._mtmd_lock:
+            if self.ctx is None:
+                raise WorkerDeadError("the model was closed")
+            return mtmd.tokenize_multimodal(self.mtmd, text, images)
 
     def eval_media(self, media: MediaChunk, pos: int, seq_id: int) -> None:
         """Encode an image chunk and decode its embeddings at ``pos`` of ``seq_id``."""
@@ -431,8 +442,9 @@ class Engine(vocab.VocabMethods):
 
     def close(self) -> None:
         if getattr(self, "mtmd", None):
-            mtmd.free_projector(self.mtmd)
-            self.mtmd = None
+            with self._mtmd_lock:
+                mtmd.free_projector(self.mtmd)
+                self.mtmd = None
         free_context(self.ctx, self._batch)
         self.ctx = self._batch = None
         abort = getattr(self, "_abort", None)

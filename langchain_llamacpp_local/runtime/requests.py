@@ -67,6 +67,35 @@ class EngineRequest:
             sampler.close()
 
 
+@dataclass
+class ScoreRequest(EngineRequest):
+    """A decision question: read the prompt like a chat request's, then score each
+    answer label's tokens after it (:mod:`~.scoring`) instead of sampling.
+
+    The worker admits it and reads its prompt in the same steps and pieces as a chat
+    request's, beside the running streams; the labels are scored a bounded amount per
+    step, so a cancel or deadline stops it between labels. It answers with one
+    :class:`LabelScores` (or :class:`Failed`). It always runs on the base model."""
+
+    #: each answer label's tokens, as the model would write them after the prompt
+    labels: tuple[tuple[int, ...], ...] = ()
+    #: score each label up to the end of the model's turn (one label's tokens start
+    #: another's: :func:`~.scoring.prefix_free`)
+    to_end: bool = False
+
+
+@dataclass(frozen=True)
+class LabelScores:
+    """The answer to a :class:`ScoreRequest`: each label's sequence log-probability (in
+    the request's label order), and its usage."""
+
+    logprobs: tuple[float, ...]
+    n_prompt: int
+    n_cached: int
+    n_label_tokens: int
+    final: ClassVar[bool] = True
+
+
 def cancel_check(job: Any) -> Callable[[], bool]:
     """What a decode of ``job`` (anything with ``cancel``, ``deadline`` and
     ``cancelled()``) watches: with a :class:`CancelFlag`, a check the flag tells at once
@@ -142,4 +171,4 @@ class Failed:
     final: ClassVar[bool] = True
 
 
-ReplyItem = TextDelta | PromptProgress | Finished | Failed
+ReplyItem = TextDelta | PromptProgress | Finished | Failed | LabelScores

@@ -1,15 +1,18 @@
-"""Answer-label scoring on the worker thread: next-token probabilities, not sampled text.
+"""Answer-label scoring: next-token probabilities, not sampled text.
 
 A decision question (:mod:`langchain_llamacpp_local.decisions`) is a prompt plus a set
-of answer labels. :func:`score_labels` runs through ``ModelWorker.call`` between
-steps: it takes a free slot from :class:`~..cache.slot_memory.SlotMemory` (which keeps
-the longest cached prefix, so questions about one state share its KV entries), reads
-only the uncached suffix, and reads each label's log-probability from the full
-vocabulary row (log-softmax in numpy, never a sampler's filtered logits). A label of
-several tokens is scored as a sequence, teacher-forced: its tokens are decoded after
-the prompt and removed again through SlotMemory's verify rollback, so the slot ends
-holding exactly the prompt, reusable by the next question or chat. The slot is then
-free like a finished request's.
+of answer labels. The caller's side makes it a
+:class:`~langchain_llamacpp_local.runtime.requests.ScoreRequest`
+(:func:`score_request`); the worker admits it like a chat request (a slot from
+:class:`~..cache.slot_memory.SlotMemory`, which keeps the longest cached prefix, so
+questions about one state share its KV entries) and reads its prompt in the same
+planned pieces, beside the running streams. From the prompt's last row it reads each
+label's first-token log-probability (log-softmax of the full vocabulary row in numpy,
+never a sampler's filtered logits); :class:`LabelWork` then scores the rest of the
+labels one decode call per worker step. A label of several tokens is scored as a
+sequence, teacher-forced: its tokens are decoded after the prompt and removed again
+through SlotMemory's verify rollback, so the slot ends holding exactly the prompt,
+reusable by the next question or chat.
 
 The probability math is pure (:func:`log_softmax`, :func:`label_distribution`,
 :func:`prefix_free`) and tested without a model.
@@ -17,31 +20,26 @@ The probability math is pure (:func:`log_softmax`, :func:`label_distribution`,
 
 from __future__ import annotations
 
-import logging
 import math
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
-    ImageInputError,
     InvalidRequestError,
     RequestCancelledError,
 )
-from langchain_llamacpp_local.runtime.requests import EngineRequest, cancel_check, cancel_error
-from langchain_llamacpp_local.runtime.scheduler import PromptRead, plan_piece
+from langchain_llamacpp_local.runtime.requests import EngineRequest, LabelScores, ScoreRequest
 
 if TYPE_CHECKING:
     from langchain_llamacpp_local.cache.slot_memory import SlotMemory
     from langchain_llamacpp_local.cache.slots import Slot
     from langchain_llamacpp_local.llama.engine import Engine
-
-logger = logging.getLogger(__name__)
 
 #: What a label is tokenized after: the generation prompts of chat templates end with a
 #: newline, so a label's tokens are the ones the model would write there (and a
@@ -94,29 +92,7 @@ def prefix_free(label_tokens: Sequence[Sequence[int]]) -> bool:
     return all(b[: len(a)] != a for a, b in zip(seqs, seqs[1:], strict=False))
 
 
-# --------------------------------------------------------------------------- worker side
-
-
-@dataclass(frozen=True)
-class LabelScores:
-    """One question's result: each label's sequence log-probability, and its usage."""
-
-    logprobs: tuple[float, ...]
-    n_prompt: int
-    n_cached: int
-    n_label_tokens: int
-
-
-_EOG: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
-
-
-def _eog_tokens(eng: Engine) -> list[int]:
-    """Every end-of-generation token of the vocabulary (found once per engine)."""
-    found = _EOG.get(eng)
-    if found is None:
-        found = [t for t in range(eng.n_vocab) if eng.is_eog(t)]
-        _EOG[eng] = found
-    return found
+# --------------------------------------------------------------------------- requests
 
 
 def label_tokens(eng: Engine, label: str) -> list[int]:
@@ -129,201 +105,169 @@ def label_tokens(eng: Engine, label: str) -> list[int]:
     return [int(t) for t in eng.tokenize(label, add_special=False, parse_special=False)]
 
 
-def score_labels(
-    state: Any, job: EngineRequest, toks: Sequence[Sequence[int]], shared: int = 0
-) -> LabelScores | None:
-    """Score the labels (``toks``: each one's tokens, from :func:`label_tokens`) as the
-    answer to ``job``'s prompt, prepared by the front end (run it on the worker thread).
+def label_rows(label: Sequence[int], to_end: bool) -> int:
+    """Decode rows a label needs after the prompt: its tokens after the first (the
+    prompt's last row scores that one), or all of them when scored to the turn's end."""
+    return len(label) - (0 if to_end else 1)
 
-    ``shared``: the prompt's first tokens common to every question of the request (a
-    checkpoint is kept there where the memory cannot be trimmed). Returns None when no
-    slot is free now (the caller retries); raises the request's error otherwise, the
-    slot left holding what its memory holds."""
-    eng: Engine | None = state.engine
-    memory: SlotMemory | None = state.memory
-    assert eng is not None and memory is not None
-    if job.cancelled():
-        raise cancel_error(job)
-    if job.lora:
-        raise InvalidRequestError("decision questions run on the base model: LoRA is not applied")
-    terminate = not prefix_free(toks)
-    longest = max(len(t) for t in toks) - (0 if terminate else 1)
-    if longest > eng.n_batch:
-        raise InvalidRequestError(
-            f"an answer label of {longest + 1} tokens exceeds n_batch={eng.n_batch}"
-        )
-    busy: set[int] = state._busy()
-    if len(busy) >= len(memory.slots):
-        return None  # before any templating: the caller asks again
-    tokens = job.tokens
-    n_prompt = len(tokens)
-    if n_prompt == 0:
-        raise InvalidRequestError("the rendered prompt is empty")
-    needed = n_prompt + longest
-    if needed > eng.n_ctx:
-        raise ContextOverflowError(
-            f"the decision prompt of {n_prompt} tokens plus its longest answer label does "
-            f"not fit the context window of {eng.n_ctx} tokens (raise n_ctx or shorten the state)"
-        )
-    reserved = sum(a.reserved for a in state.active)
-    if eng.kv_unified and not memory.fits(needed, reserved):
-        if not state.active:
-            raise ContextOverflowError(
-                f"the question needs {needed} positions of the "
-                f"{eng.n_ctx_total}-position unified cache"
-            )
-        return None
-    spans = [(p, m.n_pos) for p, m in job.media.items()]
-    marks = job.marks
-    slot, n_keep = memory.acquire(
-        tokens,
-        spans,
-        busy,
-        cache_prompt=job.cache_prompt,
-        marks=marks,
-        room=(needed, reserved) if eng.kv_unified else None,
+
+def score_request(
+    prepared: EngineRequest, labels: Sequence[Sequence[int]], shared: int = 0
+) -> ScoreRequest:
+    """The scoring request for a prepared chat request's prompt (made on the caller's
+    side; the prepared request's sampler is freed: scoring never samples).
+
+    ``labels``: each label's tokens (:func:`label_tokens`). ``shared``: the prompt's
+    first tokens common to every question of the decision (a checkpoint is kept there
+    where the memory cannot be trimmed). The request runs on the base model."""
+    prepared.close_sampler()
+    toks = tuple(tuple(int(t) for t in label) for label in labels)
+    if not toks:
+        raise InvalidRequestError("a question needs at least one answer label")
+    if not all(toks):
+        raise InvalidRequestError("an answer label tokenizes to no tokens")
+    to_end = not prefix_free(toks)
+    return ScoreRequest(
+        tokens=prepared.tokens,
+        sampling=prepared.sampling,
+        # the positions the longest label's rows take after the prompt: what the
+        # unified cache must leave room for, as a chat request's max_new
+        max_new=max(label_rows(t, to_end) for t in toks),
+        media=prepared.media,
+        boundaries=(shared,) if 0 < shared < len(prepared.tokens) else (),
+        marks=prepared.marks,
+        cache_prompt=prepared.cache_prompt,
+        deadline=prepared.deadline,
+        cancel=prepared.cancel,
+        channel=prepared.channel,
+        labels=toks,
+        to_end=to_end,
     )
-    boundaries = (shared,) if 0 < shared < n_prompt else ()
-    targets = memory.checkpoint_targets(n_keep, tokens, boundaries, spans, slot, marks)
-    first = _read_prompt(state, eng, memory, slot, job, marks, targets)
-    logprobs = [
-        float(first[t[0]]) + _label_tail(eng, memory, slot, job, t, terminate) for t in toks
-    ]
-    n_label = sum(len(t) - (0 if terminate else 1) for t in toks)
-    _save(memory, slot)
-    return LabelScores(tuple(logprobs), n_prompt, n_keep, n_label)
 
 
-def _save(memory: SlotMemory, slot: Slot) -> None:
-    """Offer the read prompt to the disk prompt cache, as a finished chat request's
-    conversation is (the disk cache is an optimisation: a failure only logs)."""
-    if memory.disk is None:
-        return
-    try:
-        pending = memory.reserve_save(slot)
-        if pending is not None:
-            memory.persist(slot, pending)
-    except Exception:
-        logger.warning("prompt cache: could not save a decision prompt", exc_info=True)
+# --------------------------------------------------------------------------- worker side
 
 
-def _read_prompt(
-    state: Any,
-    eng: Engine,
-    memory: SlotMemory,
-    slot: Slot,
-    job: EngineRequest,
-    marks: Sequence[int],
-    targets: list[int],
-) -> np.ndarray:
-    """Decode the prompt's uncached suffix in the worker's pieces (same cuts and
-    checkpoints as a chat request) and return the log-softmax of its last row."""
-    tokens = job.tokens
-    media = job.media
-    n_prompt = len(tokens)
-    keep = frozenset(targets)
-    rules = state.piece_rules
-    eng.set_lora(())  # LoRA hook: questions read the base model
-    while True:
-        items = slot.checkpoints.items
-        piece = plan_piece(
-            None,
-            PromptRead(
-                n_past=slot.n_past,
-                n_prompt=n_prompt,
-                media={p: m.n_pos for p, m in media.items()},
-                targets=tuple(targets),
-                marks=tuple(marks),
-                last_checkpoint=items[-1].n_tokens if items else None,
-            ),
-            rules,
-        )
-        for pos in piece.media:
-            chunk = media[pos]
-            if pos + chunk.n_pos >= n_prompt:
-                raise ImageInputError("a prompt cannot end with an image: add text after it")
-            try:
-                eng.eval_media(chunk, pos, slot.seq_id)
-            except DecodeError:
-                memory.sync(slot)
-                raise
-            memory.record(slot, tokens[pos : pos + chunk.n_pos], exact=True)
-        start, end = piece.start, piece.end
-        if piece.targets_taken:
-            del targets[: piece.targets_taken]
-            if piece.checkpoint_at_start:
-                memory.save_checkpoint(slot, keep)
-        chunk_toks = tokens[start:end]
-        try:
-            eng.decode_batch(
-                chunk_toks,
-                range(start, end),
-                [slot.seq_id] * len(chunk_toks),
-                [i == n_prompt - 1 for i in range(start, end)],
-                cancel=cancel_check(job) if len(chunk_toks) > 1 else None,
+_EOG: weakref.WeakKeyDictionary[Engine, list[int]] = weakref.WeakKeyDictionary()
+
+
+def _eog_tokens(eng: Engine) -> list[int]:
+    """Every end-of-generation token of the vocabulary (found once per engine)."""
+    found = _EOG.get(eng)
+    if found is None:
+        found = [t for t in range(eng.n_vocab) if eng.is_eog(t)]
+        _EOG[eng] = found
+    return found
+
+
+@dataclass
+class LabelWork:
+    """A :class:`ScoreRequest`'s labels on the worker: scored once its prompt is read,
+    at most one decode call per :meth:`step`, so the worker's other requests go on
+    between labels and a cancel or deadline is seen before the next one."""
+
+    job: ScoreRequest
+    #: log-softmax of the prompt's last row (None: the prompt is still being read)
+    first: np.ndarray | None = None
+    logprobs: list[float] = field(default_factory=list)
+
+    @classmethod
+    def check(cls, eng: Engine, job: ScoreRequest) -> LabelWork:
+        """The work for ``job``, refused before it takes a slot when its labels cannot
+        be scored on this context."""
+        if not job.labels or not all(job.labels):
+            raise InvalidRequestError("a question needs answer labels of at least one token")
+        longest = max(label_rows(t, job.to_end) for t in job.labels)
+        if longest > eng.n_batch:
+            raise InvalidRequestError(
+                f"an answer label of {longest + 1} tokens exceeds n_batch={eng.n_batch}"
             )
-        except (RequestCancelledError, DecodeError) as exc:
+        n_prompt = len(job.tokens)
+        if n_prompt + longest > eng.n_ctx:
+            raise ContextOverflowError(
+                f"the decision prompt of {n_prompt} tokens plus its longest answer label does "
+                f"not fit the context window of {eng.n_ctx} tokens (raise n_ctx or shorten "
+                "the state)"
+            )
+        return cls(job)
+
+    @property
+    def reading(self) -> bool:
+        """The prompt is read and labels remain: :meth:`step` has work."""
+        return self.first is not None and not self.done
+
+    @property
+    def done(self) -> bool:
+        return len(self.logprobs) == len(self.job.labels)
+
+    def prompt_read(self, logits: np.ndarray) -> None:
+        """Take the prompt's last row (each label's first token is scored from it)."""
+        self.first = log_softmax(logits)
+
+    def step(self, eng: Engine, memory: SlotMemory, slot: Slot) -> None:
+        """Score the labels up to the next one that needs a decode call, that one
+        included: one call at most. The slot ends holding exactly the prompt."""
+        first = self.first
+        assert first is not None
+        labels = self.job.labels
+        while not self.done:
+            toks = labels[len(self.logprobs)]
+            lp = float(first[toks[0]])
+            decoded = label_rows(toks, self.job.to_end) > 0
+            if decoded:
+                lp += self._tail(eng, memory, slot, toks)
+            self.logprobs.append(lp)
+            if decoded:
+                return
+
+    def _tail(self, eng: Engine, memory: SlotMemory, slot: Slot, toks: Sequence[int]) -> float:
+        """Log-probability of a label's tokens after its first (and, scored to the
+        turn's end, of ending the turn after it): its tokens decoded after the prompt,
+        read, removed."""
+        to_end = self.job.to_end
+        rows = list(toks) if to_end else list(toks[:-1])
+        step = memory.begin_verify(slot, rows)
+        n = len(rows)
+        try:
+            eng.set_lora(())  # LoRA hook: questions read the base model
+            eng.decode_batch(
+                rows, range(step.n_past, step.n_past + n), [slot.seq_id] * n, [True] * n
+            )
+        except (RequestCancelledError, DecodeError):
+            memory.abort_verify(step)
             memory.sync(slot)
-            if isinstance(exc, RequestCancelledError) or job.cancelled():
-                raise cancel_error(job) from None
             raise
-        memory.record(slot, chunk_toks, exact=True)
-        if slot.n_past < n_prompt:
-            if targets and slot.n_past == targets[0]:
-                targets.pop(0)
-                memory.save_checkpoint(slot, keep)
-            if job.cancelled():
-                raise cancel_error(job)
-            continue
-        memory.seal_prompt(slot, n_prompt, marks)
-        row = log_softmax(eng.logits(len(chunk_toks) - 1))
-        if piece.window:
-            memory.save_checkpoint(slot, keep)
-        return row
+        try:
+            total = 0.0
+            for i in range(len(toks) - 1):
+                total += float(log_softmax(eng.logits(i))[toks[i + 1]])
+            if to_end:
+                end = log_softmax(eng.logits(n - 1))
+                total += logsumexp([float(end[t]) for t in _eog_tokens(eng)])
+        finally:
+            # drop every label row again: the slot holds exactly the prompt
+            memory.keep(step, 0, lambda _rows, _start: None)
+        return total
 
-
-def _label_tail(
-    eng: Engine,
-    memory: SlotMemory,
-    slot: Slot,
-    job: EngineRequest,
-    toks: Sequence[int],
-    terminate: bool,
-) -> float:
-    """Log-probability of a label's tokens after its first (and, with ``terminate``, of
-    ending the turn after it): its tokens decoded after the prompt, read, removed."""
-    rows = list(toks) if terminate else list(toks[:-1])
-    if not rows:
-        return 0.0
-    step = memory.begin_verify(slot, rows)
-    n = len(rows)
-    try:
-        eng.decode_batch(rows, range(step.n_past, step.n_past + n), [slot.seq_id] * n, [True] * n)
-    except (RequestCancelledError, DecodeError) as exc:
-        memory.abort_verify(step)
-        memory.sync(slot)
-        if isinstance(exc, RequestCancelledError) or job.cancelled():
-            raise cancel_error(job) from None
-        raise
-    try:
-        total = 0.0
-        for i in range(len(toks) - 1):
-            total += float(log_softmax(eng.logits(i))[toks[i + 1]])
-        if terminate:
-            end = log_softmax(eng.logits(n - 1))
-            total += logsumexp([float(end[t]) for t in _eog_tokens(eng)])
-    finally:
-        # drop every label row again: the slot holds exactly the prompt
-        memory.keep(step, 0, lambda _rows, _start: None)
-    return total
+    def result(self, n_cached: int) -> LabelScores:
+        """The answer, once :attr:`done`."""
+        job = self.job
+        return LabelScores(
+            tuple(self.logprobs),
+            len(job.tokens),
+            n_cached,
+            sum(label_rows(t, job.to_end) for t in job.labels),
+        )
 
 
 __all__ = [
     "LabelScores",
+    "LabelWork",
     "label_distribution",
+    "label_rows",
     "label_tokens",
     "log_softmax",
     "logsumexp",
     "prefix_free",
-    "score_labels",
+    "score_request",
 ]

@@ -51,6 +51,7 @@ from langchain_llamacpp_local.runtime.requests import (
     Failed,
     Finished,
     PromptProgress,
+    ScoreRequest,
     TextDelta,
     cancel_check,
     cancel_error,
@@ -63,7 +64,9 @@ from langchain_llamacpp_local.runtime.scheduler import (
     plan_step,
     row_limit,
 )
+from langchain_llamacpp_local.runtime.scoring import LabelWork
 from langchain_llamacpp_local.runtime.speculative import DraftController, NgramProposer, Proposer
+from langchain_llamacpp_local.runtime.stats import SlotStats, WorkerStats
 from langchain_llamacpp_local.runtime.thinking import ThinkCounter
 
 logger = logging.getLogger(__name__)
@@ -89,6 +92,13 @@ class ModelInfo:
     #: the CPU threads chosen at load (``n_threads``, ``n_threads_batch``, the usable
     #: CPUs they were chosen from and why); under load fewer may run at a time
     threads: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class _StatsAsk:
+    """A queued request for a :class:`WorkerStats` snapshot."""
+
+    channel: Channel = field(default_factory=Channel)
 
 
 _STOP = object()
@@ -169,17 +179,24 @@ class ModelWorker:
         self._queue.put(job)
         return job.channel
 
-    def tokenize_media(
-        self,
-        text: str | list[tuple[str, bool] | None],
-        images: list[tuple[int, int, bytes | bytearray, str]],
-    ) -> tuple[list[Any], dict[int, Any]]:
-        """A prompt with images as positions and image chunks, made on the worker thread
-        (mtmd's tokenizer preprocesses the images with the projector's context)."""
-        return self.call(lambda state: state.engine.tokenize_multimodal(text, images))
+    def stats(self) -> WorkerStats:
+        """A snapshot of the slots and queues, taken on the worker thread between steps."""
+        ask = _StatsAsk()
+        if not self.alive:
+            raise WorkerDeadError(f"the worker for {self.config.model_path} has stopped")
+        self._queue.put(ask)
+        got = ask.channel.get()
+        if isinstance(got, BaseException):
+            raise got
+        assert isinstance(got, WorkerStats)
+        return got
 
     def call(self, fn: Callable[[_WorkerState], Any]) -> Any:
-        """Run ``fn(state)`` on the worker thread and return its result (tests, tools)."""
+        """Run ``fn(state)`` on the worker thread between steps and return its result.
+
+        A test hook (tests install probes or faults on the engine with it): the package
+        itself never uses it; its work reaches the worker as typed requests
+        (:class:`EngineRequest`, :class:`ScoreRequest`) and :meth:`stats` reads it."""
         ch = Channel()
         if not self.alive:
             raise WorkerDeadError(f"the worker for {self.config.model_path} has stopped")
@@ -243,6 +260,8 @@ def _drain(q: queue.SimpleQueue[Any], exc: BaseException) -> None:
             item.channel.put(Failed(exc))
         elif isinstance(item, tuple):
             item[1].put(("error", exc))
+        elif isinstance(item, _StatsAsk):
+            item.channel.put(exc)
 
 
 @dataclass
@@ -276,7 +295,7 @@ class _Active:
     max_new: int
     targets: list[int]
     keep: frozenset[int]
-    sampler: Sampler
+    sampler: Sampler | None  # None: a scoring request (it never samples)
     decoder: Utf8Decoder = field(default_factory=Utf8Decoder)
     stopper: StopMatcher = field(default_factory=lambda: StopMatcher([]))
     logprobs: list[dict[str, Any]] | None = None
@@ -290,6 +309,7 @@ class _Active:
     text_sent: bool = False  # a text item of the reply went out
     spec: _Speculation | None = None
     think: ThinkCounter | None = None
+    labels: LabelWork | None = None  # a scoring request's labels (runtime.scoring)
 
     @property
     def tokens(self) -> list[Any]:
@@ -320,10 +340,11 @@ class _WorkerState:
     Each loop iteration admits queued requests into free slots, then decodes one
     step: the next token of every generating request, and a piece (see
     :mod:`chunking`) of the oldest request still reading its prompt, the younger
-    ones' pieces filling the rest of its call. In deterministic mode pieces lie on a
-    fixed grid, are never mixed with other sequences and generation steps share a
-    call only in groups the kernels keep exact, so a request computes the same
-    logits whatever runs beside it.
+    ones' pieces filling the rest of its call, and at most one label call of a
+    scoring request (:class:`ScoreRequest`) whose prompt is read. In deterministic
+    mode pieces lie on a fixed grid, are never mixed with other sequences and
+    generation steps share a call only in groups the kernels keep exact, so a request
+    computes the same logits whatever runs beside it.
 
     Anything that goes wrong while starting, sampling or streaming one request
     becomes that request's error; only a failure of llama.cpp itself (an
@@ -396,7 +417,8 @@ class _WorkerState:
 
     def fail_all(self, exc: BaseException) -> None:
         for act in self.active:
-            act.sampler.close()
+            if act.sampler is not None:
+                act.sampler.close()
             act.job.channel.put(Failed(exc))
         self.active.clear()
         while self.pending:
@@ -421,7 +443,9 @@ class _WorkerState:
             while item is not None:
                 if item is _STOP:
                     return
-                if isinstance(item, tuple):
+                if isinstance(item, _StatsAsk):
+                    item.channel.put(self.stats())
+                elif isinstance(item, tuple):
                     fn, ch = item
                     try:
                         ch.put(("ok", fn(self)))
@@ -441,6 +465,25 @@ class _WorkerState:
                 self._persist_finished()
             if self.memory is not None and self.memory.checking:
                 self.memory.check()
+
+    def stats(self) -> WorkerStats:
+        """What :meth:`ModelWorker.stats` answers (on this thread, between steps)."""
+        eng = self.engine
+        memory = self.memory
+        assert eng is not None and memory is not None
+        return WorkerStats(
+            slots=tuple(
+                SlotStats(s.seq_id, s.n_past, eng.seq_pos_max(s.seq_id), s.checkpoints.total_bytes)
+                for s in memory.slots
+            ),
+            n_active=len(self.active),
+            n_pending=len(self.pending),
+            preparing=self.preparing,
+            host_ram_items=len(memory.ram.items),
+            kv_unified=eng.kv_unified,
+            exact_rows=eng.exact_rows,
+            exact_verify_rows=eng.exact_verify_rows,
+        )
 
     def _busy(self) -> set[int]:
         return {a.slot.seq_id for a in self.active}
@@ -488,6 +531,7 @@ class _WorkerState:
         tokens = job.tokens
         if not tokens:
             raise InvalidRequestError("the rendered prompt is empty")
+        labels = LabelWork.check(eng, job) if isinstance(job, ScoreRequest) else None
         spans = [(p, m.n_pos) for p, m in job.media.items()]
         spec = self._speculation(job)  # first: it may refuse the job
         marks = job.marks
@@ -514,12 +558,15 @@ class _WorkerState:
             waiting=len(self.pending) - 1 + self.preparing,
         )
         targets = memory.checkpoint_targets(n_keep, tokens, job.boundaries, spans, slot, marks)
-        sampler = job.sampler or Sampler(eng.vocab, job.sampling, n_ctx=eng.n_ctx)
+        sampler = None
+        if labels is None:
+            sampler = job.sampler or Sampler(eng.vocab, job.sampling, n_ctx=eng.n_ctx)
         job.sampler = None  # the request's from here on: closed when it ends
         try:
             stopper = StopMatcher(job.stop)
         except BaseException:
-            sampler.close()
+            if sampler is not None:
+                sampler.close()
             raise
         cache = {
             "source": memory.last_source,
@@ -543,6 +590,7 @@ class _WorkerState:
             logprobs=[] if job.logprobs else None,
             spec=spec,
             think=None if job.think is None else ThinkCounter(job.think),
+            labels=labels,
         )
 
     def _speculation(self, job: EngineRequest) -> _Speculation | None:
@@ -608,6 +656,7 @@ class _WorkerState:
             self._decode_prompt_piece(piece, riding, more)
         elif riding:
             self._decode_generation(riding)
+        self._score_labels()
         self._hand_to_reader()
 
     def _hand_to_reader(self) -> None:
@@ -718,6 +767,29 @@ class _WorkerState:
             memory.record(act.slot, [act.pending], exact=False)
             act.pending = None
             self._guarded(act, self._sample, act, i)
+
+    # ------------------------------------------------------------------ scoring
+
+    def _score_labels(self) -> None:
+        """Score labels of the oldest scoring request whose prompt is read: one decode
+        call at most per step, so the streams beside it wait for one small call, and
+        its cancel or deadline is seen before its next label (``_step``'s check)."""
+        act = next((a for a in self.active if a.labels is not None and a.labels.reading), None)
+        if act is None or act.labels is None:
+            return
+        eng = self.engine
+        memory = self.memory
+        assert eng is not None and memory is not None
+        try:
+            act.labels.step(eng, memory, act.slot)
+        except Exception as exc:  # the slot holds its prompt again: this request's error
+            logger.debug("scoring a label failed", exc_info=True)
+            self._finish_error(act, self._stopped(act.job) or exc)
+            return
+        if act.labels.done:
+            self._release(act)
+            self._reserve_save(act)  # its prompt, for the disk cache, as a chat's
+            act.job.channel.put(act.labels.result(act.n_keep))
 
     # ------------------------------------------------------------------ speculation
 
@@ -900,7 +972,12 @@ class _WorkerState:
             return
         memory.seal_prompt(slot, n_prompt, act.marks)
         act.t_prefill = time.perf_counter()
-        self._guarded(act, self._sample, act, last_row)
+        if act.labels is not None:  # a scoring request: its labels are scored from here
+            eng = self.engine
+            assert eng is not None
+            self._guarded(act, lambda work: work.prompt_read(eng.logits(last_row)), act.labels)
+        else:
+            self._guarded(act, self._sample, act, last_row)
         if piece.window and slot.n_past == n_prompt:
             # the prompt's end, after its first token went out: a regenerate of this
             # prompt resumes one entry back from it
@@ -1119,6 +1196,8 @@ class _WorkerState:
     def _release(self, act: _Active) -> None:
         if act in self.active:
             self.active.remove(act)
+        if act.sampler is None:
+            return
         try:
             act.sampler.close()
         except Exception:
@@ -1144,5 +1223,8 @@ __all__ = [
     "Finished",
     "ModelInfo",
     "ModelWorker",
+    "ScoreRequest",
+    "SlotStats",
     "TextDelta",
+    "WorkerStats",
 ]

@@ -135,29 +135,25 @@ def test_refused_forms_have_clear_errors(
 
 
 def test_the_pixels_reach_mtmd_without_a_copy(vlm: ChatLlamaCpp) -> None:
-    """The worker hands mtmd a pointer to the decoded pixels: a Python copy of a large
-    image (108 MB for 6000x6000) holds the GIL all along, stalling every other thread,
-    an event loop included. Checked on the traced memory's peak, not on a clock. Pixels
-    that do not match the image's size are refused (mtmd would read past their end)."""
+    """The caller's side hands mtmd a pointer to the decoded pixels: a Python copy of a
+    large image (108 MB for 6000x6000) holds the GIL all along, stalling every other
+    thread, an event loop included. Checked on the traced memory's peak, not on a clock.
+    Pixels that do not match the image's size are refused (mtmd would read past their
+    end)."""
     big = load_image(_png((10, 200, 10), size=1024))  # 3 MiB of pixels
     vlm.load()
     worker = vlm._worker
     assert worker is not None
     text = f"look: {MEDIA_MARKER} ok"
 
-    def peak_of(state: Any) -> int:
-        tracemalloc.start()
-        try:
-            state.engine.tokenize_multimodal(text, [(1024, 1024, big.rgb, big.digest)])
-            return tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-
-    peak = worker.call(peak_of)
+    tracemalloc.start()
+    try:
+        worker.engine.tokenize_multimodal(text, [(1024, 1024, big.rgb, big.digest)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     assert peak < len(big.rgb) // 4, f"{peak} bytes traced for {len(big.rgb)} bytes of pixels"
     with pytest.raises(ValueError, match="RGB bytes"):
-        worker.call(
-            lambda st: st.engine.tokenize_multimodal(text, [(1024, 1024, big.rgb[:-3], "x")])
-        )
+        worker.engine.tokenize_multimodal(text, [(1024, 1024, big.rgb[:-3], "x")])
     served = vlm.invoke(_ask(_v1(RED)))  # still serving, as a fresh decode does
     assert ids(served) and ids(served) == ids(vlm.invoke(_ask(_v1(RED)), cache_prompt=False))

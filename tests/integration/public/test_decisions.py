@@ -9,7 +9,10 @@ rest of the vocabulary 0), each piece by the next with logit 20.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.decisions import Box, Choice, ClassifierResponse, Noul, Score
@@ -17,8 +20,12 @@ from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 
 from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppDecisionModel
-from langchain_llamacpp_local.decisions import question_message, render_state
-from langchain_llamacpp_local.errors import InvalidRequestError, RequestTimeoutError
+from langchain_llamacpp_local.decisions import ask, question_message, render_state
+from langchain_llamacpp_local.errors import (
+    InvalidRequestError,
+    RequestCancelledError,
+    RequestTimeoutError,
+)
 from tests.gguf_models import write_scripted_llama
 from tests.printing_model import write_printing_llama
 
@@ -185,7 +192,6 @@ def test_deterministic_cached_answers_equal_fresh_ones(tiny_llama: str) -> None:
 def test_a_question_waits_for_a_busy_slot_and_changes_no_reply(tmp_path: Path) -> None:
     """One slot, held by a streaming chat: the question waits for it; both answers are
     what each gets alone."""
-    import threading
 
     script = "yes " + " ".join(f"w{i}" for i in range(150))
     llm = ChatLlamaCpp(model_path=_printer(tmp_path, "busy", script), n_slots=1, temperature=0)
@@ -383,3 +389,181 @@ def test_the_docs_example_runs(smollm2: str, capsys: pytest.CaptureFixture[str])
     assert 0.0 <= float(printed[0]) <= 1.0
     assert printed[1].split()[0] in ("billing", "technical", "sales")
     assert "cache_read" in printed[3]
+
+
+# --------------------------------------------------------------------------- scheduling
+
+#: 100 answer labels of several tokens each: scoring them takes 100 decode calls
+MANY = Choice(instructions="Which option?", criteria={f"option {i}": None for i in range(100)})
+
+
+def _many_cached(llm: ChatLlamaCpp) -> dict[str, Any]:
+    """A decision request asking :data:`MANY`, its prompt cached by a chat call first:
+    the request's time goes to its labels."""
+    request: dict[str, Any] = {"state": "the user asked for an option", "questions": {"q": MANY}}
+    text, media = render_state(request["state"])
+    llm.invoke([question_message(text, media, ask("q", MANY).text)], max_tokens=1, reasoning=False)
+    return request
+
+
+def _recording_submits(monkeypatch: pytest.MonkeyPatch, on_score: Callable[[], None]) -> None:
+    """Call ``on_score()`` when a scoring request reaches a worker's queue."""
+    from langchain_llamacpp_local.runtime.requests import ScoreRequest
+    from langchain_llamacpp_local.runtime.worker import ModelWorker
+
+    submit = ModelWorker.submit
+
+    def recording(self: ModelWorker, job: Any) -> Any:
+        if isinstance(job, ScoreRequest):
+            on_score()
+        return submit(self, job)
+
+    monkeypatch.setattr(ModelWorker, "submit", recording)
+
+
+def test_a_stream_keeps_generating_while_a_decision_reads_its_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The question's prompt is read in the worker's pieces beside the stream: the
+    stream's tokens go on between the question's arrival and its answer."""
+    script = " ".join(f"w{i}" for i in range(1000))
+    llm = ChatLlamaCpp(
+        model_path=_printer(tmp_path, "stream", script),
+        n_batch=64,
+        n_ctx=2048,
+        kv_unified=False,  # a window per slot: the question need not wait for KV room
+        temperature=0,
+    )
+    dm = llm.as_decision_model()
+    request = {"state": "word " * 300, "questions": {"q": Noul(instructions="Risky?")}}
+    chunks: list[str] = []
+    at_submit: list[int] = []
+    _recording_submits(monkeypatch, lambda: at_submit.append(len(chunks)))
+    started = threading.Event()
+
+    def chat() -> None:
+        try:
+            for chunk in llm.stream("hi", max_tokens=1800):
+                chunks.append(str(chunk.content))
+                started.set()
+        finally:
+            started.set()
+
+    streamer = threading.Thread(target=chat)
+    streamer.start()
+    try:
+        assert started.wait(60)
+        resp = dm.invoke(request)
+        at_answer = len(chunks)
+    finally:
+        streamer.join(120)
+    assert 0.0 <= resp.nouls["q"].noul <= 1.0
+    assert resp.usage is not None and resp.usage["input_tokens"] > 1500
+    (submitted,) = at_submit
+    assert at_answer < len(chunks), (submitted, at_answer)  # still generating at the answer
+    # about 1,500 prompt tokens in pieces of at most 64: one stream token per piece
+    assert at_answer - submitted >= 10, (submitted, at_answer, len(chunks))
+    assert "".join(chunks) == script
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_decision_of_100_labels_honours_its_timeout(smollm2: str, mode: str) -> None:
+    """The labels are scored a decode call per worker step, the request's deadline seen
+    between them: the caller gets RequestTimeoutError at its timeout, and the worker
+    drops the question and serves on."""
+    import asyncio
+    import time
+
+    llm = ChatLlamaCpp(model_path=smollm2, n_ctx=4096).load()
+    slow = llm.model_copy(update={"timeout": 1.0}).as_decision_model()
+    request = _many_cached(llm)
+    took = []
+    for _ in range(3):  # the least of a few tries: a busy machine delays any one of them
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeoutError):
+            if mode == "sync":
+                slow.invoke(request)
+            else:
+                asyncio.run(slow.ainvoke(request))
+        took.append(time.monotonic() - t0)
+        if took[-1] < 1.5:
+            break
+    assert min(took) < 1.5, took
+    resp = llm.as_decision_model().invoke({"state": "x", "questions": {"q": QUESTIONS["risky"]}})
+    assert 0.0 <= resp.nouls["q"].noul <= 1.0
+    worker = llm._worker
+    assert worker is not None
+    stats = worker.stats()
+    assert stats.n_active == 0 and stats.n_pending == 0
+
+
+@pytest.mark.parametrize("closing", ["chat model", "decision model"])
+def test_close_stops_a_running_decision(
+    smollm2: str, monkeypatch: pytest.MonkeyPatch, closing: str
+) -> None:
+    """``close()`` of the chat model (or of its decision model) cancels the question the
+    worker is scoring: it raises RequestCancelledError instead of answering."""
+    llm = ChatLlamaCpp(model_path=smollm2, n_ctx=4096).load()
+    dm = llm.as_decision_model()
+    request = _many_cached(llm)
+    queued = threading.Event()
+    _recording_submits(monkeypatch, queued.set)
+    outcome: list[object] = []
+
+    def decide() -> None:
+        try:
+            outcome.append(dm.invoke(request))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=decide)
+    thread.start()
+    assert queued.wait(60)
+    (llm if closing == "chat model" else dm).close()
+    thread.join(60)
+    assert not thread.is_alive()
+    (got,) = outcome
+    assert isinstance(got, RequestCancelledError), got
+    again = ChatLlamaCpp(model_path=smollm2, n_ctx=4096).as_decision_model()
+    resp = again.invoke({"state": "x", "questions": {"q": QUESTIONS["risky"]}})
+    assert 0.0 <= resp.nouls["q"].noul <= 1.0
+
+
+@pytest.mark.parametrize("how", ["lora_adapters scale", "lora field"])
+def test_decisions_run_on_the_base_model_beside_default_adapters(
+    tmp_path: Path, tiny_llama: str, how: str
+) -> None:
+    """Adapters applied to every chat call by default are not applied to questions:
+    the answers are the base model's."""
+    from tests.gguf_models import write_tiny_lora
+
+    adapter = str(write_tiny_lora(tmp_path / "a.gguf", seed=1))
+    if how == "lora field":
+        llm = ChatLlamaCpp(model_path=tiny_llama, lora_adapters={"a": adapter}, lora={"a": 0.5})
+    else:
+        llm = ChatLlamaCpp(
+            model_path=tiny_llama, lora_adapters={"a": {"path": adapter, "scale": 1.0}}
+        )
+    request = {"state": "word " * 40, "questions": QUESTIONS}
+    got = llm.as_decision_model().invoke(request)
+    base = ChatLlamaCpp(model_path=tiny_llama).as_decision_model().invoke(request)
+    _check_distributions(got)
+    assert got.nouls["risky"].noul == pytest.approx(base.nouls["risky"].noul, abs=1e-4)
+    for label, p in base.choices["team"].probabilities.items():
+        assert got.choices["team"].probabilities[label] == pytest.approx(p, abs=1e-4)
+
+
+def test_decisions_at_once_get_their_solo_answers(tiny_llama: str) -> None:
+    """Questions of several callers run at once, each in its slot: their prompt pieces
+    and label calls interleave step by step; in deterministic mode each answer is
+    exactly the one it gets alone (here read from the cache the first round left)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dm = ChatLlamaCpp(model_path=tiny_llama, deterministic=True, n_ctx=2048).as_decision_model()
+    requests = [
+        {"state": f"case {i}: " + "word " * (60 + 40 * i), "questions": QUESTIONS} for i in range(3)
+    ]
+    with ThreadPoolExecutor(3) as pool:  # first: their prompts are read together
+        together = list(pool.map(lambda r: dm.invoke(r).answers, requests))
+    alone = [dm.invoke(r).answers for r in requests]
+    assert together == alone

@@ -528,16 +528,7 @@ def _kv_in_sync(llm: ChatLlamaCpp) -> list[tuple[int, int]]:
     worker = llm.load()._worker
     assert worker is not None
 
-    def check(state: Any) -> list[tuple[int, int]]:
-        eng = state.engine
-        out = []
-        for slot in state.slots:
-            held = eng.seq_pos_max(slot.seq_id) + 1
-            if held != slot.n_past:
-                out.append((slot.n_past, held))
-        return out
-
-    return worker.call(check)
+    return [(s.n_past, s.pos_max + 1) for s in worker.stats().slots if s.pos_max + 1 != s.n_past]
 
 
 def test_seeded_soak(tmp_path: Path, tiny_llama: str, gemma: str) -> None:

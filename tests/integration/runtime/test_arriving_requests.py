@@ -19,7 +19,7 @@ GREEDY = {"temperature": 0.0}
 
 def _parked(worker: ModelWorker) -> int:
     """Conversations the host-RAM cache holds."""
-    return int(worker.call(lambda st: len(st.memory.ram.items)))
+    return worker.stats().host_ram_items
 
 
 def test_idle_conversations_stay_while_another_request_is_being_prepared(
@@ -29,14 +29,14 @@ def test_idle_conversations_stay_while_another_request_is_being_prepared(
     worker = llm._worker
     assert worker is not None
     try:
-        assert worker.call(lambda st: st.engine.kv_unified)
+        assert worker.stats().kv_unified
         llm.invoke("the first conversation is about boats", max_tokens=4)
         assert _parked(worker) == 0
         with worker.preparing():  # another caller is preparing its request
             llm.invoke("a second one, about mountains and rivers", max_tokens=4)
         # the second did not decode alone: the idle conversation stayed in the pool
         assert _parked(worker) == 0
-        assert worker.call(lambda st: st.preparing) == 0
+        assert worker.stats().preparing == 0
         llm.invoke("and a third, alone this time: clocks", max_tokens=4)
         # alone: the two idle conversations beside it went to host RAM
         assert _parked(worker) == 2

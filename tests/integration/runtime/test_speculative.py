@@ -193,7 +193,7 @@ def test_exact_mode_does_not_speculate_where_the_probe_forbids_it(tiny_llama: st
     )
     info = llm._lease(None, None)[0]
     try:
-        rows = info.worker.call(lambda st: st.engine.exact_verify_rows)
+        rows = info.worker.stats().exact_verify_rows
     finally:
         info.release()
     assert rows == 1  # F32 tiny model: a multi-token step rounds differently
@@ -255,7 +255,7 @@ def test_gemma_exact_mode_and_fast_mode(gemma: str) -> None:
     assert_identical(got, ref)
     lease = exact._lease(None, None)[0]
     try:
-        rows = lease.worker.call(lambda st: st.engine.exact_verify_rows)
+        rows = lease.worker.stats().exact_verify_rows
     finally:
         lease.release()
     if rows < 2:

@@ -13,11 +13,14 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_llamacpp_local.decisions import answer, ask, question_message, render_state
 from langchain_llamacpp_local.errors import ImageInputError, InvalidRequestError
+from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.runtime.requests import EngineRequest, ScoreRequest
 from langchain_llamacpp_local.runtime.scoring import (
     label_distribution,
     log_softmax,
     logsumexp,
     prefix_free,
+    score_request,
 )
 
 
@@ -66,6 +69,35 @@ def test_prefix_free() -> None:
     assert prefix_free([[1, 2], [1, 3]])
     assert not prefix_free([[1], [1, 0]])  # "1" and "10" split into digits
     assert not prefix_free([[5, 6], [5, 6]])
+
+
+def _prepared(n: int) -> EngineRequest:
+    return EngineRequest(tokens=list(range(n)), sampling=SamplingParams(), max_new=1)
+
+
+def test_a_scoring_request_takes_the_prompt_and_room_for_its_longest_label() -> None:
+    """One label's rows follow the prompt at a time: the longest is what the unified
+    cache must leave room for; the state's end is the only checkpoint boundary."""
+    prepared = _prepared(50)
+    req = score_request(prepared, [[7], [8, 9, 10]], shared=30)
+    assert isinstance(req, ScoreRequest)
+    assert req.tokens == prepared.tokens and req.channel is prepared.channel
+    assert req.cancel is prepared.cancel and req.deadline == prepared.deadline
+    assert req.labels == ((7,), (8, 9, 10)) and not req.to_end
+    assert req.max_new == 2  # the first token of a label is scored from the prompt's row
+    assert req.boundaries == (30,)
+    assert req.lora is None and req.sampler is None and req.speculative is None
+    # "1" starts "10": every label is scored to the turn's end, all its tokens decoded
+    digits = score_request(_prepared(50), [[1], [1, 0]], shared=0)
+    assert digits.to_end and digits.max_new == 2 and digits.boundaries == ()
+    assert score_request(_prepared(50), [[1]], shared=50).boundaries == ()
+
+
+def test_a_scoring_request_refuses_labels_without_tokens() -> None:
+    with pytest.raises(InvalidRequestError, match="at least one answer label"):
+        score_request(_prepared(5), [], shared=0)
+    with pytest.raises(InvalidRequestError, match="no tokens"):
+        score_request(_prepared(5), [[1], []], shared=0)
 
 
 def test_noul_asks_yes_or_no_with_its_criteria() -> None:
