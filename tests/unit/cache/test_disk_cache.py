@@ -309,7 +309,7 @@ def test_a_readable_secret_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv(disk_cache.ENV_KEY_FILE, str(key))
     _cache(tmp_path / "c")
     key.chmod(0o644)
-    disk_cache._load_secret.cache_clear()
+    disk_cache.read_secret.cache_clear()
     with pytest.raises(disk_cache.UnsafeCacheError, match=r"chmod 600"):
         _cache(tmp_path / "c")
 

@@ -85,7 +85,7 @@ def test_every_exception_class_of_the_package_lives_in_errors() -> None:
     # internal signals that never leave their module
     assert sorted(stray) == [
         # the cache layer's refusal, raised to the caller as a ValueError naming the setting
-        "langchain_llamacpp_local.cache.disk.UnsafeCacheError",
+        "langchain_llamacpp_local.cache.disk_key.UnsafeCacheError",
         "langchain_llamacpp_local.formats.grammars.NotTagShaped",
         "langchain_llamacpp_local.templates.sandbox.TemplateLimitError",
         "langchain_llamacpp_local.templates.sandbox.TemplateRaised",
