@@ -274,7 +274,7 @@ def test_without_hf_hub_offline_a_cached_model_needs_no_network_and_a_miss_is_fa
     import socket
     import time
 
-    from langchain_llamacpp_local.resolution import model_resolution
+    from langchain_llamacpp_local.resolution import hub as hf_hub
 
     constants = pytest.importorskip("huggingface_hub.constants")
     monkeypatch.delenv("HF_HUB_OFFLINE")
@@ -283,9 +283,9 @@ def test_without_hf_hub_offline_a_cached_model_needs_no_network_and_a_miss_is_fa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
-    for var in model_resolution._PROXY_VARS:
+    for var in hf_hub._PROXY_VARS:
         monkeypatch.delenv(var, raising=False)
-    model_resolution._hf_memo.clear()
+    hf_hub._hf_memo.clear()
     probes: list[object] = []  # connections opened to the hub (counted, not timed)
     connect = socket.create_connection
 
@@ -294,7 +294,7 @@ def test_without_hf_hub_offline_a_cached_model_needs_no_network_and_a_miss_is_fa
             probes.append(address)
         return connect(address, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(model_resolution.socket, "create_connection", counting)
+    monkeypatch.setattr(hf_hub.socket, "create_connection", counting)
     _cache, snap = hub
     start = time.monotonic()
     assert Path(resolve_model("acme/Tiny-GGUF").model_path) == snap / "Tiny-Q4_K_M.gguf"
@@ -303,7 +303,7 @@ def test_without_hf_hub_offline_a_cached_model_needs_no_network_and_a_miss_is_fa
         start = time.monotonic()
         with pytest.raises(ModelNotFoundError, match=rf"127\.0\.0\.1:{port}: unreachable"):
             resolve_model("sub/m")
-        assert time.monotonic() - start < model_resolution.HUB_PROBE_TIMEOUT_S + 1.0
+        assert time.monotonic() - start < hf_hub.HUB_PROBE_TIMEOUT_S + 1.0
     assert len(probes) == 1  # the second failure was remembered
     with pytest.raises(ModelNotFoundError, match="unreachable"):
         resolve_model("other/repo")
