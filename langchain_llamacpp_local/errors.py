@@ -11,7 +11,8 @@ keeps working. The table of which is which is in docs/concurrency.md ("Errors").
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import difflib
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from langchain_core import exceptions as lc
@@ -237,6 +238,60 @@ class InvalidToolCallError(ValueError):
 
 
 # --------------------------------------------------------------------------- the boundary
+
+
+# --------------------------------------------------------------------------- unknown names
+
+#: Parameters of langchain-community's llama.cpp classes that are no field here, each
+#: with what to use instead (docs/migration.md): spelling similarity would point them
+#: at an unrelated field (``grammar_path`` is not ``mmproj_path``).
+COMMUNITY_HINTS: dict[str, str] = {
+    "grammar_path": "pass the grammar's text as grammar=..., or build one from a schema: "
+    "use with_structured_output() or bind_tools(tool_choice=...)",
+    "model_kwargs": "llama.cpp settings are fields of their own (n_ctx=, n_gpu_layers=, "
+    "chat_template=, chat_template_kwargs=...)",
+    "chat_format": "use chat_template= (the GGUF's own template is the default)",
+    "chat_handler": "use chat_template= and mmproj_path= for vision models",
+    "lora_path": "use lora_adapters={'name': path} (docs/lora.md)",
+    "lora_base": "use lora_adapters={'name': path} (docs/lora.md)",
+    "lora_scale": "use lora_adapters={'name': {'path': ..., 'scale': s}} (docs/lora.md)",
+    "f16_kv": "use type_k=/type_v= ('f16' is the default)",
+    "last_n_tokens_size": "use penalty_last_n=",
+    "logits_all": "use logprobs=True (and top_logprobs=)",
+    "n_parts": "no longer a llama.cpp setting",
+    "vocab_only": "get_token_ids() reads only the vocabulary when the model is not loaded",
+    "suffix": "not supported for chat",
+    "echo": "not supported for chat",
+    "client": "the instance loads and shares its model itself",
+}
+
+#: How alike (difflib's ratio) a name must be to a valid one to be suggested: typos
+#: (``n_gpu_layer``, ``temprature``) are well above it, unrelated names sharing a
+#: suffix (``model_kwargs``/``model_path``: 0.64) below.
+SIMILARITY_CUTOFF = 0.75
+
+
+def closest_name(name: str, valid: Iterable[str]) -> str | None:
+    """The valid name ``name`` most likely misspells, if any is close."""
+    matches = difflib.get_close_matches(name, list(valid), n=1, cutoff=SIMILARITY_CUTOFF)
+    return matches[0] if matches else None
+
+
+def unknown_names_error(unknown: Iterable[str], valid: Iterable[str], what: str) -> TypeError:
+    """A ``TypeError`` listing ``unknown`` names, each with its closest valid one (or,
+    for a langchain-community parameter, what replaces it)."""
+    valid = sorted(set(valid))
+    parts = []
+    for name in sorted(unknown):
+        hint = COMMUNITY_HINTS.get(name)
+        guess = closest_name(name, valid)
+        if hint is not None:
+            parts.append(f"{name!r} ({hint})")
+        elif guess:
+            parts.append(f"{name!r} (did you mean {guess!r}?)")
+        else:
+            parts.append(repr(name))
+    return TypeError(f"unexpected {what}: {', '.join(parts)}")
 
 
 def as_model_error(exc: Exception) -> Exception:

@@ -3,13 +3,15 @@
 A call may override most of the model's fields (``invoke(..., temperature=0)``); the
 names it accepts come from the settings the job fills (:class:`SamplingParams` and
 :class:`ChatJob`), so a new setting is a call option without being listed again.
-The options are checked first (``validation.check_call``); this module only merges
-them with the model's fields and builds the job, on the caller's thread.
+The options are checked first (:func:`check_call`: every argument check of a call's
+options lives here), then merged with the model's fields into the job, on the caller's
+thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +20,15 @@ from typing import Any, Protocol
 from langchain_core.messages import BaseMessage
 
 from langchain_llamacpp_local.chat.jobs import ChatJob
+from langchain_llamacpp_local.errors import unknown_names_error
+from langchain_llamacpp_local.llama.json_grammar import (
+    MAX_SCHEMA_NESTING,
+    check_grammar,
+    nesting_depth,
+)
 from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.llama.settings import check_int
+from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key
 from langchain_llamacpp_local.templates.messages import convert_messages
 
 #: SamplingParams fields the prompt decides (tool calls' lazy grammars), never a field
@@ -102,6 +112,194 @@ def speculative_of(defaults: ChatDefaults, options: Mapping[str, Any]) -> tuple[
     if kind is None and "speculative" not in options and defaults.draft_model_path:
         kind = "draft"
     return kind, options.get("speculative_max_draft", defaults.speculative_max_draft)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_timeout(value: Any) -> float | None:
+    """``timeout``: None (no limit) or a finite number of seconds > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"timeout must be a finite number of seconds > 0 (None: no limit), got {value!r}"
+        )
+    return float(value)
+
+
+def check_max_tokens(value: Any) -> int | None:
+    """``max_tokens``: None (until the model stops or the context is full) or an int > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_tokens must be a positive integer or None, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"max_tokens must be positive or None, got {value}")
+    return value
+
+
+def normalize_stop(value: Any, name: str = "stop") -> list[str]:
+    """Stop strings as a list: a single string is one stop string (not its characters)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a string or a list of strings, got {value!r}")
+    for item in value:
+        if not isinstance(item, str):
+            raise TypeError(f"{name} must hold strings only, got {item!r}")
+    return [v for v in value if v]
+
+
+def check_tool_nesting(index: int, tool: Mapping[str, Any]) -> None:
+    """Refuse a tool nested deeper than a schema may be (:data:`MAX_SCHEMA_NESTING`).
+
+    Every way a tool reaches the model (its description written into the prompt,
+    the template given a copy, the grammar of its call) walks the schema recursively;
+    a schema nested past that limit would fail in one of them with a bare
+    ``RecursionError``, so it is refused up front, naming its depth.
+    """
+    fn = tool.get("function")
+    wrapped = isinstance(fn, Mapping)  # {"type": "function", "function": {..., "parameters"}}
+    depth = nesting_depth(tool) - (2 if wrapped else 1)  # the schema's own depth
+    if depth > MAX_SCHEMA_NESTING:
+        name = fn.get("name") if wrapped else tool.get("name")
+        raise ValueError(
+            f"the schema of tools[{index}] ({name!r}) nests {depth} objects/arrays deep, "
+            f"more than the {MAX_SCHEMA_NESTING} allowed (each schema level is about two: "
+            "'properties' and the property's schema)"
+        )
+
+
+def check_budget_message(value: Any) -> None:
+    """``reasoning_budget_message``: None or text that has a UTF-8 form (it is
+    tokenized as plain text, written into the reply's thinking block)."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError(
+            f"reasoning_budget_message must be a string, got {type(value).__name__} {value!r}"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"reasoning_budget_message is not valid Unicode: character {exc.start} is "
+            f"{value[exc.start]!r} ({exc.reason})"
+        ) from None
+
+
+def check_call_options(kwargs: Mapping[str, Any]) -> None:
+    """Type checks of per-call options whose wrong types would fail obscurely later."""
+    tools = kwargs.get("tools")
+    if tools is not None:
+        if not isinstance(tools, (list, tuple)):
+            raise TypeError(f"tools must be a list of tool dicts, got {type(tools).__name__}")
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                raise TypeError(
+                    f"tools[{i}] must be a dict (bind_tools converts tools), got "
+                    f"{type(tool).__name__}"
+                )
+            check_tool_nesting(i, tool)
+    rf = kwargs.get("response_format")
+    if rf is not None and not isinstance(rf, dict):
+        raise TypeError(
+            "response_format must be a dict such as {'type': 'json_object'}, got "
+            f"{type(rf).__name__}"
+        )
+    ctk = kwargs.get("chat_template_kwargs")
+    if ctk is not None and not isinstance(ctk, dict):
+        raise TypeError(f"chat_template_kwargs must be a dict, got {type(ctk).__name__}")
+    top = kwargs.get("top_logprobs")
+    if top is not None:
+        check_int("top_logprobs", top, lo=0, hi=100)
+    for name in ("logprobs", "cache_prompt", "parallel_tool_calls", "stream_tool_args"):
+        value = kwargs.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    tmpl = kwargs.get("chat_template")
+    if tmpl is not None and not isinstance(tmpl, str):
+        raise TypeError(f"chat_template must be a string, got {type(tmpl).__name__}")
+
+
+def check_grammar_alone(grammar: Any, options: Mapping[str, Any]) -> None:
+    """A user's ``grammar`` is the whole constraint: tools and ``response_format``
+    build a grammar of their own, and one reply cannot follow two."""
+    if grammar is None:
+        return
+    if not isinstance(grammar, str):
+        raise TypeError(f"grammar must be a GBNF string or None, got {type(grammar).__name__}")
+    check_grammar(grammar)  # size and nesting; llama.cpp parses it when the call runs
+    clash = [name for name in ("tools", "response_format") if options.get(name)]
+    if clash:
+        raise ValueError(
+            f"grammar cannot be combined with {' or '.join(clash)}: they constrain the "
+            "reply with a grammar of their own (drop grammar=, or the tools / "
+            "structured output)"
+        )
+
+
+def check_call(
+    kwargs: dict[str, Any], stop: list[str] | None, defaults: ChatDefaults
+) -> CheckedCall:
+    """Every check of one chat call's options, before anything runs: unknown names,
+    types, a grammar beside tools, ``tool_choice``, stop strings, limits, speculation
+    and LoRA names and scales
+    (the caller's errors, raised in that order). The model's fields fill what the call
+    leaves out; they were checked at construction."""
+    unknown = set(kwargs) - CALL_OPTIONS
+    if unknown:
+        raise unknown_names_error(unknown, CALL_OPTIONS, "keyword arguments for ChatLlamaCpp")
+    options = {k: v for k, v in kwargs.items() if k != "ls_structured_output_format"}
+    check_call_options(options)
+    check_grammar_alone(options.get("grammar", defaults.grammar), options)
+    if options.get("tool_choice") is not None:
+        from langchain_llamacpp_local.chat.prompts import check_tool_choice
+
+        check_tool_choice(options["tool_choice"], options.get("tools"))
+    stops = normalize_stop(stop if stop is not None else defaults.stop)
+    timeout = check_timeout(options.get("timeout", defaults.timeout))
+    max_tokens = check_max_tokens(options.get("max_tokens", defaults.max_tokens))
+    check_budget_message(options.get("reasoning_budget_message", defaults.reasoning_budget_message))
+    speculative, max_draft = speculative_of(defaults, options)
+    check_speculative(speculative, max_draft, draft_model=defaults.draft_model_path)
+    specs = parse_adapters(defaults.lora_adapters)
+    requested = options.get("lora", defaults.lora)
+    return CheckedCall(
+        options=options,
+        stop=stops,
+        timeout=timeout,
+        max_tokens=max_tokens,
+        speculative=speculative,
+        speculative_max_draft=max_draft,
+        lora=request_key(specs, requested) if specs or requested else None,
+    )
+
+
+#: Speculative decoding kinds (``ChatLlamaCpp.speculative``).
+SPECULATIVE_KINDS = ("ngram", "draft")
+#: Most draft tokens one verify step may carry (llama.cpp's server allows 16 by default).
+MAX_DRAFT = 64
+
+
+def check_speculative(kind: Any, max_draft: Any, *, draft_model: str | None) -> None:
+    """``speculative``/``speculative_max_draft`` (constructor or per call)."""
+    if kind is not None and kind not in SPECULATIVE_KINDS:
+        raise ValueError(
+            f"speculative={kind!r} is not a speculative decoding kind; use one of "
+            f"{list(SPECULATIVE_KINDS)} or None"
+        )
+    if kind == "draft" and not draft_model:
+        raise ValueError('speculative="draft" needs draft_model_path=... (a small GGUF)')
+    check_int("speculative_max_draft", max_draft, lo=1, hi=MAX_DRAFT)
+
+
+# --------------------------------------------------------------------------- the job
 
 
 def build_job(defaults: ChatDefaults, messages: list[BaseMessage], call: CheckedCall) -> ChatJob:

@@ -84,8 +84,7 @@ def test_stream_tool_args_reaches_the_parser_from_the_model_and_the_call() -> No
     from langchain_core.messages import HumanMessage
 
     from langchain_llamacpp_local import ChatLlamaCpp
-    from langchain_llamacpp_local.chat.request_options import build_job
-    from langchain_llamacpp_local.validation import check_call
+    from langchain_llamacpp_local.chat.request_options import build_job, check_call
 
     fields = {k: f.default for k, f in ChatLlamaCpp.model_fields.items()}
     model = SimpleNamespace(**fields, model_fields_set=set())

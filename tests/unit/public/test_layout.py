@@ -242,3 +242,17 @@ def test_the_package_root_gives_every_public_name_and_module() -> None:
     assert langchain_llamacpp_local.rpc_server.__name__ == f"{PKG}.rpc_server"
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         _ = langchain_llamacpp_local.not_a_name  # type: ignore[attr-defined]
+
+
+def test_the_embeddings_load_no_chat_code() -> None:
+    """``LlamaCppEmbeddings`` needs no chat front end: the argument checks it shares with
+    the chat model (``validation``) import nothing of ``chat/``."""
+    code = (
+        f"import sys, {PKG}.embeddings\n"
+        f"print(*sorted(n for n in sys.modules if n.startswith('{PKG}.chat')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []

@@ -11,7 +11,16 @@ import pytest
 from pydantic import BaseModel, Field
 
 from langchain_llamacpp_local import ChatLlamaCpp
-from langchain_llamacpp_local.errors import GrammarTooLargeError, InvalidSamplingParams
+from langchain_llamacpp_local.chat.request_options import (
+    check_call_options,
+    check_timeout,
+    normalize_stop,
+)
+from langchain_llamacpp_local.errors import (
+    GrammarTooLargeError,
+    InvalidSamplingParams,
+    closest_name,
+)
 from langchain_llamacpp_local.llama.gguf import check_hparams, read_gguf_metadata
 from langchain_llamacpp_local.llama.json_grammar import (
     MAX_GRAMMAR_REPETITION,
@@ -21,12 +30,6 @@ from langchain_llamacpp_local.llama.json_grammar import (
 )
 from langchain_llamacpp_local.llama.sampling import SamplingParams, penalty_window
 from langchain_llamacpp_local.llama.settings import check_load_settings
-from langchain_llamacpp_local.validation import (
-    check_call_options,
-    check_timeout,
-    closest_name,
-    normalize_stop,
-)
 from tests.gguf_models import write_tiny_llama
 
 # --------------------------------------------------------------------------- typos

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.chat.request_options import check_speculative
 from langchain_llamacpp_local.runtime.speculative import (
     DraftController,
     NgramProposer,
     Proposer,
     ngram_draft,
 )
-from langchain_llamacpp_local.validation import check_speculative
 
 # --------------------------------------------------------------------------- n-gram lookup
 
