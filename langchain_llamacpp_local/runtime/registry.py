@@ -35,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_llamacpp_local.cache.slot_memory import CacheOptions
 from langchain_llamacpp_local.errors import RequestTimeoutError
-from langchain_llamacpp_local.runtime.worker import CacheOptions, ModelWorker
+from langchain_llamacpp_local.runtime.worker import ModelWorker
 
 logger = logging.getLogger(__name__)
 

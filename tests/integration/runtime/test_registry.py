@@ -18,10 +18,10 @@ import pytest
 from langchain_core.runnables import ConfigurableField
 
 from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.cache.slot_memory import CacheOptions
 from langchain_llamacpp_local.resolution.model_resolution import ModelNotFoundError
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.registry import live_workers, load_count, loaded_models
-from langchain_llamacpp_local.runtime.worker import CacheOptions
 from tests.gguf_models import write_tiny_llama, write_tiny_mmproj
 from tests.helpers import reply_of, wait_for, worker_threads
 

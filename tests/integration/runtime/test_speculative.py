@@ -325,16 +325,13 @@ def test_speculation_after_an_image_looks_only_at_the_text_after_it(
 
 
 def test_worker_refuses_a_proposer_it_does_not_have_and_keeps_serving(cycle_model: str) -> None:
+    from langchain_llamacpp_local.cache.slot_memory import CacheOptions
     from langchain_llamacpp_local.chat.frontend import frontend_for
     from langchain_llamacpp_local.chat.jobs import ChatJob
     from langchain_llamacpp_local.llama.loading import LoadConfig
     from langchain_llamacpp_local.llama.sampling import SamplingParams
-    from langchain_llamacpp_local.runtime.worker import (
-        CacheOptions,
-        Failed,
-        Finished,
-        ModelWorker,
-    )
+    from langchain_llamacpp_local.runtime.requests import Failed, Finished
+    from langchain_llamacpp_local.runtime.worker import ModelWorker
 
     worker = ModelWorker(LoadConfig(model_path=cycle_model, n_ctx=256), CacheOptions())
     try:
