@@ -43,6 +43,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
 from langchain_llamacpp_local.llama.engine import Engine  # noqa: E402
 from langchain_llamacpp_local.llama.loading import LoadConfig  # noqa: E402
+from tests.helpers import worker_of  # noqa: E402
 
 GREEDY = {"temperature": 0.0, "logprobs": True, "top_logprobs": 2}
 PROMPTS = [
@@ -140,8 +141,9 @@ def ours_batch_speedup(
     exact_solo, _ = solo()
     exact_conc, _ = concurrent()
     same = sum(_entries(a) == _entries(b) for a, b in zip(exact_conc, exact_solo, strict=True))
-    info = llm._worker.info if llm._worker is not None else None  # type: ignore[union-attr]
-    rows = llm._worker.stats().exact_rows  # type: ignore[union-attr]
+    worker = worker_of(llm)
+    info = worker.info if worker is not None else None
+    rows = worker.stats().exact_rows  # type: ignore[union-attr]
     llm.close()
     # both include prompt reading; prompts are short, so generation dominates
     solo_rate = solo_tokens / solo_time

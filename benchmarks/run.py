@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from langchain_llamacpp_local import ChatLlamaCpp  # noqa: E402
+from tests.helpers import worker_of  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import (  # noqa: E402
@@ -446,7 +447,7 @@ def regenerate(
     ours.ttft(history, 8)
     regen_ours = [ours.ttft(history, 8)[0] for _ in range(3)]
     info = ours.llm.model_info
-    ck_bytes = sum(s.checkpoint_bytes for s in ours.llm._worker.stats().slots)  # type: ignore[union-attr]
+    ck_bytes = sum(s.checkpoint_bytes for s in worker_of(ours.llm).stats().slots)  # type: ignore[union-attr]
     n_prompt = ours.llm.invoke(history, max_tokens=1).usage_metadata["input_tokens"]  # type: ignore[index]
     ours.llm.close()
     raw = RawLlama(path, **llama_kw)

@@ -1,5 +1,6 @@
 """Small helpers several test modules share: waiting on the registry, counting worker
-threads, breaking a worker, and closing an instance while a call runs."""
+threads, the worker serving a model (the one place tests reach for it), breaking a
+worker, and closing an instance while a call runs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from langchain_llamacpp_local.runtime.worker import ModelWorker
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -25,11 +28,17 @@ def worker_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith("llamacpp-worker"))
 
 
-def break_worker(llm: Any) -> Any:
+def worker_of(llm: Any) -> ModelWorker | None:
+    """The worker serving ``llm`` now (None before it loads), for a test that needs the
+    worker itself: its identity, a call on its thread, or its read-only ``stats()``."""
+    return llm._worker  # type: ignore[no-any-return]
+
+
+def make_worker_fail(llm: Any) -> Any:
     """Loads ``llm`` and makes its worker's next decode fail inside llama.cpp's step, so
     that the worker dies; returns that worker."""
     llm.load()
-    worker = llm._worker
+    worker = worker_of(llm)
     assert worker is not None
 
     def break_engine(state: Any) -> None:
@@ -104,3 +113,8 @@ def assert_generated(msg: Any, max_tokens: int) -> None:
         n,
         max_tokens,
     )
+
+
+def cached_tokens(msg: Any) -> int:
+    """The prompt tokens a reply read from the cache (``usage_metadata``'s ``cache_read``)."""
+    return msg.usage_metadata["input_token_details"]["cache_read"]  # type: ignore[no-any-return]

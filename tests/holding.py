@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import pytest
 
 from langchain_llamacpp_local.chat import leases
+from tests.helpers import worker_of
 
 K = TypeVar("K", bound=Hashable)
 
@@ -19,7 +20,7 @@ def ask_together(
 ) -> dict[K, Any]:
     """Each of ``asks`` called on a thread of its own while ``llm``'s worker is held
     until all of them have queued; their results (or the exceptions they raised)."""
-    worker = llm._worker
+    worker = worker_of(llm)
     assert worker is not None, "load the model first"
     queued: list[object] = []
     all_in = threading.Event()

@@ -10,14 +10,11 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_identical
+from tests.helpers import cached_tokens
 
 GRID = 64  # prompt pieces are cut on multiples of this: reuse resumes on the grid
 
 GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 12}
-
-
-def _cached(msg: BaseMessage) -> int:
-    return msg.usage_metadata["input_token_details"]["cache_read"]  # type: ignore[index]
 
 
 def _fresh_equal(llm: ChatLlamaCpp, msgs: list[BaseMessage], got: BaseMessage) -> None:
@@ -46,21 +43,23 @@ def test_extension_edit_regenerate_and_rewrite_are_exact(mamba: ChatLlamaCpp) ->
     mamba.invoke(history)
     history += [AIMessage(t1.content), HumanMessage("second question")]
     t2 = mamba.invoke(history)
-    assert _cached(t2) >= n1 // GRID * GRID
+    assert cached_tokens(t2) >= n1 // GRID * GRID
     _fresh_equal(mamba, history, t2)
 
     # regenerate: same history again -> a checkpoint near the end of the prompt
     mamba.invoke(history)
     regen = mamba.invoke(history)
     n2 = regen.usage_metadata["input_tokens"]  # type: ignore[index]
-    assert n2 - GRID - 2 <= _cached(regen) < n2
+    assert n2 - GRID - 2 <= cached_tokens(regen) < n2
     assert_identical(regen, t2)
 
     # edit the last user message -> restore the checkpoint at its start
     edited = [*history[:-1], HumanMessage("a different second question")]
     mamba.invoke(history)
     out = mamba.invoke(edited)
-    assert _cached(out) >= n1 // GRID * GRID  # everything before the last user message was kept
+    assert (
+        cached_tokens(out) >= n1 // GRID * GRID
+    )  # everything before the last user message was kept
     _fresh_equal(mamba, edited, out)
 
     # history rewrite early in the conversation: bounded by checkpoint spacing
@@ -80,11 +79,11 @@ def test_regenerate_cost_is_bounded_by_spacing(tiny_mamba: str) -> None:
     n = first.usage_metadata["input_tokens"]  # type: ignore[index]
     assert n > 1500
     regen = llm.invoke(long_history)
-    assert n - _cached(regen) <= GRID + 2  # one grid cell, not the whole prompt
+    assert n - cached_tokens(regen) <= GRID + 2  # one grid cell, not the whole prompt
     # drop the last exchange: resumes from a periodic checkpoint
     shorter = [*long_history[:-3], HumanMessage("last")]
     out = llm.invoke(shorter)
-    assert out.usage_metadata["input_tokens"] - _cached(out) <= 64 + GRID + 40  # type: ignore[index]
+    assert out.usage_metadata["input_tokens"] - cached_tokens(out) <= 64 + GRID + 40  # type: ignore[index]
     _fresh_equal(llm, shorter, out)
 
 
@@ -93,5 +92,5 @@ def test_no_checkpoints_means_full_reprocessing(tiny_mamba: str) -> None:
     msgs: list[BaseMessage] = [HumanMessage("hello " * 30)]
     llm.invoke(msgs)
     again = llm.invoke(msgs)
-    assert _cached(again) == 0  # the state cannot be rolled back one token
+    assert cached_tokens(again) == 0  # the state cannot be rolled back one token
     _fresh_equal(llm, msgs, again)

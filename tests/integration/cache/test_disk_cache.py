@@ -31,6 +31,7 @@ from langchain_llamacpp_local.runtime import registry
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_identical, assert_same_greedy
 from tests.gguf_models import write_tiny_llama
+from tests.helpers import cached_tokens
 
 ROOT = Path(__file__).resolve().parents[3]
 GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 8}
@@ -38,10 +39,6 @@ PREAMBLE = SystemMessage(
     "You are an agent with tools. "
     + " ".join(f"Rule {i}: answer briefly and cite the tool you used." for i in range(10))
 )
-
-
-def _cached(msg: BaseMessage) -> int:
-    return msg.usage_metadata["input_token_details"]["cache_read"]  # type: ignore[index]
 
 
 def _call(path: str, msgs: list[BaseMessage], cache_dir: Path | None, **kw: Any) -> BaseMessage:
@@ -120,11 +117,11 @@ def test_files_of_other_settings_or_models_are_skipped(tiny_llama: str, tmp_path
     cache = tmp_path / "cache"
     msgs = [PREAMBLE, HumanMessage("hello")]
     _call(tiny_llama, msgs, cache, n_ctx=1024)
-    assert _cached(_call(tiny_llama, msgs, cache, n_ctx=1024)) > 0
-    assert _cached(_call(tiny_llama, msgs, cache, n_ctx=2048)) == 0
-    assert _cached(_call(tiny_llama, msgs, cache, n_ctx=1024, rope_freq_base=20000.0)) == 0
+    assert cached_tokens(_call(tiny_llama, msgs, cache, n_ctx=1024)) > 0
+    assert cached_tokens(_call(tiny_llama, msgs, cache, n_ctx=2048)) == 0
+    assert cached_tokens(_call(tiny_llama, msgs, cache, n_ctx=1024, rope_freq_base=20000.0)) == 0
     other = str(write_tiny_llama(tmp_path / "other.gguf", seed=1))
-    assert _cached(_call(other, msgs, cache, n_ctx=1024)) == 0
+    assert cached_tokens(_call(other, msgs, cache, n_ctx=1024)) == 0
 
 
 def test_a_corrupt_file_is_skipped_and_the_call_served(
@@ -140,7 +137,7 @@ def test_a_corrupt_file_is_skipped_and_the_call_served(
         path.write_bytes(bytes(blob))
     with caplog.at_level(logging.WARNING, logger="langchain_llamacpp_local.cache.disk"):
         out = _call(tiny_llama, msgs, cache, deterministic=True)
-    assert _cached(out) == 0
+    assert cached_tokens(out) == 0
     assert any("checksum" in r.message for r in caplog.records)
     assert_identical(out, cold)
 
@@ -154,7 +151,7 @@ def _assert_restores(path: str, cache: Path, **kw: Any) -> None:
     _call(path, first, cache, **kw)
     msgs = [PREAMBLE, HumanMessage("a different question")]
     warm = _call(path, msgs, cache, **kw)
-    assert _cached(warm) > 0
+    assert cached_tokens(warm) > 0
     if kw.get("deterministic"):
         assert_identical(warm, _reference(path, first, msgs, **kw))
     else:  # the default mode promises the tokens, not the last digits of a logit
@@ -220,7 +217,7 @@ def test_a_forged_file_does_not_change_the_answer(tiny_llama: str, tmp_path: Pat
     forged.write_bytes(body + hashlib.blake2b(body, digest_size=32).digest())
     out = _call(tiny_llama, asked, cache, deterministic=True)
     assert_identical(out, cold)  # before: logprobs moved, e.g. -1.353 vs -1.415
-    assert _cached(out) == 0
+    assert cached_tokens(out) == 0
     assert not forged.exists()
 
 

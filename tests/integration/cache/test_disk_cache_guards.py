@@ -28,6 +28,7 @@ from langchain_llamacpp_local.runtime.requests import Finished
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_identical
 from tests.gguf_models import write_scripted_llama
+from tests.helpers import cached_tokens, worker_of
 
 GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 8, "deterministic": True}
 INT32_MAX = 2**31 - 1
@@ -38,10 +39,6 @@ PREAMBLE = SystemMessage(
 )
 FIRST = [PREAMBLE, HumanMessage("first question")]
 SECOND = [PREAMBLE, HumanMessage("a different question")]
-
-
-def _cached(msg: BaseMessage) -> int:
-    return msg.usage_metadata["input_token_details"]["cache_read"]  # type: ignore[index]
 
 
 def _cold(path: str, msgs: list[BaseMessage]) -> BaseMessage:
@@ -91,7 +88,7 @@ def _forge(
         item = CachedPrompt(tuple(slot.entries), data, list(slot.checkpoints.items), slot.exact)
         st.memory.disk.save(edit(item, slot.seq_id))
 
-    llm._worker.call(forge)  # type: ignore[union-attr]
+    worker_of(llm).call(forge)  # type: ignore[union-attr]
     assert disk_cache.flush(30)
     (path,) = cache.glob("*.llkv")
     return path
@@ -128,7 +125,7 @@ def test_a_state_with_a_cell_out_of_reach_is_refused_and_the_model_serves(
     assert_identical(out, cold)
     for _ in range(2):  # and the model keeps serving
         assert_identical(llm.invoke(SECOND), cold)
-    llm._worker.call(lambda st: st.memory.check())  # type: ignore[union-attr]
+    worker_of(llm).call(lambda st: st.memory.check())  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("kv_unified", [False, True])
@@ -154,11 +151,11 @@ def test_reset_removes_a_cell_seq_rm_cannot_reach(tiny_llama: str, kv_unified: b
             held.n_past,
         )
 
-    emptied, kept, n_past = llm._worker.call(plant_and_reset)  # type: ignore[union-attr]
+    emptied, kept, n_past = worker_of(llm).call(plant_and_reset)  # type: ignore[union-attr]
     assert emptied == -1
     assert kept == n_past - 1
     again = llm.invoke(FIRST)  # from the kept conversation, and the same
-    assert _cached(again) > 0
+    assert cached_tokens(again) > 0
     assert_identical(again, first)
     llm.invoke(SECOND)  # the emptied slot serves too
 
@@ -232,6 +229,6 @@ def test_a_reply_ending_inside_a_verify_step_saves_the_state_it_keeps(
         assert st.engine.state_set(item.data, slot.seq_id, 0)  # the same state again
         return len(item.entries), slot.n_past, st.engine.seq_pos_max(slot.seq_id)
 
-    n_file, n_slot, pos_max = llm._worker.call(saved)  # type: ignore[union-attr]
+    n_file, n_slot, pos_max = worker_of(llm).call(saved)  # type: ignore[union-attr]
     assert n_file == n_slot
     assert pos_max == n_file - 1

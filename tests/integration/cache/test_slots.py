@@ -17,16 +17,13 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.compare import GREEDY as _BASE
 from tests.compare import assert_identical
+from tests.helpers import cached_tokens, worker_of
 
 _GREEDY: dict[str, Any] = {**_BASE, "deterministic": True}
 
 GRID = 64  # prompt pieces are cut on multiples of this (n_batch 512): reuse stops there
 
 GREEDY: dict[str, Any] = {**_GREEDY, "max_tokens": 16}
-
-
-def _cached(msg: BaseMessage) -> int:
-    return msg.usage_metadata["input_token_details"]["cache_read"]  # type: ignore[index]
 
 
 def _convo(tag: str, turns: int) -> list[BaseMessage]:
@@ -48,7 +45,7 @@ def test_interleaved_conversations_keep_their_caches(tiny_llama: str) -> None:
             msg = llm.invoke(_convo(tag, turn))
             if turn > 0:
                 # the previous turn of *this* conversation is still cached
-                assert _cached(msg) >= prev[tag] // GRID * GRID
+                assert cached_tokens(msg) >= prev[tag] // GRID * GRID
             prev[tag] = msg.usage_metadata["input_tokens"]  # type: ignore[index]
             assert_identical(msg, llm.invoke(_convo(tag, turn), cache_prompt=False))
             llm.invoke(_convo(tag, turn))  # restore the cached state after the fresh run
@@ -64,9 +61,9 @@ def test_single_slot_loses_the_other_conversation_but_ram_cache_restores_it(
         llm.invoke(_convo("b", 1))  # pushes conversation a out of the only slot
         a2 = llm.invoke(_convo("a", 2))
         if expect_reuse:
-            assert _cached(a2) >= a1.usage_metadata["input_tokens"] // GRID * GRID  # type: ignore[index]
+            assert cached_tokens(a2) >= a1.usage_metadata["input_tokens"] // GRID * GRID  # type: ignore[index]
         else:
-            assert _cached(a2) < 30  # only the template's first tokens are shared with b
+            assert cached_tokens(a2) < 30  # only the template's first tokens are shared with b
         assert_identical(a2, llm.invoke(_convo("a", 2), cache_prompt=False))
 
 
@@ -76,11 +73,11 @@ def test_shared_prefix_is_copied_not_decoded(tiny_llama: str) -> None:
     first = llm.invoke([system, HumanMessage("task one")])
     second = llm.invoke([system, HumanMessage("a different task two")])
     # byte-level vocab: 1 token a byte
-    assert _cached(second) >= len(str(system.content)) // GRID * GRID
+    assert cached_tokens(second) >= len(str(system.content)) // GRID * GRID
     # and the first conversation is still intact in its own slot
     again = llm.invoke([system, HumanMessage("task one")])
     n_again = again.usage_metadata["input_tokens"]  # type: ignore[index]
-    assert _cached(again) >= (n_again - 2) // GRID * GRID
+    assert cached_tokens(again) >= (n_again - 2) // GRID * GRID
     assert_identical(again, first)
 
 
@@ -206,7 +203,7 @@ def test_parking_cannot_evict_the_entry_being_restored(tiny_llama: str) -> None:
     conversations in turn: every restore either works or falls back, never desyncs."""
     probe = ChatLlamaCpp(model_path=tiny_llama, n_slots=1, max_tokens=4, **_GREEDY)
     probe.invoke(_convo("p", 1))
-    size = probe._worker.call(  # type: ignore[union-attr]
+    size = worker_of(probe).call(  # type: ignore[union-attr]
         lambda st: len(st.engine.state_get(0, 0))
     )
     llm = ChatLlamaCpp(

@@ -18,6 +18,7 @@ from langchain_llamacpp_local.chat.images import load_image
 from langchain_llamacpp_local.chat.prompts import MEDIA_MARKER
 from tests.compare import GREEDY, assert_same_greedy, ids
 from tests.gguf_models import write_tiny_mmproj
+from tests.helpers import worker_of
 
 
 def _png(color: tuple[int, int, int], size: int = 32) -> bytes:
@@ -142,7 +143,7 @@ def test_the_pixels_reach_mtmd_without_a_copy(vlm: ChatLlamaCpp) -> None:
     end)."""
     big = load_image(_png((10, 200, 10), size=1024))  # 3 MiB of pixels
     vlm.load()
-    worker = vlm._worker
+    worker = worker_of(vlm)
     assert worker is not None
     text = f"look: {MEDIA_MARKER} ok"
 

@@ -19,7 +19,7 @@ from langchain_core.messages import (
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError, ModelLoadError
 from langchain_llamacpp_local.runtime.registry import live_workers, unload
 from tests.compare import GREEDY, assert_same_greedy
-from tests.helpers import assert_generated, reply_of
+from tests.helpers import assert_generated, reply_of, worker_of
 
 FRESH = {"cache_prompt": False}  # same path for both sides of a comparison
 
@@ -184,7 +184,7 @@ def test_instances_share_one_model_and_release_it(tiny_llama: str) -> None:
     assert live_workers() == before  # construction loads nothing
     a.invoke("hi")
     b.invoke("hi")
-    assert a._worker is b._worker
+    assert worker_of(a) is worker_of(b)
     assert live_workers() == before + 1
     thread_names = {t.name for t in threading.enumerate()}
     assert any(n.startswith("llamacpp-worker") for n in thread_names)

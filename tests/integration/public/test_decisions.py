@@ -27,6 +27,7 @@ from langchain_llamacpp_local.errors import (
     RequestTimeoutError,
 )
 from tests.gguf_models import write_scripted_llama
+from tests.helpers import worker_of
 from tests.printing_model import write_printing_llama
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "llama_cpp_templates"
@@ -491,7 +492,7 @@ def test_a_decision_of_100_labels_honours_its_timeout(smollm2: str, mode: str) -
     assert min(took) < 1.5, took
     resp = llm.as_decision_model().invoke({"state": "x", "questions": {"q": QUESTIONS["risky"]}})
     assert 0.0 <= resp.nouls["q"].noul <= 1.0
-    worker = llm._worker
+    worker = worker_of(llm)
     assert worker is not None
     stats = worker.stats()
     assert stats.n_active == 0 and stats.n_pending == 0

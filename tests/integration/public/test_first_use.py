@@ -13,6 +13,7 @@ from langchain_core.tools import tool
 from langchain_llamacpp_local import ChatLlamaCpp, LlamaCppEmbeddings, LlamaCppRerank
 from langchain_llamacpp_local.errors import ModelLoadError
 from tests.gguf_models import write_scripted_llama, write_tiny_mmproj
+from tests.helpers import worker_of
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 
@@ -78,7 +79,7 @@ def test_token_counting_needs_no_transformers_and_no_weights(smollm2: str) -> No
     n_all = llm.get_num_tokens_from_messages(msgs)
     n_tools = llm.get_num_tokens_from_messages(msgs, tools=[get_weather])
     assert n_tools > n_all > 120
-    assert llm._worker is None  # counted from the vocabulary: the weights were not loaded
+    assert worker_of(llm) is None  # counted from the vocabulary: the weights were not loaded
     kept = trim_messages(msgs, max_tokens=60, token_counter=llm, include_system=True)
     assert [m.content for m in kept] == ["be brief", "and now?"]
     assert llm.get_num_tokens_from_messages(kept) <= 60

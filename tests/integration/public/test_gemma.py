@@ -9,6 +9,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.compare import GREEDY, assert_same_greedy
+from tests.helpers import worker_of
 
 SYSTEM = (
     "You are a patient travel guide for a small mountain town. You answer questions about "
@@ -98,7 +99,7 @@ def test_a_turn_reads_its_new_tokens_in_one_decode_call(gemma: str) -> None:
 
         state.engine.decode_batch = counting
 
-    llm.load()._worker.call(count_calls)  # type: ignore[union-attr]
+    worker_of(llm.load()).call(count_calls)  # type: ignore[union-attr]
     history: list[BaseMessage] = [SystemMessage(SYSTEM * 5), HumanMessage(QUESTIONS[0])]
     first = llm.invoke(history)
     history += [AIMessage(first.content), HumanMessage(QUESTIONS[1])]

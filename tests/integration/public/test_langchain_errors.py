@@ -19,7 +19,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_llamacpp_local import ChatLlamaCpp, ContextOverflowError, WorkerDeadError
 from langchain_llamacpp_local.runtime.requests import EngineRequest
-from tests.helpers import break_worker
+from tests.helpers import make_worker_fail, worker_of
 
 
 class _Calls(BaseCallbackHandler):
@@ -104,7 +104,7 @@ def test_a_dead_worker_is_a_retryable_api_error_and_a_retry_gets_a_new_one(
     tiny_llama: str,
 ) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=256, temperature=0, max_tokens=4)
-    worker = break_worker(llm)
+    worker = make_worker_fail(llm)
     calls = _Calls()
     agent = create_agent(model=llm, tools=[], middleware=[_retry()])
     out = agent.invoke({"messages": [HumanMessage("hi")]}, config={"callbacks": [calls]})
@@ -113,7 +113,7 @@ def test_a_dead_worker_is_a_retryable_api_error_and_a_retry_gets_a_new_one(
     (error,) = calls.errors
     assert isinstance(error, WorkerDeadError) and isinstance(error, lc.ModelAPIError)
     assert error.is_retryable
-    assert not worker.alive and llm._worker is not worker and llm._worker.alive  # type: ignore[union-attr]
+    assert not worker.alive and worker_of(llm) is not worker and worker_of(llm).alive  # type: ignore[union-attr]
     # a job on the dead worker itself fails fast with the same error
     with pytest.raises(lc.ModelAPIError):
         worker.submit(EngineRequest(tokens=[], sampling=llm._sampling(), max_new=1))

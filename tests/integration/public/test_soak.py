@@ -59,6 +59,7 @@ from langchain_llamacpp_local.runtime import (  # noqa: E402
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate  # noqa: E402
 from tests.compare import GREEDY, greedy_mismatch, identical_mismatch  # noqa: E402
 from tests.gguf_models import write_tiny_bert, write_tiny_lora, write_tiny_mmproj  # noqa: E402
+from tests.helpers import worker_of
 
 SEED = int(os.environ.get("LLAMACPP_SOAK_SEED", "20261123"))
 BUDGET_S = float(os.environ.get("LLAMACPP_SOAK_SECONDS", "25"))
@@ -525,7 +526,7 @@ class Soak:
 
 def _kv_in_sync(llm: ChatLlamaCpp) -> list[tuple[int, int]]:
     """(tracked entries, KV positions) of every slot whose two disagree."""
-    worker = llm.load()._worker
+    worker = worker_of(llm.load())
     assert worker is not None
 
     return [(s.n_past, s.pos_max + 1) for s in worker.stats().slots if s.pos_max + 1 != s.n_past]
@@ -572,7 +573,7 @@ def test_seeded_soak(tmp_path: Path, tiny_llama: str, gemma: str) -> None:
     soak.check_witness(soak.witness())  # and after it all
     # workers alive, KV in sync with the entries, every model answers
     for llm in (*tiny, gem):
-        assert llm.load()._worker is not None and llm._worker.alive  # type: ignore[union-attr]
+        assert worker_of(llm.load()) is not None and worker_of(llm).alive  # type: ignore[union-attr]
         assert _kv_in_sync(llm) == []
         assert llm.invoke("still there?", max_tokens=2).response_metadata["finish_reason"]
 

@@ -12,6 +12,7 @@ from langchain_llamacpp_local import ChatLlamaCpp
 from langchain_llamacpp_local.llama.engine import Engine
 from langchain_llamacpp_local.runtime.worker import ModelWorker
 from tests.gguf_models import write_scripted_llama
+from tests.helpers import worker_of
 from tests.holding import ask_together
 
 GREEDY = {"temperature": 0.0}
@@ -26,7 +27,7 @@ def test_idle_conversations_stay_while_another_request_is_being_prepared(
     tiny_llama: str,
 ) -> None:
     llm = ChatLlamaCpp(model_path=tiny_llama, n_slots=3, **GREEDY).load()
-    worker = llm._worker
+    worker = worker_of(llm)
     assert worker is not None
     try:
         assert worker.stats().kv_unified
@@ -69,7 +70,7 @@ def _together(
     queued (it admits them together); each caller's answer (or its error's type name)
     and every decode call's sequence ids. ``on_call(cancel, seq_ids)`` runs before
     each decode call."""
-    worker = llm._worker
+    worker = worker_of(llm)
     assert worker is not None
     calls: list[list[int]] = []
     decode_batch = Engine.decode_batch

@@ -21,9 +21,10 @@ from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed
 from tests.compare import GREEDY as _GREEDY
 from tests.compare import assert_same_greedy, greedy_mismatch
 from tests.helpers import (
-    break_worker,
     close_while_running,
+    make_worker_fail,
     reply_of,
+    worker_of,
     worker_threads,
 )
 
@@ -193,7 +194,7 @@ def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
 
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
     expected = reply_of(llm.invoke("still serving", cache_prompt=False))
-    worker = llm._worker
+    worker = worker_of(llm)
     assert worker is not None
     poison = _Poison(tokens=[1, 2, 3], sampling=SamplingParams(), max_new=4)
     worker.submit(poison)
@@ -201,7 +202,7 @@ def test_a_broken_request_fails_alone(tiny_llama: str) -> None:
     assert isinstance(item, Failed) and "simulated broken request" in repr(item.error)
     assert worker.alive
     assert reply_of(llm.invoke("still serving", cache_prompt=False)) == expected
-    assert llm._worker is worker
+    assert worker_of(llm) is worker
 
 
 def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
@@ -209,7 +210,7 @@ def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
 
     llm = ChatLlamaCpp(model_path=tiny_llama, n_ctx=1024, temperature=0, max_tokens=4)
     expected = reply_of(llm.invoke("reloaded", cache_prompt=False))
-    worker = break_worker(llm)
+    worker = make_worker_fail(llm)
     job = ChatJob(messages=[{"role": "user", "content": "x"}], sampling=SamplingParams())
     request, _ = frontend_for(worker).prepare(job)
     worker.submit(request)
@@ -220,7 +221,7 @@ def test_dead_worker_fails_fast_and_reloads(tiny_llama: str) -> None:
         worker.submit(EngineRequest(tokens=[], sampling=SamplingParams(), max_new=1))
     # a new worker was started, and it answers as the first one did
     assert reply_of(llm.invoke("reloaded")) == expected
-    assert llm._worker is not worker
+    assert worker_of(llm) is not worker
 
 
 def test_interpreter_exit_is_clean(tiny_llama: str) -> None:
@@ -284,7 +285,7 @@ def test_a_parser_failure_fails_its_request_only(
         t.join(300)
     assert isinstance(results["poison me"], ValueError)
     assert_same_greedy(results["a healthy request"], ok_ref, tol=0.0)
-    assert llm._worker is not None and llm._worker.alive
+    assert worker_of(llm) is not None and worker_of(llm).alive
 
 
 def test_a_timeout_stops_a_prompt_piece_mid_decode(smollm2: str) -> None:

@@ -18,6 +18,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.compare import GREEDY, assert_identical
 from tests.gguf_models import write_tiny_llama
+from tests.helpers import worker_of
 
 # mixed prompt lengths: below one grid cell, a few cells, past one micro-batch
 PROMPTS = [
@@ -110,7 +111,7 @@ def test_concurrent_equals_solo_threads_and_asyncio(tiny: ChatLlamaCpp) -> None:
     got_async = asyncio.run(_tasks(tiny, PROMPTS[::-1]))
     for got, ref in zip(got_async, solo[::-1], strict=True):
         assert_identical(got, ref)
-    assert tiny._worker is not None and tiny._worker.alive
+    assert worker_of(tiny) is not None and worker_of(tiny).alive
 
 
 def _conversation(tag: str) -> list[BaseMessage]:

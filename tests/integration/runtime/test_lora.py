@@ -27,6 +27,7 @@ from langchain_llamacpp_local.errors import ModelLoadError, NonFiniteOutputError
 from langchain_llamacpp_local.llama import lora_registry
 from tests.compare import GREEDY, assert_identical, assert_same_greedy, ids
 from tests.gguf_models import byte_token, write_tiny_llama, write_tiny_lora
+from tests.helpers import worker_of
 
 RAW = "{{ messages[-1].content }}"
 ALL = "{% for m in messages %}{{ m.content }}\n{% endfor %}"
@@ -154,7 +155,7 @@ def _field(name: str) -> Any:
 def test_adapters_are_loaded_once_per_model(files: dict[str, str]) -> None:
     one = _llm(files).load()
     two = _llm(files, n_ctx=512).load()  # another context (worker) on the same model
-    assert one._worker is not two._worker
+    assert worker_of(one) is not worker_of(two)
     loaded = lora_registry.loaded_adapter_paths()
     assert sorted(loaded) == sorted([files["a"], files["b"]])
 

@@ -16,6 +16,7 @@ from langchain_core.messages import BaseMessage
 from langchain_llamacpp_local import ChatLlamaCpp, RequestCancelledError
 from langchain_llamacpp_local.llama.abort import CancelCheck
 from tests.compare import GREEDY, assert_same_greedy
+from tests.helpers import worker_of
 
 STREAMS = ("a long story about a lighthouse", "a long story about a baker")
 LONG = "Summarise this report. " + "The committee reviewed the figures. " * 16
@@ -53,7 +54,7 @@ def _install(
 
         engine.decode_batch = recording
 
-    llm._worker.call(install)  # type: ignore[union-attr]
+    worker_of(llm).call(install)  # type: ignore[union-attr]
 
 
 def _start_streams(llm: ChatLlamaCpp, out: dict[int, BaseMessage]) -> list[threading.Thread]:

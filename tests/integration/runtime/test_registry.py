@@ -23,7 +23,7 @@ from langchain_llamacpp_local.resolution.model_resolution import ModelNotFoundEr
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.registry import live_workers, load_count, loaded_models
 from tests.gguf_models import write_tiny_llama, write_tiny_mmproj
-from tests.helpers import reply_of, wait_for, worker_threads
+from tests.helpers import reply_of, wait_for, worker_of, worker_threads
 
 FAST: dict[str, Any] = {"temperature": 0.0, "max_tokens": 4, "n_ctx": 512, "n_slots": 2}
 
@@ -65,7 +65,7 @@ def _busy(llm: ChatLlamaCpp) -> Iterator[None]:
     """``llm``'s model with a request on it whose reply cannot finish before the block
     ends (its worker is held), so the request's lease is held until then."""
     llm.load()
-    worker = llm._worker
+    worker = worker_of(llm)
     assert worker is not None
     path = worker.config.model_path
     gate, inside = threading.Event(), threading.Event()
