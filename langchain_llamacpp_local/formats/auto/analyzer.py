@@ -552,7 +552,7 @@ def _tool_calls(st: _State, render: _Renderer, parallel: bool) -> None:
     if st.tool_format == "json":
         _json_native(st, clean)
         if parallel:
-            _json_native_parallel(st, render)
+            _per_call_markers(st, render, json_native=True)
     else:
         _non_json(st, clean)
     st.set(section_end=st.section_end.strip(), per_call_end=st.per_call_end.strip())
@@ -622,23 +622,6 @@ def _json_native(st: _State, clean: str) -> None:
     )
 
 
-def _json_native_parallel(st: _State, render: _Renderer) -> None:
-    cmp = _compare(
-        render,
-        _with_tools(_asst("", [_CALL_FIRST])),
-        _with_tools(_asst("", [_CALL_FIRST, _CALL_SECOND])),
-    )
-    if cmp is None:
-        return
-    if st.section_start and st.section_start in cmp.diff.right:
-        st.set(
-            per_call_start=st.section_start,
-            per_call_end=st.section_end,
-            section_start="",
-            section_end="",
-        )
-
-
 def _fun_marker(clean: str, fun: str) -> tuple[str, str] | None:
     """The tag holding the function name, e.g. ``<function=NAME>\\n``: (whole, prefix)."""
     f = re.escape(fun)
@@ -679,8 +662,12 @@ def _non_json(st: _State, clean: str) -> None:
     )
 
 
-def _per_call_markers(st: _State, render: _Renderer) -> None:
-    """T2: one call vs two; section markers repeated per call become per-call markers."""
+def _per_call_markers(st: _State, render: _Renderer, *, json_native: bool = False) -> None:
+    """T2: one call vs two; section markers repeated per call become per-call markers.
+
+    A JSON-native format's are repeated when the second call's text holds them at all;
+    a tag format's when that text starts with them, and an end marker written once
+    whatever the number of calls ends the section instead."""
     cmp = _compare(
         render,
         _with_tools(_asst("", [_CALL_FIRST])),
@@ -688,15 +675,19 @@ def _per_call_markers(st: _State, render: _Renderer) -> None:
     )
     if cmp is None:
         return
-    second = calculate_diff_split(cmp.diff.suffix, cmp.diff.right).right.lstrip()
-    if st.section_start and second.startswith(st.section_start):
+    if json_native:
+        repeated = st.section_start in cmp.diff.right
+    else:
+        second = calculate_diff_split(cmp.diff.suffix, cmp.diff.right).right.lstrip()
+        repeated = second.startswith(st.section_start)
+    if st.section_start and repeated:
         st.set(
             per_call_start=st.section_start,
             per_call_end=st.section_end,
             section_start="",
             section_end="",
         )
-    if st.per_call_end:
+    if st.per_call_end and not json_native:
         one, two = cmp.a.count(st.per_call_end), cmp.b.count(st.per_call_end)
         if one > 0 and one == two:
             st.set(section_end=st.per_call_end, per_call_end="")
