@@ -14,14 +14,8 @@ entry with the raw text and a reason.
 """
 
 from langchain_llamacpp_local.formats.detect import detect_format, detect_handler
-from langchain_llamacpp_local.formats.parsers import (
-    FORMATS,
-    ParsedOutput,
-    StreamDelta,
-    StreamParser,
-    new_call_id,
-    parse,
-)
+from langchain_llamacpp_local.formats.parsers import FORMATS, ParsedOutput, new_call_id, parse
+from langchain_llamacpp_local.formats.stream_parser import StreamDelta, StreamParser
 
 __all__ = [
     "FORMATS",

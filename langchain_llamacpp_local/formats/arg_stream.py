@@ -1,6 +1,6 @@
 """Tool-call arguments streamed while the model writes them (``stream_tool_args``).
 
-By default a :class:`~.parsers.StreamParser` sends a call whole once it can no longer
+By default a :class:`~.stream_parser.StreamParser` sends a call whole once it can no longer
 change. With ``stream_args=True`` it also runs an :class:`ArgStream` over the call region
 the output ends inside: each character of the region is read once, and each call's id
 and name go out with the first fragment of its arguments, then further fragments, as

@@ -1113,8 +1113,8 @@ def test_gpt_oss_output_without_a_header_streams_in_linear_work(
     4-character pieces read 200M characters). Counted as characters the scanner reads."""
     from dataclasses import replace
 
-    from langchain_llamacpp_local.formats.parsers import StreamParser
     from langchain_llamacpp_local.formats.registry import FAMILIES
+    from langchain_llamacpp_local.formats.stream_parser import StreamParser
 
     family = FAMILIES["gpt_oss"]
     assert family.scanner is not None

@@ -26,8 +26,8 @@ from langchain_llamacpp_local.chat.messages import delta_message
 from langchain_llamacpp_local.formats import StreamParser, parse
 from langchain_llamacpp_local.formats.arg_stream import ArgStream, spoiler
 from langchain_llamacpp_local.formats.base import read_as_arguments
-from langchain_llamacpp_local.formats.parsers import stream_markers
 from langchain_llamacpp_local.formats.registry import FAMILIES
+from langchain_llamacpp_local.formats.stream_parser import stream_markers
 
 #: the families whose arguments stream (the others' calls are sent whole, as by default)
 JSON_FAMILIES = [
@@ -419,18 +419,20 @@ def test_the_spoiler_makes_every_prefix_unreadable() -> None:
 def _work(fmt: str, n_tokens: int, monkeypatch: pytest.MonkeyPatch) -> float:
     """Characters read (by the scans and by the argument stream) per generated
     character, over reasoning, content and one call whose argument is a third of it."""
-    from langchain_llamacpp_local.formats import parsers
+    from langchain_llamacpp_local.formats import parsers, stream_parser
 
     pieces, opts, arg = make_stream(fmt, n_tokens)
     read = [0]
-    for name in ("_scan", "_scan_rest", "_scan_think"):
-        real = getattr(parsers, name)
+    # the stream's scans and those of the final parse (each module's own binding)
+    for module in (parsers, stream_parser):
+        for name in ("scan", "scan_rest", "scan_think"):
+            real = getattr(module, name)
 
-        def counting(text: str, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
-            read[0] += len(text)
-            return _real(text, *args, **kwargs)
+            def counting(text: str, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                read[0] += len(text)
+                return _real(text, *args, **kwargs)
 
-        monkeypatch.setattr(parsers, name, counting)
+            monkeypatch.setattr(module, name, counting)
     real_feed = ArgStream.feed
 
     def feed(self: ArgStream, text: str) -> Any:

@@ -34,8 +34,8 @@ from langchain_llamacpp_local.formats import (
     parsers,
 )
 from langchain_llamacpp_local.formats.base import read_as_arguments
-from langchain_llamacpp_local.formats.parsers import stream_markers
 from langchain_llamacpp_local.formats.registry import FAMILIES
+from langchain_llamacpp_local.formats.stream_parser import stream_markers
 from tests.llama_cpp_cases import _settings, _template, case_id, load_cases
 
 from .test_tool_parsers import RECORDED
