@@ -83,6 +83,19 @@ def admits(
     return pool_need([*running, new], shared=shared) <= n_cells
 
 
+#: Prompt positions a request would read itself that a running request is about to read
+#: (the same tokens, further on in its prompt) before it waits for them instead.
+SHARE_WAIT = 256
+
+
+def waits_for_prefix(shared_later: int, shared_now: int) -> bool:
+    """Whether a request waits until a running request has read the prefix they share
+    (``shared_later`` positions of its prompt; ``shared_now`` of them held already), to
+    copy it then: read once and held once, where starting now would read the rest of it
+    a second time into cells of its own."""
+    return shared_later - shared_now >= SHARE_WAIT
+
+
 def idle_to_park(
     n_cells: int,
     running: Sequence[Footprint],

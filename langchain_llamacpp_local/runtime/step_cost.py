@@ -19,7 +19,7 @@ PRIOR = CallCost(per_call=0.002, per_row=0.004, per_attended=2e-8)
 #: Each new call's weight over the ones before it (older ones fade: the machine's load
 #: changes); the prior weighs as this many calls.
 FADE = 0.97
-PRIOR_WEIGHT = 2.0
+PRIOR_WEIGHT = 0.5
 #: Calls with more rows than this are prompt pieces.
 STEP_ROWS = 8
 

@@ -27,8 +27,9 @@ from functools import partial
 from typing import Any
 
 from langchain_llamacpp_local.cache.disk import PendingSave
+from langchain_llamacpp_local.cache.pool import waits_for_prefix
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory, Verify
-from langchain_llamacpp_local.cache.slots import Slot
+from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
@@ -255,7 +256,7 @@ class _Waiting:
 
     job: EngineRequest
     step: int = 0  # the worker's step count when it was queued (background aging)
-    t_queued: float = field(default_factory=time.perf_counter)
+    t_queued: float = 0.0  # the worker's clock then
 
 
 @dataclass
@@ -360,6 +361,8 @@ class _WorkerState:
         self.lora_turn = 0  # steps so far: rotates which adapter group decodes first
         #: the decode calls' measured cost, for the stall budget's piece sizes
         self.cost = CostFit()
+        #: what decode calls and waits are timed with (a test's simulated clock)
+        self.clock: Callable[[], float] = time.perf_counter
         #: conversations finished this step, their disk-cache places still to fill
         self.saves: list[tuple[Slot, PendingSave]] = []
 
@@ -437,19 +440,27 @@ class _WorkerState:
                     except Exception as exc:
                         ch.put(("error", exc))
                 else:
-                    self.pending.append(_Waiting(item, self.lora_turn))
+                    self.enqueue(item)
                 try:
                     item = q.get_nowait()
                 except queue.Empty:
                     item = None
-            try:
-                self._admit()
-                if self.active:
-                    self._step()
-            finally:
-                self._persist_finished()
-            if self.memory is not None and self.memory.checking:
-                self.memory.check()
+            self.tick()
+
+    def enqueue(self, job: EngineRequest) -> None:
+        """Queue ``job`` for admission (noting when, for background aging)."""
+        self.pending.append(_Waiting(job, self.lora_turn, self.clock()))
+
+    def tick(self) -> None:
+        """One loop iteration: admit what fits, decode one step, save what finished."""
+        try:
+            self._admit()
+            if self.active:
+                self._step()
+        finally:
+            self._persist_finished()
+        if self.memory is not None and self.memory.checking:
+            self.memory.check()
 
     def _busy(self) -> set[int]:
         return {a.slot.seq_id for a in self.active}
@@ -468,7 +479,7 @@ class _WorkerState:
             return 0
         return effective_priority(
             job.priority,
-            time.perf_counter() - queued.t_queued,
+            self.clock() - queued.t_queued,
             self.lora_turn - queued.step,
         )
 
@@ -514,6 +525,8 @@ class _WorkerState:
         marks = job.marks
         needed = len(tokens) + job.max_new
         room = None
+        if self._prefix_coming(job):
+            return None
         if eng.kv_unified:
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
             # a request starts only when the cells running requests hold (a prefix they
@@ -576,6 +589,21 @@ class _WorkerState:
             spec=spec,
             think=None if job.think is None else ThinkCounter(job.think),
         )
+
+    def _prefix_coming(self, job: EngineRequest) -> bool:
+        """Whether ``job`` waits for a running request to finish reading the prefix they
+        share (:func:`~.pool.waits_for_prefix`): in the unified pool it is then copied
+        (read once, held once) instead of read again beside it."""
+        eng = self.engine
+        assert eng is not None
+        if not (eng.kv_unified and job.cache_prompt and eng.memory_kind is MemoryKind.PARTIAL):
+            return False
+        for act in self.active:
+            if act.prefilling:  # (the adapter set is part of the tokens' identity)
+                later = common_prefix_len(act.tokens, job.tokens)
+                if waits_for_prefix(min(later, len(job.tokens) - 1), act.slot.n_past):
+                    return True
+        return False
 
     def _speculation(self, job: EngineRequest) -> _Speculation | None:
         """How ``job`` speculates, or None when it does not ask to."""
@@ -746,7 +774,7 @@ class _WorkerState:
         positions = [a.slot.n_past for a in gen]
         try:
             eng.set_lora(_lora_of(gen[0]))  # LoRA hook: one adapter set per group
-            t0 = time.perf_counter()
+            t0 = self.clock()
             eng.decode_batch(
                 toks,  # type: ignore[arg-type]
                 positions,
@@ -756,7 +784,7 @@ class _WorkerState:
         except (RequestCancelledError, DecodeError) as exc:
             self._after_failed_decode(gen, exc)
             return
-        self.cost.observe(len(gen), sum(p + 1 for p in positions), time.perf_counter() - t0)
+        self.cost.observe(len(gen), sum(p + 1 for p in positions), self.clock() - t0)
         self._generated(gen)
 
     def _generated(self, gen: Sequence[_Active]) -> None:
@@ -902,7 +930,7 @@ class _WorkerState:
             ]
         try:
             eng.set_lora(lora)  # LoRA hook
-            t0 = time.perf_counter()
+            t0 = self.clock()
             eng.decode_batch(
                 tokens,
                 positions,
@@ -911,7 +939,7 @@ class _WorkerState:
                 # the oldest prompt's cancel stops the call; the others' are seen next step
                 cancel=cancel_check(act.job) if len(tokens) - len(gen) > 1 else None,
             )
-            self.cost.observe(len(tokens), sum(p + 1 for p in positions), time.perf_counter() - t0)
+            self.cost.observe(len(tokens), sum(p + 1 for p in positions), self.clock() - t0)
         except NonFiniteOutputError as exc:
             self._after_non_finite([*gen, *readers], exc)
             return
@@ -1177,6 +1205,11 @@ class _WorkerState:
             logger.exception("closing a sampler failed")
 
 
+#: The loop's state under a public name: a model-free test drives its :meth:`tick` over a
+#: pure-Python store (tests/unit/runtime/test_step_loop.py).
+WorkerLoop = _WorkerState
+
+
 def _lora_of(act: _Active) -> tuple[tuple[str, float], ...]:
     """The adapter set ``act`` decodes with (``()``: the base model)."""
     return act.job.lora or ()
@@ -1197,4 +1230,5 @@ __all__ = [
     "ModelInfo",
     "ModelWorker",
     "TextDelta",
+    "WorkerLoop",
 ]
