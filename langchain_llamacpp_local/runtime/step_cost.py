@@ -37,6 +37,7 @@ class CostFit:
         self.prior = prior
         self._bins = {True: _zero(), False: _zero()}
         self._model = prior
+        self._stale = False
         self.n = 0
 
     def observe(self, rows: int, attending: int, seconds: float) -> None:
@@ -51,10 +52,14 @@ class CostFit:
             for j in range(3):
                 a[i][j] = a[i][j] * FADE + x[i] * x[j]
         self.n += 1
-        self._model = self._solve()
+        self._stale = True
 
     @property
     def model(self) -> CallCost:
+        """The fitted cost (solved when asked: a token step only adds its sums)."""
+        if self._stale:
+            self._model = self._solve()
+            self._stale = False
         return self._model
 
     def _solve(self) -> CallCost:

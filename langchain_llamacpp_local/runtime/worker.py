@@ -325,10 +325,12 @@ class _Active:
 class _WorkerState:
     """Everything that lives on the worker thread: the scheduler over a :class:`SlotMemory`.
 
-    Each loop iteration admits queued requests into free slots, then decodes one
-    step: the next token of every generating request, and a piece (see
+    Each loop iteration admits queued requests into free slots (interactive ones
+    first; in the unified pool as its cells are counted, :mod:`~.cache.pool`), then
+    decodes one step: the next token of every generating request, and a piece (see
     :mod:`chunking`) of the oldest request still reading its prompt, the younger
-    ones' pieces filling the rest of its call. In deterministic mode pieces lie on a
+    ones' pieces filling the rest of its call, cut to the stall budget while an
+    interactive request generates (:mod:`~.scheduler`). In deterministic mode pieces lie on a
     fixed grid, are never mixed with other sequences and generation steps share a
     call only in groups the kernels keep exact, so a request computes the same
     logits whatever runs beside it.
