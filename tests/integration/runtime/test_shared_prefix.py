@@ -148,3 +148,26 @@ def test_a_soak_of_sub_agents_with_and_without_shared_prefixes(cycle_model: str)
         worker.call(lambda st: st.memory.check())
     finally:
         llm.close()
+
+
+def test_priority_and_stall_budget_reach_the_engine_request(
+    cycle_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langchain_llamacpp_local.chat import leases
+
+    seen: list[tuple[str, float | None]] = []
+    original = leases._queue
+
+    def queue(request: Any, *a: Any, **k: Any) -> Any:
+        seen.append((request.priority, request.stall_budget_ms))
+        return original(request, *a, **k)
+
+    monkeypatch.setattr(leases, "_queue", queue)
+    llm = _llm(cycle_model, n_slots=1, n_ctx=256, stall_budget_ms=80.0)
+    try:
+        llm.invoke("a", max_tokens=2)
+        llm.invoke("a", max_tokens=2, priority="background", stall_budget_ms=None)
+        llm.bind(priority="background").invoke("a", max_tokens=2)
+    finally:
+        llm.close()
+    assert seen == [("interactive", 80.0), ("background", None), ("background", 80.0)]
