@@ -178,3 +178,15 @@ def test_next_turn_reuses_the_whole_previous_prompt_exactly(tiny_llama_marked: s
             assert read >= usage["input_tokens"], (read, usage["input_tokens"])
             assert_identical(warm, llm.invoke(history, cache_prompt=False))
             history += [AIMessage(str(warm.content)), HumanMessage("more")]
+
+
+@pytest.mark.parametrize("name", ["llama", "mamba"])
+def test_prompts_cut_to_a_tiny_stall_budget_stay_exact(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    # with streams generating, every prompt piece is one grid cell (the budget's floor
+    # in deterministic mode); alone, pieces are whole: the answers must not differ
+    llm = _tiny(request.getfixturevalue(f"tiny_{name}"), stall_budget_ms=0.001)
+    solo = _solo(llm, PROMPTS)
+    for got, ref in zip(_threads(llm, PROMPTS), solo, strict=True):
+        assert_identical(got, ref)
