@@ -527,7 +527,7 @@ class _WorkerState:
         marks = job.marks
         needed = len(tokens) + job.max_new
         room = None
-        if self._prefix_coming(job):
+        if self._prefix_coming(job, self._rank(job, w)):
             return None
         if eng.kv_unified:
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
@@ -592,16 +592,18 @@ class _WorkerState:
             think=None if job.think is None else ThinkCounter(job.think),
         )
 
-    def _prefix_coming(self, job: EngineRequest) -> bool:
-        """Whether ``job`` waits for a running request to finish reading the prefix they
-        share (:func:`~.pool.waits_for_prefix`): in the unified pool it is then copied
-        (read once, held once) instead of read again beside it."""
+    def _prefix_coming(self, job: EngineRequest, rank: int) -> bool:
+        """Whether ``job`` (of priority ``rank``) waits for a running request to finish
+        reading the prefix they share (:func:`~.pool.waits_for_prefix`): in the unified
+        pool it is then copied (read once, held once) instead of read again beside it.
+        Never for a reader of lower priority, whose prompt waits behind its own."""
         eng = self.engine
         assert eng is not None
         if not (eng.kv_unified and job.cache_prompt and eng.memory_kind is MemoryKind.PARTIAL):
             return False
         for act in self.active:
-            if act.prefilling:  # (the adapter set is part of the tokens' identity)
+            # (the adapter set is part of the tokens' identity)
+            if act.prefilling and self._rank(act.job, act.queued) <= rank:
                 later = common_prefix_len(act.tokens, job.tokens)
                 if waits_for_prefix(min(later, len(job.tokens) - 1), act.slot.n_past):
                     return True

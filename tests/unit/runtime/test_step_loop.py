@@ -264,3 +264,29 @@ def test_a_request_that_cannot_fit_waits_and_nothing_fails() -> None:
     assert most == 2
     for job in jobs:
         assert not isinstance(_end(job), Failed)
+
+
+def test_a_request_waits_to_copy_a_prefix_being_read_but_never_behind_background_work() -> None:
+    state, eng = _worker()
+    shared = _prompt(5, 2000)
+    first = _job([*shared, 1, 2], 4)
+    state.enqueue(first)
+    state.tick()  # reads its first piece
+    second = _job([*shared, 3, 4], 4)
+    state.enqueue(second)
+    state.tick()
+    assert [a.job for a in state.active] == [first]  # waits: the prefix is being read
+    _run(state, lambda: len(state.active) == 2)
+    act = next(a for a in state.active if a.job is second)
+    assert act.n_keep == 2000  # copied, not read again
+    _run(state, lambda: not state.active)
+    # an interactive request does not wait for a background reader
+    state, eng = _worker()
+    bg = _job([*shared, 1, 2], 4, priority="background")
+    state.enqueue(bg)
+    state.tick()
+    chat = _job([*shared, 3, 4], 4)
+    state.enqueue(chat)
+    state.tick()
+    assert {a.job.priority for a in state.active} == {"background", "interactive"}
+    _run(state, lambda: not state.active)
