@@ -38,6 +38,7 @@ class CostFit:
         self._bins = {True: _zero(), False: _zero()}
         self._model = prior
         self._stale = False
+        self._seen: set[bool] = set()
         self.n = 0
 
     def observe(self, rows: int, attending: int, seconds: float) -> None:
@@ -45,7 +46,11 @@ class CostFit:
         ``seconds``."""
         if rows <= 0 or not seconds > 0:
             return
-        a, b = self._bins[rows > STEP_ROWS]
+        kind = rows > STEP_ROWS
+        if kind not in self._seen:  # the first call of a kind warms up (graph, pages)
+            self._seen.add(kind)
+            return
+        a, b = self._bins[kind]
         x = (1.0, float(rows), float(attending))
         for i in range(3):
             b[i] = b[i] * FADE + x[i] * seconds

@@ -187,3 +187,10 @@ def test_failed_or_empty_calls_teach_nothing() -> None:
     fit.observe(0, 0, 1.0)
     fit.observe(5, 10, 0.0)
     assert fit.n == 0 and fit.model == PRIOR
+
+
+def test_the_first_call_of_each_kind_warms_up_and_is_not_learned() -> None:
+    fit = CostFit()
+    fit.observe(512, attended(0, 512), 50.0)  # graph reservation, page faults
+    fit.observe(1, 100, 5.0)
+    assert fit.n == 0 and fit.model == PRIOR
