@@ -354,8 +354,11 @@ def plan_step(
                 attending=ride,
                 n_min=budget.min_piece,
             )
-        if rules.deterministic:  # whole grid cells: the same cuts as a piece alone
-            cap = max(rules.align, cap // rules.align * rules.align)
+        if rules.deterministic:
+            # whole grid cells, the same cuts a piece alone could have; two at least, so
+            # a prompt's one-token tail can still join the cell before it (a lone row
+            # takes another kernel path: its logits would differ)
+            cap = max(2 * rules.align, cap // rules.align * rules.align)
         n_batch = min(n_batch, cap)
         left = (seconds, cost, len(riding), ride)
     if n_batch != rules.n_batch:

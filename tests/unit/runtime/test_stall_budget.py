@@ -125,10 +125,13 @@ def test_deterministic_pieces_stay_on_the_grid_under_a_budget() -> None:
     for start in (0, 64, 1024):
         step = _step(["g"], {"x": PromptRead(start, 10000)}, rules=EXACT, mix=False)
         assert step.prompt.start % 64 == 0 and step.prompt.end % 64 == 0
-        assert step.prompt.end - step.prompt.start >= 64
-    # a budget too small for a grid cell still reads one
+        assert step.prompt.end - step.prompt.start >= 128
+    # a budget too small for a grid cell still reads two
     tiny = _step(["g"], {"x": PromptRead(0, 10000)}, rules=EXACT, budget=StepBudget(0.0, COST))
-    assert tiny.prompt.end == 64
+    assert tiny.prompt.end == 128
+    # so that a one-token tail joins the cell before it, as in a piece alone: no lone row
+    tail = _step(["g"], {"x": PromptRead(0, 129)}, rules=EXACT, budget=StepBudget(0.0, COST))
+    assert tail.prompt.end == 64
 
 
 def test_an_image_is_read_whole_and_the_text_after_it_waits() -> None:
