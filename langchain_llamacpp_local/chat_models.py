@@ -160,6 +160,15 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
 
     A request goes to the slot sharing the longest prefix with it, and concurrent
     requests run together in one batch (see ``kv_unified`` for how they share KV memory)."""
+    priority: Literal["interactive", "background"] = ChatJob.priority
+    """``"interactive"``: a caller waits on the reply; ``"background"`` (decisions,
+    summaries of a middleware): its prompt is read after interactive prompts, until it
+    has waited 5 s (docs/concurrency.md); per call too."""
+    stall_budget_ms: float | None = ChatJob.stall_budget_ms
+    """While this model's reply streams, the longest one worker step may take: another
+    caller's prompt is read in pieces cut from the measured prompt rate to fit it (at
+    least 16 tokens a step; docs/concurrency.md). None: its tokens may wait for whole
+    ``n_batch`` pieces. Per call too."""
     prompt_cache_bytes: int = CacheOptions.prompt_cache_bytes
     """Host-RAM budget for conversations evicted from the slots, and for idle ones parked
     while a request decodes alone in the unified KV pool (so it attends over its own cells

@@ -34,6 +34,7 @@ from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.settings import check_int, check_load_settings
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key
+from langchain_llamacpp_local.runtime.scheduler import PRIORITIES
 
 __all__ = [
     "check_call",
@@ -141,6 +142,25 @@ def check_timeout(value: Any) -> float | None:
     return float(value)
 
 
+def check_priority(value: Any) -> None:
+    """``priority``: "interactive" or "background"."""
+    if value not in PRIORITIES:
+        raise ValueError(f"priority must be one of {list(PRIORITIES)}, got {value!r}")
+
+
+def check_stall_budget(value: Any) -> None:
+    """``stall_budget_ms``: None (off) or a finite number of milliseconds > 0."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"stall_budget_ms must be a number of milliseconds or None, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"stall_budget_ms must be a finite number of milliseconds > 0 (None: off), "
+            f"got {value!r}"
+        )
+
+
 def check_max_tokens(value: Any) -> int | None:
     """``max_tokens``: None (until the model stops or the context is full) or an int > 0."""
     if value is None:
@@ -236,6 +256,10 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
     tmpl = kwargs.get("chat_template")
     if tmpl is not None and not isinstance(tmpl, str):
         raise TypeError(f"chat_template must be a string, got {type(tmpl).__name__}")
+    if "priority" in kwargs:
+        check_priority(kwargs["priority"])
+    if "stall_budget_ms" in kwargs:
+        check_stall_budget(kwargs["stall_budget_ms"])
 
 
 def check_grammar_alone(grammar: Any, options: Mapping[str, Any]) -> None:
@@ -503,7 +527,14 @@ def check_chat_settings(model: Any) -> None:
     check_load_settings(load_settings(model))
     check_max_tokens(model.max_tokens)
     check_timeout(model.timeout)
-    check_call_options({"top_logprobs": model.top_logprobs, "logprobs": model.logprobs})
+    check_call_options(
+        {
+            "top_logprobs": model.top_logprobs,
+            "logprobs": model.logprobs,
+            "priority": model.priority,
+            "stall_budget_ms": model.stall_budget_ms,
+        }
+    )
     check_speculative(
         model.speculative, model.speculative_max_draft, draft_model=model.draft_model_path
     )

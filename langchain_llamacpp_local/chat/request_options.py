@@ -69,6 +69,8 @@ class ChatDefaults(Protocol):
     lora: dict[str, float] | None
     allow_local_image_files: bool
     allow_remote_image_urls: bool
+    priority: str
+    stall_budget_ms: float | None
 
     @property
     def model_fields_set(self) -> set[str]: ...
@@ -139,6 +141,8 @@ def build_job(defaults: ChatDefaults, messages: list[BaseMessage], call: Checked
         speculative=call.speculative,
         speculative_max_draft=call.speculative_max_draft,
         lora=call.lora,
+        priority=options.get("priority", defaults.priority),
+        stall_budget_ms=options.get("stall_budget_ms", defaults.stall_budget_ms),
         deadline=None if call.timeout is None else time.monotonic() + call.timeout,
     )
 
