@@ -48,6 +48,7 @@ package. Records the CPU flags and thread settings (benchmarks/machine.py).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -510,7 +511,7 @@ def arrivals_main(argv: list[str]) -> None:
     kinds = [k for k in args.kind.split(",") if k]
     import tempfile
 
-    from machine import flags_line, machine_info, thread_settings
+    from machine import flags_line, machine_info, thread_settings, write_results
 
     from langchain_llamacpp_local import ChatLlamaCpp
 
@@ -597,10 +598,8 @@ def arrivals_main(argv: list[str]) -> None:
         "thread_settings": thread_settings(),
         "machine": info,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    settings = result.pop("settings", None) or {k: v for k, v in vars(args).items() if k != "out"}
+    write_results("arrival_stall", result, settings=settings, out=args.out, machine=info)
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ measures any version of the package. Settings and the git commit are recorded.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -113,7 +112,7 @@ def main() -> None:
         args.agents, args.preamble, args.reply, args.n_ctx, args.rounds = 3, 300, 8, 768, 1
 
     from langchain_core.messages import HumanMessage, SystemMessage
-    from machine import flags_line, machine_info, thread_settings
+    from machine import flags_line, machine_info, thread_settings, write_results
 
     from langchain_llamacpp_local import ChatLlamaCpp
 
@@ -197,10 +196,8 @@ def main() -> None:
         "thread_settings": thread_settings(),
         "machine": info,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    settings = result.pop("settings", None) or {k: v for k, v in vars(args).items() if k != "out"}
+    write_results("shared_prefix", result, settings=settings, out=args.out, machine=info)
 
 
 if __name__ == "__main__":
