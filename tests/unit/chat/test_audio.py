@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from langchain_core.exceptions import ModelInvalidRequestError
+from langchain_core.messages.content import create_audio_block
 
 from langchain_llamacpp_local.chat.audio import (
     MAX_AUDIO_SECONDS,
@@ -62,6 +63,7 @@ def test_every_block_shape_gives_the_same_samples() -> None:
         {"type": "input_audio", "input_audio": {"data": b64(wav)}},
         {"type": "audio", "source_type": "base64", "data": b64(wav), "mime_type": "audio/wav"},
         {"type": "audio", "url": "data:audio/wav;base64," + b64(wav)},
+        dict(create_audio_block(base64=b64(wav), mime_type="audio/wav")),
         wav,
     ]
     expected = load_audio(forms[0])
