@@ -157,16 +157,15 @@ def tokenize_multimodal(
         raise ValueError("this model has no vision projector: pass mmproj_path=... to send images")
     if has_audio and not M.mtmd_support_audio(mtmd):
         raise AudioInputError("this model's projector has no audio encoder: it cannot read audio")
-    if len(images) > sum(isinstance(item[0], str) for item in images) and not (
-        M.mtmd_support_vision(mtmd)
-    ):
+    has_image = any(not isinstance(item[0], str) for item in images)
+    if has_image and not M.mtmd_support_vision(mtmd):
         raise ImageInputError("this model's projector has no vision encoder: it reads audio only")
     bitmaps = []
     chunks = M.mtmd_input_chunks_init()
     try:
         for item in images:
             if isinstance(item[0], str):
-                bitmaps.append(_audio_bitmap(M, mtmd, item[1], item[2], item[3]))
+                bitmaps.append(_audio_bitmap(mtmd, item[1], item[2], item[3]))
                 continue
             w, h, rgb, digest = item
             # a pointer to the caller's pixels, not a copy: copying a large image
@@ -218,24 +217,24 @@ def tokenize_multimodal(
         M.mtmd_input_chunks_free(chunks)
 
 
-def _audio_bitmap(
-    M: object, mtmd: object, rate: int, pcm: bytes | bytearray, digest: str
-) -> object:
+def _audio_bitmap(mtmd: object, rate: int, pcm: bytes | bytearray, digest: str) -> object:
     """An mtmd audio bitmap of float32 mono ``pcm`` at ``rate``, resampled to the
-    projector's rate."""
-    samples = np.frombuffer(pcm, dtype="<f4")
-    target = int(M.mtmd_get_audio_sample_rate(mtmd))  # type: ignore[attr-defined]
+    projector's rate (mtmd copies the samples)."""
+    from llama_cpp import mtmd_cpp as M
+
+    target = int(M.mtmd_get_audio_sample_rate(mtmd))
     if target <= 0:
         raise AudioInputError("this model's projector reports no audio sample rate")
-    samples = np.ascontiguousarray(resample_linear(samples, rate, target), dtype=np.float32)
+    samples = resample_linear(np.frombuffer(pcm, dtype="<f4"), rate, target)
+    samples = np.ascontiguousarray(samples, dtype=np.float32)
     if samples.size == 0:
         raise AudioInputError("the audio holds no samples")
-    bm = M.mtmd_bitmap_init_from_audio(  # type: ignore[attr-defined]
+    bm = M.mtmd_bitmap_init_from_audio(
         samples.size, samples.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
     )
     if not bm:
         raise AudioInputError(f"llama.cpp could not take {samples.size} audio samples")
-    M.mtmd_bitmap_set_id(bm, digest.encode())  # type: ignore[attr-defined]
+    M.mtmd_bitmap_set_id(bm, digest.encode())
     return bm
 
 
