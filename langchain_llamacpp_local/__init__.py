@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
     from langchain_llamacpp_local.embeddings import LlamaCppEmbeddings
     from langchain_llamacpp_local.errors import (
+        AudioInputError,
         ChatTemplateError,
         ContextOverflowError,
         DecodeError,
@@ -53,6 +54,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "AudioInputError",
     "ChatLlamaCpp",
     "ChatTemplateError",
     "ContextOverflowError",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from langchain_core.messages import AIMessage
 
 __all__ = [
+    "AudioInputError",
     "ChatTemplateError",
     "ContextOverflowError",
     "DecodeError",
@@ -98,6 +99,11 @@ class ChatTemplateError(InvalidRequestError):
 
 class ImageInputError(InvalidRequestError):
     """An image was refused; the message says why and how to allow it if possible."""
+
+
+class AudioInputError(InvalidRequestError):
+    """An audio part was refused (format, size, or a model that cannot hear); the
+    message says why and what is accepted."""
 
 
 class StructuredOutputTruncatedError(lc.OutputParserException):

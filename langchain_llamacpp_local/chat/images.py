@@ -26,7 +26,7 @@ from typing import Any
 
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
-from langchain_llamacpp_local.errors import ImageInputError
+from langchain_llamacpp_local.errors import ImageInputError, InvalidRequestError
 
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024
 
@@ -39,6 +39,11 @@ class DecodedImage:
     height: int
     rgb: bytes  # width*height*3 bytes, row-major RGB (what mtmd_bitmap_init takes)
     digest: str  # identifies the pixels, so an unchanged image extends a cached prefix
+
+    @property
+    def mtmd_input(self) -> tuple[int, int, bytes, str]:
+        """The form ``Engine.tokenize_multimodal`` takes for an image."""
+        return (self.width, self.height, self.rgb, self.digest)
 
 
 def is_image_block(block: Any) -> bool:
@@ -141,6 +146,13 @@ _B64_STEP = 1 << 18
 
 
 def _b64(payload: str) -> bytes:
+    """An image's base64 (:func:`decode_base64` with image errors)."""
+    return decode_base64(payload)
+
+
+def decode_base64(
+    payload: str, *, what: str = "image", error: type[InvalidRequestError] = ImageInputError
+) -> bytes:
     """Decode base64 (line-wrapped or URL-safe too) in steps of :data:`_B64_STEP`
     characters: one ``b64decode`` (or one ``str.join``) of a whole large image holds
     the GIL for a third of a second, stalling every other thread, an asyncio loop
@@ -161,10 +173,10 @@ def _b64(payload: str) -> bytes:
         if carry:
             parts.append(base64.b64decode(carry + "=" * (-len(carry) % 4), validate=True))
     except (binascii.Error, ValueError) as exc:
-        raise ImageInputError(f"image data is not valid base64: {exc}") from None
+        raise error(f"{what} data is not valid base64: {exc}") from None
     out = b"".join(parts)
     if not out:
-        raise ImageInputError("image data is empty")
+        raise error(f"{what} data is empty")
     return out
 
 

@@ -408,7 +408,7 @@ def _prepare(
 
     media: dict[int, Any] = {}
     if images:
-        pictures = [(im.width, im.height, im.rgb, im.digest) for im in images]
+        pictures = [im.mtmd_input for im in images]
         if mapping:  # control-token text in content stays plain text, as without images
             parts = protected_parts(info, _strip_bos(eng, fmt, rendered), mapping, MEDIA_MARKER)
             tokens, media = tokenize_media(parts, pictures)
@@ -529,7 +529,7 @@ MEDIA_MARKER = "<__media__>"  # llama.cpp mtmd's default marker
 
 
 def _inline_images(messages: list[dict[str, Any]], images: list[Any]) -> list[dict[str, Any]]:
-    """Replace image parts by mtmd's media marker (collecting the images in order).
+    """Replace image and audio parts by mtmd's media marker (collecting them in order).
 
     The marker, not a template's own image token, is what mtmd splits the prompt on;
     it then inserts the model's image tokens (and wrappers) itself, as llama.cpp's
@@ -548,6 +548,11 @@ def _inline_images(messages: list[dict[str, Any]], images: list[Any]) -> list[di
 
                 img = part.get("image")
                 images.append(img if isinstance(img, DecodedImage) else load_image(img))
+                pieces.append(MEDIA_MARKER)
+            elif isinstance(part, dict) and part.get("type") == "audio":
+                from langchain_llamacpp_local.chat.audio import load_audio
+
+                images.append(load_audio(part.get("audio")))
                 pieces.append(MEDIA_MARKER)
             elif isinstance(part, dict):
                 pieces.append(str(part.get("text", "")))

@@ -150,8 +150,9 @@ def build_job(defaults: ChatDefaults, messages: list[BaseMessage], call: Checked
 def decode_images(
     messages: list[dict[str, Any]], *, allow_local_files: bool, allow_remote_urls: bool
 ) -> list[dict[str, Any]]:
-    """Decode image parts in place, in the caller's thread, so the worker never waits on
-    pillow (or a permitted download); refused forms raise ``ImageInputError``."""
+    """Decode image and audio parts in place, in the caller's thread, so the worker never
+    waits on pillow, WAV decoding (or a permitted download); refused forms raise
+    ``ImageInputError`` or ``AudioInputError``."""
     for m in messages:
         content = m.get("content")
         if not isinstance(content, list):
@@ -165,14 +166,18 @@ def decode_images(
                     allow_local_files=allow_local_files,
                     allow_remote_urls=allow_remote_urls,
                 )
+            elif isinstance(part, dict) and part.get("type") == "audio":
+                from langchain_llamacpp_local.chat.audio import load_audio
+
+                part["audio"] = load_audio(part["audio"])
     return messages
 
 
 def has_images(messages: list[dict[str, Any]]) -> bool:
-    """Whether a converted conversation holds an image (its prompt needs the loaded
-    model's projector)."""
+    """Whether a converted conversation holds an image or audio (its prompt needs the
+    loaded model's projector)."""
     return any(
-        isinstance(part, dict) and part.get("type") == "image"
+        isinstance(part, dict) and part.get("type") in ("image", "audio")
         for m in messages
         if isinstance(m.get("content"), list)
         for part in m["content"]

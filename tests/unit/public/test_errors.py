@@ -21,6 +21,7 @@ TABLE = [
     (errors.InvalidArgumentError, TypeError, lc.ModelInvalidRequestError, False),
     (errors.ChatTemplateError, ValueError, lc.ModelInvalidRequestError, False),
     (errors.ImageInputError, ValueError, lc.ModelInvalidRequestError, False),
+    (errors.AudioInputError, ValueError, lc.ModelInvalidRequestError, False),
     (errors.InvalidSamplingParams, ValueError, lc.ModelInvalidRequestError, False),
     (errors.GrammarTooLargeError, ValueError, lc.ModelInvalidRequestError, False),
     (errors.DecodeError, errors.LlamaCppError, lc.ModelAPIError, True),
