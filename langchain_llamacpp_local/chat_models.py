@@ -40,7 +40,7 @@ from langchain_llamacpp_local.chat.request_options import (
 )
 from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
-from langchain_llamacpp_local.errors import model_errors
+from langchain_llamacpp_local.errors import ResponseFormatBesideToolsError, model_errors
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
@@ -794,7 +794,8 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         from langchain_llamacpp_local.chat.prompts import check_tool_choice
 
         formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
-        check_tool_choice(tool_choice, formatted)  # fail now, not at invoke time
+        with model_errors():
+            check_tool_choice(tool_choice, formatted)  # fail now, not at invoke time
         bound: dict[str, Any] = {"tools": formatted, **kwargs}
         if tool_choice is not None:
             bound["tool_choice"] = tool_choice
@@ -802,7 +803,21 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             bound["parallel_tool_calls"] = parallel_tool_calls
         if response_format is not None:
             bound["response_format"] = response_format
+            if formatted:
+                self._check_answer_beside_tools(bound)
         return super().bind(**bound)
+
+    def _check_answer_beside_tools(self, bound: dict[str, Any]) -> None:
+        """Refuse at bind time a ``response_format`` the template cannot offer beside
+        calls (:class:`ResponseFormatBesideToolsError`), by preparing a probe prompt from
+        the GGUF's vocabulary; a model that cannot be read now is checked per call."""
+        options = {k: v for k, v in bound.items() if k != "tools"}
+        try:
+            self.render_prompt("probe", tools=bound["tools"], **options)
+        except ResponseFormatBesideToolsError:
+            raise
+        except Exception:  # noqa: BLE001 - any other problem surfaces at invoke
+            logger.debug("response_format beside tools not checked at bind", exc_info=True)
 
     def with_structured_output(
         self,

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from langchain_llamacpp_local.formats.base import schema_types
@@ -41,7 +42,13 @@ from langchain_llamacpp_local.llama.json_grammar import (
     relocate_schema as _relocate,
 )
 
-__all__ = ["NotTagShaped", "markup_tool_call_grammar", "tool_call_grammar"]
+__all__ = [
+    "NotTagShaped",
+    "either_grammar",
+    "markup_tool_call_grammar",
+    "prefix_rules",
+    "tool_call_grammar",
+]
 
 _lit = gbnf_literal
 
@@ -384,3 +391,52 @@ def _convert_values(values: dict[str, Any], defs: dict[str, Any]) -> str:
                 aliases.append(f"{key} ::= {got}")
         grammar = "\n".join([conv.format_grammar(), *aliases])
     return grammar
+
+
+def _gbnf_tokens(grammar: str) -> Iterator[tuple[str, str]]:
+    """``grammar`` as (kind, text) pieces: ``word`` (a rule name where one may stand) and
+    ``other`` (literals, character classes, counts, comments, operators, space)."""
+    i, n = 0, len(grammar)
+    while i < n:
+        ch = grammar[i]
+        j = i + 1
+        if ch in '"[':
+            end = '"' if ch == '"' else "]"
+            while j < n and grammar[j] != end:
+                j += 2 if grammar[j] == "\\" else 1
+            j += 1
+        elif ch == "#":
+            while j < n and grammar[j] != "\n":
+                j += 1
+        elif ch == "{":
+            j = grammar.find("}", i) + 1 or n
+        elif ch.isalnum() or ch == "-":
+            while j < n and (grammar[j].isalnum() or grammar[j] == "-"):
+                j += 1
+            yield "word", grammar[i:j]
+            i = j
+            continue
+        yield "other", grammar[i:j]
+        i = j
+
+
+def prefix_rules(grammar: str, prefix: str) -> str:
+    """``grammar`` with every rule it defines renamed ``prefix + name`` (its root too),
+    so two grammars can be joined into one without their helper rules colliding."""
+    defined = set(re.findall(r"^\s*([A-Za-z0-9-]+)\s*::=", grammar, re.M))
+    return "".join(
+        prefix + text if kind == "word" and text in defined else text
+        for kind, text in _gbnf_tokens(grammar)
+    )
+
+
+def either_grammar(calls: str, answer: str) -> str:
+    """GBNF (root ``root``) for tool calls (``calls``'s language) or an answer
+    (``answer``'s): the two grammars' rules kept apart by prefixes."""
+    return "\n".join(
+        [
+            "root ::= calls-root | answer-root",
+            prefix_rules(calls, "calls-"),
+            prefix_rules(answer, "answer-"),
+        ]
+    )
