@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import anyio
+from langchain_core import exceptions as lc_exceptions
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
@@ -20,7 +23,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from typing_extensions import Self
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
@@ -277,6 +280,15 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """Also return this many most likely alternatives per token."""
     timeout: float | None = None
     """Seconds a call may take (queueing included) before it is cancelled."""
+    max_retries: int = Field(default=0, ge=0)
+    """Attempts after the first for a call that fails with a retryable error (LangChain's
+    ``is_retryable``: a worker that died, a decode error, a timeout), with exponential
+    backoff, as ChatOpenAI retries API errors; never once a reply has started streaming.
+    0 by default: agents retry in ``ModelRetryMiddleware``, and a timeout retried here
+    would outlast the call's ``timeout``."""
+    api_key: SecretStr | None = None
+    """Accepted for LangChain's standard parameters and ignored: a local model has no
+    API to authenticate to."""
     streaming: bool = False
     """Kept for compatibility with langchain-community: ``invoke`` always streams internally."""
     cache_miss_warning_tokens: int | None = None
@@ -316,13 +328,15 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     def _resolve_model_profile(self) -> ModelProfile | None:
         n_ctx = self.n_ctx
         local = self._local_model_file()
-        if n_ctx is None and local is not None:
+        meta: dict[str, Any] = {}
+        if local is not None:
             try:
-                meta = read_gguf_metadata(local, ["*.context_length"])
-                trained = next(iter(meta.values()), None)
-                n_ctx = min(int(trained), DEFAULT_MAX_CTX) if trained else None
+                meta = read_gguf_metadata(local, ["*.context_length", "tokenizer.chat_template"])
             except (OSError, ValueError):
-                n_ctx = None
+                meta = {}
+        if n_ctx is None:
+            trained = next((v for k, v in meta.items() if k.endswith(".context_length")), None)
+            n_ctx = min(int(trained), DEFAULT_MAX_CTX) if trained else None
         profile: ModelProfile = {
             "text_inputs": True,
             "text_outputs": True,
@@ -337,6 +351,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         }
         if n_ctx:
             profile["max_input_tokens"] = n_ctx
+            profile["max_output_tokens"] = n_ctx  # the prompt and the reply share it
+        template = self.chat_template if "{" in (self.chat_template or "") else None
+        profile.update(reasoning_profile(template or meta.get("tokenizer.chat_template")))
         return profile
 
     @property
@@ -588,8 +605,33 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         *,
         whole: bool,
     ) -> Iterator[ChatGenerationChunk]:
-        """The reply's chunks; ``whole``: the caller reads them only at the end (the
-        worker does not wake it for each token)."""
+        """The reply's chunks, the call retried on a retryable error (``max_retries``)
+        while nothing has been sent; ``whole``: the caller reads them only at the end."""
+        for attempt in range(self.max_retries + 1):
+            started = False
+            try:
+                for chunk in self._attempt(messages, stop, run_manager, kwargs, whole=whole):
+                    started = True
+                    yield chunk
+                return
+            except lc_exceptions.ModelError as exc:
+                if started or not exc.is_retryable or attempt >= self.max_retries:
+                    raise
+                delay = retry_delay(attempt)
+                logger.warning("retrying a call in %.1f s after %r", delay, exc)
+                time.sleep(delay)
+
+    def _attempt(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> Iterator[ChatGenerationChunk]:
+        """One attempt at the reply's chunks; ``whole``: the caller reads them only at the
+        end (the worker does not wake it for each token)."""
         # LangChain's streaming paths pass no run manager: progress goes to their run
         progress_run = run_manager if run_manager is not None else progress.CURRENT_RUN.get()
         with model_errors():
@@ -635,6 +677,30 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         whole: bool,
     ) -> AsyncIterator[ChatGenerationChunk]:
         """:meth:`_chunks` for an event loop."""
+        for attempt in range(self.max_retries + 1):
+            started = False
+            try:
+                async for chunk in self._aattempt(messages, stop, run_manager, kwargs, whole=whole):
+                    started = True
+                    yield chunk
+                return
+            except lc_exceptions.ModelError as exc:
+                if started or not exc.is_retryable or attempt >= self.max_retries:
+                    raise
+                delay = retry_delay(attempt)
+                logger.warning("retrying a call in %.1f s after %r", delay, exc)
+                await anyio.sleep(delay)
+
+    async def _aattempt(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """:meth:`_attempt` for an event loop."""
         # Off the event loop: image decoding (pillow, permitted downloads) in _make_job,
         # on the first call loading the model, and preparing the prompt (template,
         # tokens, grammar): the loop never waits on any of them.
@@ -837,6 +903,33 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         return structured_output(
             self, schema, method=method, include_raw=include_raw, strict=strict, **kwargs
         )
+
+
+def reasoning_profile(template: object) -> ModelProfile:
+    """The profile's reasoning keys for a chat template's source (None: unknown): a
+    template that thinks reports ``reasoning_output``, the efforts ``reasoning_effort``
+    accepts, and the default effort its source names, if any."""
+    if not isinstance(template, str):
+        return {}
+    if "think" not in template.lower() and "reasoning_effort" not in template:
+        return {"reasoning_output": False}
+    from langchain_llamacpp_local.chat.prompts import EFFORTS
+
+    profile: ModelProfile = {"reasoning_output": True, "reasoning_effort_levels": list(EFFORTS)}
+    found = re.search(
+        r"""reasoning_effort\s*(?:\|\s*default\(\s*|(?:=|is not defined.{0,80}?=)\s*)['"](\w+)['"]""",
+        template,
+        re.S,
+    )
+    if found and found.group(1) in EFFORTS:
+        profile["reasoning_effort_default"] = found.group(1)
+    return profile
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before retry ``attempt + 1``: the OpenAI client's backoff (0.5 s doubling,
+    at most 8 s), without its jitter so runs repeat."""
+    return float(min(0.5 * 2**attempt, 8.0))
 
 
 class _ClassOrInstanceMethod:
