@@ -24,7 +24,7 @@ from langchain_llamacpp_local.chat.special_tokens import (
     tokenize_protected,
     vocab_info,
 )
-from langchain_llamacpp_local.chat.thinking import can_think_first, grammar_after_thinking
+from langchain_llamacpp_local.chat.thinking import can_think_first, grammar_after_thinking, markers
 from langchain_llamacpp_local.errors import InvalidRequestError, ResponseFormatBesideToolsError
 from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
@@ -330,13 +330,20 @@ def template_thinks(template: ChatTemplate) -> bool:
     return "think" in template.source.lower()
 
 
-def think_room(job: ChatJob, thinks: bool, kwargs: dict[str, Any]) -> bool:
+def think_room(
+    job: ChatJob, thinks: bool, kwargs: dict[str, Any], fmt: str | None, prefill: str
+) -> bool:
     """Whether a constrained reply may start with a thinking block: reasoning asked for
-    (or budgeted), or left to a template that thinks unless told not to."""
+    (or budgeted), or left to a template that thinks, unless told not to or its
+    generation prompt already closed the block (thinking off, as DeepSeek V3.1 and
+    Qwen3 with ``enable_thinking=False`` write it)."""
     if job.reasoning is not None:
         return job.reasoning or job.reasoning_budget is not None
     if job.reasoning_budget is not None:
         return True
+    found = markers(fmt)
+    if found is not None and prefill.rstrip().endswith(found[1].rstrip()):
+        return False
     return thinks and kwargs.get("enable_thinking") is not False
 
 
@@ -480,7 +487,9 @@ def _prepare(
     sampling = job.sampling
     prefill = text[-_PREFILL_CHARS:]
     thinks = template_thinks(template)
-    think_first = can_think_first(tool_format) and think_room(job, thinks, kwargs)
+    think_first = can_think_first(tool_format) and think_room(
+        job, thinks, kwargs, tool_format, prefill
+    )
     # a think block the grammar opens itself is not also closed by the call grammar
     call_prefill = "" if think_first else prefill
     answer: str | None = None  # the typed answer's grammar (response_format)
