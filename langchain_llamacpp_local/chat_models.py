@@ -253,7 +253,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """Extra variables for the chat template, e.g. ``{"enable_thinking": False}``."""
     reasoning: bool | None = None
     """True: move ``<think>`` blocks into ``additional_kwargs["reasoning_content"]``;
-    False: ask the template not to think and strip stray blocks; None: leave text as is."""
+    False: ask the template not to think and strip stray blocks; None: extract them when
+    the chat template thinks (llama.cpp's ``reasoning_format=auto``), else leave the text
+    as is. A model that thinks may think before a constrained call or answer."""
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     """How hard the model should think, as OpenAI's API names it (also per call). Passed
     to templates that read ``reasoning_effort`` (gpt-oss); for templates with only an
@@ -544,12 +546,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         finally:
             lease.release()
 
-    def as_decision_model(self) -> LlamaCppDecisionModel:
+    def as_decision_model(self, **settings: Any) -> LlamaCppDecisionModel:
         """A :class:`~langchain_llamacpp_local.decisions.LlamaCppDecisionModel` on this
         model: it shares the loaded worker (weights, slots, prompt caches) and answers
-        LangChain decision questions from next-token probabilities (docs/decisions.md)."""
+        LangChain decision questions from next-token probabilities (docs/decisions.md).
+        ``settings``: the decision model's own fields (``debias="cyclic"``, ``model``)."""
 
-        return LlamaCppDecisionModel(chat_model=self)
+        return LlamaCppDecisionModel(chat_model=self, **settings)
 
     def get_token_ids(self, text: str) -> list[int]:
         """``text``'s tokens in the model's own vocabulary (no BOS, special-token text
@@ -854,8 +857,13 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         the tools, ``"any"``/``"required"``/``True`` forces some call and a tool name
         (or ``{"type": "function", "function": {"name": ...}}``) forces that tool; a
         forced call is grammar-constrained so its arguments match the schema.
-        ``response_format`` (OpenAI ``json_schema``/``json_object``) constrains the
-        final answer.
+        ``parallel_tool_calls``: None allows several calls when more than one tool is
+        bound and the template shows parallel calls; calls past the first that a reply
+        holds when one is allowed are reported in ``response_metadata
+        ["dropped_tool_calls"]``. ``response_format`` (OpenAI ``json_schema``/
+        ``json_object``) makes the reply either calls or the typed answer (what
+        ``create_agent``'s provider strategy binds); a template whose calls could not
+        be told apart from a JSON answer raises ``ResponseFormatBesideToolsError`` here.
         """
         from langchain_llamacpp_local.chat.prompts import check_tool_choice
 

@@ -400,7 +400,7 @@ def test_dict_questions_and_cyclic_debiasing(smollm2: str) -> None:
         **team,
         "criteria": dict(list(team["criteria"].items())[1:] + [("billing", "Payments.")]),
     }
-    fair = llm.as_decision_model().model_copy(update={"debias": "cyclic"})
+    fair = llm.as_decision_model(debias="cyclic")
     plain = llm.as_decision_model()
 
     def probs(dm: LlamaCppDecisionModel, q: dict[str, object]) -> dict[str, float]:
