@@ -351,27 +351,27 @@ def parallel_calls(
     asked: bool | None, tools: Sequence[dict[str, Any]], template: ChatTemplate, fmt: str | None
 ) -> bool:
     """Whether a reply may hold several calls: as asked, else when more than one tool is
-    bound and the conversation can show parallel calls (the template renders them, or
-    the Hermes prompt, which lists each call in its own block)."""
+    bound and the chat template shows an assistant message's parallel calls (so the
+    conversation reads back as the model wrote it)."""
     if asked is not None:
         return asked
-    if len(tools) < 2:
-        return False
-    if fmt == "hermes" and not template.supports_tools:
-        return True
-    return template.supports_parallel_tool_calls
+    return len(tools) > 1 and template.supports_parallel_tool_calls
+
+
+#: calls a grammar allows where one is: the first, and one more that is written only to
+#: be reported (``response_metadata["dropped_tool_calls"]``), never cut off unseen
+_ONE_AND_REPORTED = 2
 
 
 def answer_beside_calls(
-    tools: Sequence[dict[str, Any]], fmt: str, answer: str, prefill: str
+    tools: Sequence[dict[str, Any]], fmt: str, answer: str, calls: int | bool, prefill: str
 ) -> str:
     """GBNF for a reply that is either calls in ``fmt``'s own syntax or the typed answer
-    (``answer``'s grammar): OpenAI's ``response_format`` beside tools. As under
-    ``"auto"``, several calls are grammatical (the flag is applied when the reply is
-    read, so a call the model makes is never cut off unseen). The calls must
+    (``answer``'s grammar): OpenAI's ``response_format`` beside tools; ``calls`` as
+    :func:`~..formats.grammars.tool_call_grammar`'s ``parallel``. The calls must
     start with a marker of their own, else a JSON answer could read as a call; formats
     without one raise, naming ToolStrategy."""
-    calls, used = tool_call_grammar(tools, fmt, parallel=True, prefill=prefill)
+    grammar, used = tool_call_grammar(tools, fmt, parallel=calls, prefill=prefill)
     if used != fmt or not _lazy_triggers(fmt):
         raise ResponseFormatBesideToolsError(
             f"the {fmt!r} tool-call syntax of this chat template cannot be told apart from a "
@@ -379,7 +379,7 @@ def answer_beside_calls(
             "create_agent(..., response_format=ToolStrategy(Schema)) (the answer as a tool "
             "call), or with_structured_output without tools"
         )
-    return either_grammar(calls, answer)
+    return either_grammar(grammar, answer)
 
 
 #: ``Engine.tokenize_multimodal``'s signature: (text or parts, images) -> (positions, media)
@@ -504,19 +504,24 @@ def _prepare(
         grammar, parse_format = tool_call_grammar(
             tools,
             parse_format or "hermes",
-            parallel=parallel and name is None,
+            # a named tool: that one call; without parallel calls, a second one is
+            # written only to be reported (a bound: a small model under a repeatable
+            # forced grammar keeps adding calls until max_tokens)
+            parallel=1 if name is not None else True if parallel else _ONE_AND_REPORTED,
             name=name,
             prefill=call_prefill,
         )
     elif use_tools and answer is not None:
         # the model answers with calls in its own syntax or with the typed answer
         assert parse_format is not None
-        grammar = answer_beside_calls(tools, parse_format, answer, call_prefill)
+        grammar = answer_beside_calls(
+            tools, parse_format, answer, True if parallel else _ONE_AND_REPORTED, call_prefill
+        )
     elif use_tools and choice is None and _lazy_triggers(parse_format):
-        # "auto": free text, but once the model starts a call it must be a valid one.
-        # Where the model may stop as it likes the grammar never cuts a second call
-        # off: without parallel calls, those past the first are reported when read.
-        grammar, used = tool_call_grammar(tools, parse_format, parallel=True)
+        # "auto": free text, but once the model starts a call it must be a valid one
+        grammar, used = tool_call_grammar(
+            tools, parse_format, parallel=True if parallel else _ONE_AND_REPORTED
+        )
         if used == parse_format:
             lazy = _lazy_triggers(parse_format)
         else:  # no grammar in the model's own syntax for these tools: calls stay free

@@ -95,20 +95,26 @@ class Reply:
         return out
 
     def _one_call(self, parsed: Any) -> tuple[Any, list[dict[str, Any]] | None]:
-        """The parsed reply with calls past the first left out when only one is allowed
-        (``parallel_tool_calls=False``, or one tool bound): the model wrote them anyway
-        (no grammar held it to one), so they are logged and returned for
-        ``response_metadata["dropped_tool_calls"]``."""
-        if parsed is None or self.prepared.parallel or len(parsed.tool_calls) < 2:
+        """The parsed reply with the calls past the first left out when only one is
+        allowed (``parallel_tool_calls=False``, or the default with one tool): the
+        grammar let the model write one more so that it is not cut off unseen; it is
+        logged and returned for ``response_metadata["dropped_tool_calls"]`` (an invalid
+        one with its error)."""
+        if parsed is None or self.prepared.parallel:
             return parsed, None
-        dropped = [dict(c) for c in parsed.tool_calls[1:]]
+        valid, invalid = list(parsed.tool_calls), list(parsed.invalid_tool_calls)
+        if len(valid) + len(invalid) < 2:
+            return parsed, None
+        keep_valid, keep_invalid = (valid[:1], []) if valid else ([], invalid[:1])
+        dropped = [dict(c) for c in (*valid[len(keep_valid) :], *invalid[len(keep_invalid) :])]
         logger.warning(
             "the model made %d tool calls but only one is allowed (parallel_tool_calls); "
             "dropped %s: see response_metadata['dropped_tool_calls']",
-            len(parsed.tool_calls),
+            len(valid) + len(invalid),
             ", ".join(str(c.get("name")) for c in dropped),
         )
-        return replace(parsed, tool_calls=parsed.tool_calls[:1]), dropped
+        kept = replace(parsed, tool_calls=keep_valid, invalid_tool_calls=keep_invalid)
+        return kept, dropped
 
     def handle(self, item: Any) -> list[tuple[str, Any]]:
         """What one reply item from the worker gives the caller."""

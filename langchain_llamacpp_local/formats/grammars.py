@@ -27,7 +27,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from langchain_llamacpp_local.formats.base import schema_types
-from langchain_llamacpp_local.formats.registry import FAMILIES, JsonCalls, Markup, gbnf_literal
+from langchain_llamacpp_local.formats.registry import (
+    FAMILIES,
+    Calls,
+    JsonCalls,
+    Markup,
+    gbnf_literal,
+    more_calls,
+)
 from langchain_llamacpp_local.llama.json_grammar import (
     SchemaConverter as _Converter,
 )
@@ -106,11 +113,12 @@ def tool_call_grammar(
     tools: Sequence[dict[str, Any]],
     fmt: str,
     *,
-    parallel: bool = True,
+    parallel: Calls = True,
     name: str | None = None,
     prefill: str = "",
 ) -> tuple[str, str]:
-    """GBNF forcing a valid call (or several, if ``parallel``) of one of ``tools``
+    """GBNF forcing a valid call (or several: ``parallel`` True for any number, an int
+    ``n`` for at most ``n``) of one of ``tools``
     (OpenAI tool dicts), restricted to ``name`` if given, in wire format ``fmt``.
 
     Returns ``(grammar, fmt_used)``; a format whose record has no grammar falls back to
@@ -146,7 +154,7 @@ def _chosen_functions(tools: Sequence[dict[str, Any]], name: str | None) -> list
 
 
 def _json_calls_grammar(
-    tools: Sequence[dict[str, Any]], shape: JsonCalls, *, parallel: bool, name: str | None
+    tools: Sequence[dict[str, Any]], shape: JsonCalls, *, parallel: Calls, name: str | None
 ) -> str:
     fns = _chosen_functions(tools, name)
     defs: dict[str, Any] = {}
@@ -188,27 +196,32 @@ def _json_calls_grammar(
     call: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
 
     lit = json.dumps  # a GBNF string literal is a JSON string literal
+    at_most = None if parallel is True else 1 if parallel is False else max(int(parallel), 1)
     if shape.shape == "document":
-        key = "tool_calls" if parallel else "tool_call"
-        value = {"type": "array", "items": call, "minItems": 1} if parallel else call
+        key = "tool_calls" if at_most != 1 else "tool_call"
+        value: dict[str, Any] = call
+        if at_most != 1:
+            value = {"type": "array", "items": call, "minItems": 1}
+            if at_most is not None:
+                value["maxItems"] = at_most
         doc = {"type": "object", "properties": {key: value}, "required": [key]}
         return _convert(doc, defs)
     if shape.shape == "each":  # every call wrapped in the opening and closing markers
         parts = [lit(shape.opening)] if shape.opening else []
         parts += ["call", lit(shape.closing)] if shape.closing else ["call"]
         one = " ".join(parts)
-        root = f"root ::= {one} ({lit(shape.sep)} {one})*" if parallel else f"root ::= {one}"
+        root = f"root ::= {one}{more_calls(f'{lit(shape.sep)} {one}', parallel)}"
         return f"{root}\n{_convert(call, defs, 'call')}"
     if shape.shape == "list":
         doc = {"type": "array", "items": call, "minItems": 1}
-        if not parallel:
-            doc["maxItems"] = 1
+        if at_most is not None:
+            doc["maxItems"] = at_most
         rules = _convert(doc, defs, "calls")
         body = "calls"
     else:
         rules = _convert(call, defs, "call")
         sep = '"\\n"' if shape.shape == "lines" else lit(shape.opening)
-        body = f"call ({sep} call)*" if parallel else "call"
+        body = f"call{more_calls(f'{sep} call', parallel)}"
     closing_rule = f" {lit(shape.closing)}" if shape.closing else ""
     return f"root ::= {lit(shape.opening)} {body}{closing_rule}\n{rules}"
 
@@ -293,7 +306,7 @@ def markup_tool_call_grammar(
     tools: Sequence[dict[str, Any]],
     fmt: str,
     *,
-    parallel: bool = True,
+    parallel: Calls = True,
     name: str | None = None,
     prefill: str = "",
 ) -> str:

@@ -182,8 +182,8 @@ def test_two_parallel_calls_both_run_by_default(tmp_path: Path) -> None:
 def test_a_call_past_the_first_is_reported_when_one_is_allowed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The Hermes prompt of a template without tools: no lazy grammar holds the reply
-    to one call, so the second one the model wrote is reported, not lost silently."""
+    """With one call allowed the grammar lets the model write one more, which is
+    reported, not lost silently (the Hermes prompt of a template without tools)."""
     path, _ = write_printing_llama(
         tmp_path / "two.gguf",
         f"{CALL}\n{TIME_CALL}",
@@ -203,8 +203,13 @@ def test_a_call_past_the_first_is_reported_when_one_is_allowed(
     for c in streamed[1:]:
         merged = merged + c
     assert [c["name"] for c in merged.tool_calls] == ["get_weather"]
-    # by default both calls are kept
-    both = llm.bind_tools([get_weather, get_time]).invoke("weather and time?")
+    # the default for a template that cannot show parallel calls is one call, reported
+    assert (
+        llm.bind_tools([get_weather, get_time])
+        .invoke("weather and time?")
+        .response_metadata["dropped_tool_calls"]
+    )
+    both = llm.bind_tools([get_weather, get_time], parallel_tool_calls=True).invoke("weather?")
     assert [c["name"] for c in both.tool_calls] == ["get_weather", "get_time"]
     assert "dropped_tool_calls" not in both.response_metadata
 
