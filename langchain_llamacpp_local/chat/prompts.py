@@ -348,7 +348,7 @@ def think_room(
 
 
 def parallel_calls(
-    asked: bool | None, tools: Sequence[dict[str, Any]], template: ChatTemplate, fmt: str | None
+    asked: bool | None, tools: Sequence[dict[str, Any]], template: ChatTemplate
 ) -> bool:
     """Whether a reply may hold several calls: as asked, else when more than one tool is
     bound and the chat template shows an assistant message's parallel calls (so the
@@ -496,7 +496,7 @@ def _prepare(
     if job.response_format is not None and (not use_tools or choice is None):
         schema = _response_schema(job.response_format)
         answer = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
-    parallel = use_tools and parallel_calls(job.parallel_tool_calls, tools, template, parse_format)
+    parallel = use_tools and parallel_calls(job.parallel_tool_calls, tools, template)
     grammar: str | None = None
     lazy: tuple[str, ...] = ()
     if use_tools and choice is not None:
