@@ -39,6 +39,7 @@ __all__ = [
     "NonFiniteOutputError",
     "RequestCancelledError",
     "RequestTimeoutError",
+    "ResponseFormatBesideToolsError",
     "RpcError",
     "SamplingError",
     "StructuredOutputTruncatedError",
@@ -62,6 +63,11 @@ class InvalidRequestError(ValueError, lc.ModelInvalidRequestError):
 class InvalidArgumentError(TypeError, lc.ModelInvalidRequestError):
     """An argument of the wrong kind or an unknown keyword (the message names the closest
     valid one); a ``TypeError`` as before."""
+
+
+class ResponseFormatBesideToolsError(InvalidRequestError):
+    """The chat template's tool-call syntax cannot be told apart from a JSON answer, so
+    ``response_format`` cannot be combined with tools (raised at ``bind_tools``)."""
 
 
 class ContextOverflowError(ValueError, lc.ContextOverflowError):

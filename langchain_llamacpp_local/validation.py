@@ -249,6 +249,7 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
     top = kwargs.get("top_logprobs")
     if top is not None:
         check_int("top_logprobs", top, lo=0, hi=100)
+    check_logprobs_flag(kwargs.get("logprobs"))
     for name in ("logprobs", "cache_prompt", "parallel_tool_calls", "stream_tool_args"):
         value = kwargs.get(name)
         if value is not None and not isinstance(value, bool):
@@ -276,6 +277,16 @@ def check_grammar_alone(grammar: Any, options: Mapping[str, Any]) -> None:
             f"grammar cannot be combined with {' or '.join(clash)}: they constrain the "
             "reply with a grammar of their own (drop grammar=, or the tools / "
             "structured output)"
+        )
+
+
+def check_logprobs_flag(value: Any) -> None:
+    """``logprobs`` is a switch; a count (``logprobs=5``, the legacy completions API's
+    form) means ``top_logprobs``, so the error says so."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise TypeError(
+            f"logprobs must be True or False, got {value!r}; for the {value} most likely "
+            f"alternatives of each token pass logprobs=True, top_logprobs={value}"
         )
 
 
@@ -339,6 +350,8 @@ def check_constructor_arguments(cls: Any, data: dict[str, Any], what: str) -> di
     given for numbers (``max_tokens=True`` would silently mean 1); a single ``stop``
     string is one stop string."""
     check_argument_names(cls, data, what)
+    if "logprobs" in cls.model_fields:
+        check_logprobs_flag(data.get("logprobs"))
     for name, value in data.items():
         field = cls.model_fields.get(name)
         if field is None or not isinstance(value, bool):

@@ -88,6 +88,8 @@ def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes | 
     if btype == "image":
         if isinstance(block.get("base64"), str):
             return _b64(block["base64"])
+        if isinstance(block.get("base64"), (bytes, bytearray, memoryview)):
+            return _bytes_field(bytes(block["base64"]))
         source = block.get("source_type")
         if source == "base64" and isinstance(block.get("data"), str):
             return _b64(block["data"])
@@ -138,6 +140,19 @@ def _from_string(
     if plain_base64 and len(s) >= 64 and _looks_base64(s):
         return _b64(s)
     return _read_file(s, local)
+
+
+def _bytes_field(data: bytes) -> bytes:
+    """A ``base64`` field given as bytes: base64 text encoded as ASCII (what
+    ``base64.b64encode`` returns), else the image file's own bytes."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        return data  # not base64 text: the file's bytes (pillow says if they are not)
+    try:
+        return _b64(text)
+    except ImageInputError:
+        return data
 
 
 #: Characters of base64 decoded per step: each step is one short C call, so a thread

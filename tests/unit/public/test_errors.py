@@ -24,6 +24,7 @@ TABLE = [
     (errors.AudioInputError, ValueError, lc.ModelInvalidRequestError, False),
     (errors.InvalidSamplingParams, ValueError, lc.ModelInvalidRequestError, False),
     (errors.GrammarTooLargeError, ValueError, lc.ModelInvalidRequestError, False),
+    (errors.ResponseFormatBesideToolsError, ValueError, lc.ModelInvalidRequestError, False),
     (errors.DecodeError, errors.LlamaCppError, lc.ModelAPIError, True),
     (errors.WorkerDeadError, errors.LlamaCppError, lc.ModelAPIError, True),
     (errors.SamplingError, RuntimeError, lc.ModelAPIError, False),
