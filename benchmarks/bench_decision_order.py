@@ -22,7 +22,6 @@ averaged answer is *right* is what ``accuracy`` shows. Quality, not speed: no ti
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -146,8 +145,11 @@ def main() -> None:
                 f"{name:8} debias={mode:6} p_first {r['p_first']:.3f} p_right {r['p_right']:.3f} "
                 f"spread {r['right_spread']:.3f} accuracy {r['accuracy']:.2f}"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import write_results
+
+    settings = {"models": args.models, "cases": args.cases}
+    write_results("decision_order", result, settings=settings, out=args.out)
 
 
 if __name__ == "__main__":
