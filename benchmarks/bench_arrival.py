@@ -1,7 +1,26 @@
 """Running streams while a heavy request arrives: the largest gap between their tokens.
 
-    python benchmarks/bench_arrival.py            # the full run (writes results/arrival.json)
+    python benchmarks/bench_arrival.py            # chat, decision, image arrivals
+                                                  # (writes results/arrival_stall.json)
+    python benchmarks/bench_arrival.py --kind template   # the heavy-template run below
+                                                  # (writes results/arrival.json)
     python benchmarks/bench_arrival.py --quick    # tiny sizes: a smoke run of the script
+
+**Arrivals beside two streams** (``--kind chat,decision,image``, the default): two
+SmolLM2 streams generate (``n_ctx=8192``, ``n_slots=4``); once both have streamed a few
+tokens, one request arrives: (a) a chat prompt of about ``--prompt-tokens`` (4,000)
+tokens, (b) a decision with three questions (``Noul``, ``Choice``, ``Score``) on a state of
+about that size, through ``llm.as_decision_model()``, (c) an image prompt (SmolLM2 has
+no projector: a tiny generated one from tests/gguf_models.py, for the step's shape
+only; reported, no goal: an image's encode is one unit). Each stream restarts its
+request when the model ends it, so both run until the arrival is done and a second
+after. Per run: the streams' largest gap between two tokens of one request while the
+arrival runs, against the goal ``max(150 ms, 5 x their median gap before it)``; the
+arriving request's time against its time alone (the same request, no stream
+running, best of the runs; goal <= 1.2x); the streams' tokens per second during the
+arrival against before it (goal >= 0.8x). Settings and the git commit are recorded.
+
+**The heavy-template run** (``--kind template``):
 
 Three streams decode concurrently (SmolLM2-135M-Instruct, ``n_slots=4``); once each has
 streamed a few tokens, a fourth request arrives with a large chat template (a ChatML
@@ -29,6 +48,7 @@ package. Records the CPU flags and thread settings (benchmarks/machine.py).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -206,8 +226,9 @@ def one_run(
     }
 
 
-def main() -> None:
+def template_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kind")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=2000)
@@ -215,7 +236,7 @@ def main() -> None:
     ap.add_argument("--template-loop", type=int, default=15_000)
     ap.add_argument("--stream-tokens", type=int, default=400)
     ap.add_argument("--out", default=str(RESULTS / "arrival.json"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.prompt_tokens, args.tools = 1, 300, 4
         args.template_loop, args.stream_tokens = 2_000, 40
@@ -292,6 +313,304 @@ def main() -> None:
     )
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     write_results("arrival", result, settings=settings, out=args.out, machine=info)
+
+
+# --------------------------------------------------------------------------- arrivals beside streams
+
+STALL_FLOOR_MS = 150.0
+STALL_MEDIANS = 5.0
+TIME_GOAL = 1.2
+RATE_GOAL = 0.8
+TWO_STREAMS = STREAM_PROMPTS[:2]
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def decision_state(run: int, n_lines: int) -> dict[str, Any]:
+    """A state nobody asked about before (``run`` opens it): a conversation, a pending
+    tool call and ``n_lines`` lines of log."""
+    return {
+        "messages": [{"role": "user", "content": f"Run {run}: please clean up my disk."}],
+        "tool_call": {"name": "delete_file", "args": {"path": "~/tmp", "recursive": True}},
+        "log": [f"{run}.{i}: scanned directory /data/part{i}, 12 files" for i in range(n_lines)],
+    }
+
+
+def decision_questions() -> dict[str, Any]:
+    from langchain_core.decisions import Choice, Noul, Score
+
+    return {
+        "risky": Noul(instructions="Would executing tool_call be risky?"),
+        "team": Choice(
+            instructions="Which team should handle this request?",
+            criteria={"billing": "Payments.", "technical": "Bugs.", "sales": "Pricing."},
+        ),
+        "severity": Score(instructions="How severe is it?", criteria=["low", "medium", "high"]),
+    }
+
+
+def state_lines(llm: Any, tokens: int) -> int:
+    """About how many log lines make a state of ``tokens`` tokens (its JSON's tokens)."""
+    per = len(llm.get_token_ids(json.dumps(decision_state(0, 100)))) / 100
+    return max(1, round(tokens / max(per, 1.0)))
+
+
+def png(size: int = 64) -> bytes:
+    import io
+
+    from PIL import Image
+
+    img = Image.new("RGB", (size, size), (200, 30, 30))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def arrival_request(kind: str, llm: Any, args: Any, run: int) -> Any:
+    """A callable that sends the arriving request of ``kind`` (fresh each ``run``: nothing
+    of it is cached), and a description of its size."""
+    import base64
+
+    from langchain_core.messages import HumanMessage
+
+    if kind == "chat":
+        text = f"Report {run}.\n" + long_prompt(llm, args.prompt_tokens)
+        messages = [HumanMessage(text)]
+        n = llm.render_prompt(messages).n_tokens
+        return (lambda: llm.invoke(messages, max_tokens=8)), {"prompt_tokens": n}
+    if kind == "decision":
+        dm = llm.as_decision_model()
+        state = decision_state(run, state_lines(llm, args.prompt_tokens))
+        n = len(llm.get_token_ids(json.dumps(state)))
+        questions = decision_questions()
+        return (lambda: dm.invoke({"state": state, "questions": questions})), {
+            "state_tokens_about": n,
+            "questions": len(questions),
+        }
+    if kind == "image":
+        image = {
+            "type": "image",
+            "base64": base64.b64encode(png()).decode(),
+            "mime_type": "image/png",
+        }
+        messages = [
+            HumanMessage(content=[{"type": "text", "text": f"Picture {run}: what is it?"}, image])
+        ]
+        return (lambda: llm.invoke(messages, max_tokens=8)), {"image_px": 64}
+    raise ValueError(kind)
+
+
+def _streaming(llm: Any, prompt: str, max_tokens: int, stop: threading.Event, out: list) -> None:
+    """Stream ``prompt`` again and again until ``stop``: one list of token times each."""
+    while not stop.is_set():
+        times: list[float] = []
+        out.append(times)
+        for chunk in llm.stream(prompt, max_tokens=max_tokens):
+            if chunk.content:
+                times.append(time.perf_counter())
+            if stop.is_set():
+                break
+
+
+def arrival_run(llm: Any, send: Any, args: Any) -> dict[str, Any]:
+    """Two streams, then the arrival: its time, the streams' gaps and rates."""
+    stop = threading.Event()
+    streams: list[list[list[float]]] = [[] for _ in TWO_STREAMS]
+    threads = [
+        threading.Thread(target=_streaming, args=(llm, p, args.stream_tokens, stop, out))
+        for p, out in zip(TWO_STREAMS, streams, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    warm = args.warm_tokens
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and any(sum(map(len, s)) < warm for s in streams):
+        time.sleep(0.005)
+    t_arrive = time.perf_counter()
+    error = None
+    try:
+        send()
+    except Exception as exc:  # recorded: a failing arrival is a result too
+        error = repr(exc)
+    t_done = time.perf_counter()
+    time.sleep(args.after_s)
+    stop.set()
+    for t in threads:
+        t.join(300)
+    gaps_during, gaps_before = [], []
+    n_before = n_during = 0
+    first_before = min((ts[0] for s in streams for ts in s if ts), default=t_arrive)
+    for s in streams:
+        for ts in s:
+            n_before += sum(1 for x in ts if x <= t_arrive)
+            n_during += sum(1 for x in ts if t_arrive < x <= t_done)
+            for a, b in zip(ts, ts[1:], strict=False):
+                if b <= t_arrive:
+                    gaps_before.append((b - a) * 1000)
+                elif a < t_done:
+                    gaps_during.append((b - a) * 1000)
+    median = statistics.median(gaps_before) if gaps_before else None
+    bound = max(STALL_FLOOR_MS, STALL_MEDIANS * (median or 0.0))
+    before_s = max(1e-9, t_arrive - first_before)
+    during_s = max(1e-9, t_done - t_arrive)
+    rate_before = n_before / before_s / len(streams)
+    rate_during = n_during / during_s / len(streams)
+    return {
+        "arrival_ms": (t_done - t_arrive) * 1000,
+        "arrival_error": error,
+        "largest_gap_ms": max(gaps_during, default=0.0),
+        "median_gap_before_ms": median,
+        "gap_bound_ms": bound,
+        "gap_goal_met": max(gaps_during, default=0.0) <= bound,
+        "stream_tok_s_before": rate_before,
+        "stream_tok_s_during": rate_during,
+        "stream_rate_ratio": rate_during / rate_before if rate_before else None,
+        "stream_requests": [len(s) for s in streams],
+    }
+
+
+def alone(send: Any) -> float:
+    t0 = time.perf_counter()
+    send()
+    return (time.perf_counter() - t0) * 1000
+
+
+def tiny_projector(tmp: Path) -> str:
+    """A generated projector for SmolLM2's embedding width (tests/gguf_models.py)."""
+    from tests.gguf_models import write_tiny_mmproj
+
+    return str(write_tiny_mmproj(tmp / "smollm2-tiny-mmproj.gguf", text_n_embd=576))
+
+
+def arrivals_main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kind", default="chat,decision,image")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=4000)
+    ap.add_argument("--stream-tokens", type=int, default=1500)
+    ap.add_argument("--warm-tokens", type=int, default=16)
+    ap.add_argument("--after-s", type=float, default=1.0)
+    ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--stall-budget-ms", type=float, default=None, help="default: the field's")
+    ap.add_argument("--out", default=str(RESULTS / "arrival_stall.json"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.prompt_tokens, args.stream_tokens = 1, 300, 120
+        args.warm_tokens, args.after_s, args.n_ctx = 4, 0.2, 2048
+    kinds = [k for k in args.kind.split(",") if k]
+    import tempfile
+
+    from machine import flags_line, machine_info, thread_settings, write_results
+
+    from langchain_llamacpp_local import ChatLlamaCpp
+
+    path = smollm2_path()
+    info = machine_info(path)
+    print(flags_line(info))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-arrival-"))
+    extra = {} if args.stall_budget_ms is None else {"stall_budget_ms": args.stall_budget_ms}
+    results: dict[str, Any] = {}
+    run_no = 0
+    for kind in kinds:
+        llm = ChatLlamaCpp(
+            model_path=path,
+            n_slots=4,
+            n_ctx=args.n_ctx,
+            temperature=0.8,
+            seed=1,
+            **({"mmproj_path": tiny_projector(tmp)} if kind == "image" else {}),
+            **extra,
+        ).load()
+        try:
+            run_no += 1
+            send, size = arrival_request(kind, llm, args, run_no)
+            send()  # warm-up (the model's first calls, the decision path's first use)
+            alone_ms = []
+            for _ in range(args.repeats):
+                run_no += 1
+                send, size = arrival_request(kind, llm, args, run_no)
+                alone_ms.append(alone(send))
+            runs = []
+            for _ in range(args.repeats):
+                run_no += 1
+                send, size = arrival_request(kind, llm, args, run_no)
+                runs.append(arrival_run(llm, send, args))
+            best_alone = min(alone_ms)
+            for r in runs:
+                r["time_ratio"] = r["arrival_ms"] / best_alone
+            goals = kind != "image"
+            results[kind] = {
+                "size": size,
+                "alone_ms": alone_ms,
+                "runs": runs,
+                "goals": goals,
+                "gap_goal_met": all(r["gap_goal_met"] for r in runs) if goals else None,
+                "time_goal_met": all(r["time_ratio"] <= TIME_GOAL for r in runs) if goals else None,
+                "rate_goal_met": all((r["stream_rate_ratio"] or 0) >= RATE_GOAL for r in runs)
+                if goals
+                else None,
+                "threads": llm.model_info.threads,
+            }
+            for r in runs:
+                print(
+                    f"{kind}: largest gap {r['largest_gap_ms']:.0f} ms (bound "
+                    f"{r['gap_bound_ms']:.0f} ms, median before "
+                    f"{r['median_gap_before_ms'] or 0:.1f} ms); arrival "
+                    f"{r['arrival_ms']:.0f} ms = {r['time_ratio']:.2f}x alone "
+                    f"({best_alone:.0f} ms); streams {r['stream_tok_s_during']:.1f} tok/s during "
+                    f"vs {r['stream_tok_s_before']:.1f} before"
+                    + (f"; ERROR {r['arrival_error']}" if r["arrival_error"] else "")
+                )
+        finally:
+            llm.close()
+    result = {
+        "model": Path(path).name,
+        "git_commit": git_commit(),
+        "settings": {
+            "kinds": kinds,
+            "n_slots": 4,
+            "n_ctx": args.n_ctx,
+            "streams": len(TWO_STREAMS),
+            "prompt_tokens": args.prompt_tokens,
+            "stream_tokens": args.stream_tokens,
+            "warm_tokens": args.warm_tokens,
+            "repeats": args.repeats,
+            "stall_budget_ms": args.stall_budget_ms,
+            "quick": args.quick,
+        },
+        "goals": {
+            "gap": f"<= max({STALL_FLOOR_MS:.0f} ms, {STALL_MEDIANS:.0f} x median gap before)",
+            "time": f"<= {TIME_GOAL} x alone",
+            "rate": f">= {RATE_GOAL} x before",
+        },
+        "results": results,
+        "thread_settings": thread_settings(),
+        "machine": info,
+    }
+    settings = result.pop("settings", None) or {k: v for k, v in vars(args).items() if k != "out"}
+    write_results("arrival_stall", result, settings=settings, out=args.out, machine=info)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    kind = next((a.split("=", 1)[1] for a in argv if a.startswith("--kind=")), None)
+    if kind is None and "--kind" in argv:
+        kind = argv[argv.index("--kind") + 1]
+    if kind == "template":
+        template_main(argv)
+    else:
+        arrivals_main(argv)
 
 
 if __name__ == "__main__":

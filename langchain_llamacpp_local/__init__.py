@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
     from langchain_llamacpp_local.embeddings import LlamaCppEmbeddings
     from langchain_llamacpp_local.errors import (
+        AudioInputError,
         ChatTemplateError,
         ContextOverflowError,
         DecodeError,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         NonFiniteOutputError,
         RequestCancelledError,
         RequestTimeoutError,
+        ResponseFormatBesideToolsError,
         RpcError,
         SamplingError,
         StructuredOutputTruncatedError,
@@ -53,6 +55,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "AudioInputError",
     "ChatLlamaCpp",
     "ChatTemplateError",
     "ContextOverflowError",
@@ -76,6 +79,7 @@ __all__ = [
     "RenderedPrompt",
     "RequestCancelledError",
     "RequestTimeoutError",
+    "ResponseFormatBesideToolsError",
     "RpcError",
     "SamplingError",
     "StructuredOutputTruncatedError",

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import anyio
+from langchain_core import exceptions as lc_exceptions
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
@@ -20,7 +23,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from typing_extensions import Self
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
@@ -39,7 +42,7 @@ from langchain_llamacpp_local.chat.request_options import (
     sampling_params,
 )
 from langchain_llamacpp_local.chat.structured import structured_output
-from langchain_llamacpp_local.errors import model_errors
+from langchain_llamacpp_local.errors import ResponseFormatBesideToolsError, model_errors
 from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
@@ -160,6 +163,15 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
 
     A request goes to the slot sharing the longest prefix with it, and concurrent
     requests run together in one batch (see ``kv_unified`` for how they share KV memory)."""
+    priority: Literal["interactive", "background"] = ChatJob.priority
+    """``"interactive"``: a caller waits on the reply; ``"background"`` (decisions,
+    summaries of a middleware): its prompt is read after interactive prompts, until it
+    has waited 5 s (docs/concurrency.md); per call too."""
+    stall_budget_ms: float | None = ChatJob.stall_budget_ms
+    """While this model's reply streams, the longest one worker step may take: another
+    caller's prompt is read in pieces cut from the measured prompt rate to fit it (at
+    least 16 tokens a step; docs/concurrency.md). None: its tokens may wait for whole
+    ``n_batch`` pieces. Per call too."""
     prompt_cache_bytes: int = CacheOptions.prompt_cache_bytes
     """Host-RAM budget for conversations evicted from the slots, and for idle ones parked
     while a request decodes alone in the unified KV pool (so it attends over its own cells
@@ -289,7 +301,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """Extra variables for the chat template, e.g. ``{"enable_thinking": False}``."""
     reasoning: bool | None = None
     """True: move ``<think>`` blocks into ``additional_kwargs["reasoning_content"]``;
-    False: ask the template not to think and strip stray blocks; None: leave text as is."""
+    False: ask the template not to think and strip stray blocks; None: extract them when
+    the chat template thinks (llama.cpp's ``reasoning_format=auto``), else leave the text
+    as is. A model that thinks may think before a constrained call or answer."""
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     """How hard the model should think, as OpenAI's API names it (also per call). Passed
     to templates that read ``reasoning_effort`` (gpt-oss); for templates with only an
@@ -316,6 +330,15 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     """Also return this many most likely alternatives per token."""
     timeout: float | None = None
     """Seconds a call may take (queueing included) before it is cancelled."""
+    max_retries: int = Field(default=0, ge=0)
+    """Attempts after the first for a call that fails with a retryable error (LangChain's
+    ``is_retryable``: a worker that died, a decode error, a timeout), with exponential
+    backoff, as ChatOpenAI retries API errors; never once a reply has started streaming.
+    0 by default: agents retry in ``ModelRetryMiddleware``, and a timeout retried here
+    would outlast the call's ``timeout``."""
+    api_key: SecretStr | None = None
+    """Accepted for LangChain's standard parameters and ignored: a local model has no
+    API to authenticate to."""
     streaming: bool = False
     """Kept for compatibility with langchain-community: ``invoke`` always streams internally."""
     cache_miss_warning_tokens: int | None = None
@@ -355,13 +378,15 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     def _resolve_model_profile(self) -> ModelProfile | None:
         n_ctx = self.n_ctx
         local = self._local_model_file()
-        if n_ctx is None and local is not None:
+        meta: dict[str, Any] = {}
+        if local is not None:
             try:
-                meta = read_gguf_metadata(local, ["*.context_length"])
-                trained = next(iter(meta.values()), None)
-                n_ctx = min(int(trained), DEFAULT_MAX_CTX) if trained else None
+                meta = read_gguf_metadata(local, ["*.context_length", "tokenizer.chat_template"])
             except (OSError, ValueError):
-                n_ctx = None
+                meta = {}
+        if n_ctx is None:
+            trained = next((v for k, v in meta.items() if k.endswith(".context_length")), None)
+            n_ctx = min(int(trained), DEFAULT_MAX_CTX) if trained else None
         profile: ModelProfile = {
             "text_inputs": True,
             "text_outputs": True,
@@ -376,6 +401,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         }
         if n_ctx:
             profile["max_input_tokens"] = n_ctx
+            profile["max_output_tokens"] = n_ctx  # the prompt and the reply share it
+        template = self.chat_template if "{" in (self.chat_template or "") else None
+        profile.update(reasoning_profile(template or meta.get("tokenizer.chat_template")))
         return profile
 
     @property
@@ -568,16 +596,17 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         finally:
             lease.release()
 
-    def as_decision_model(self) -> LlamaCppDecisionModel:
+    def as_decision_model(self, **settings: Any) -> LlamaCppDecisionModel:
         """A :class:`~langchain_llamacpp_local.decisions.LlamaCppDecisionModel` on this
         model: it shares the loaded worker (weights, slots, prompt caches) and answers
         LangChain decision questions from next-token probabilities (docs/decisions.md).
+        ``settings``: the decision model's own fields (``debias="cyclic"``, ``model``).
 
         Needs langchain-core's decision API (langchain-core 1.8+, Python 3.11+); the chat
         model itself does not, so it is imported here, on first use."""
         from langchain_llamacpp_local.decisions import LlamaCppDecisionModel
 
-        return LlamaCppDecisionModel(chat_model=self)
+        return LlamaCppDecisionModel(chat_model=self, **settings)
 
     def get_token_ids(self, text: str) -> list[int]:
         """``text``'s tokens in the model's own vocabulary (no BOS, special-token text
@@ -633,8 +662,33 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         *,
         whole: bool,
     ) -> Iterator[ChatGenerationChunk]:
-        """The reply's chunks; ``whole``: the caller reads them only at the end (the
-        worker does not wake it for each token)."""
+        """The reply's chunks, the call retried on a retryable error (``max_retries``)
+        while nothing has been sent; ``whole``: the caller reads them only at the end."""
+        for attempt in range(self.max_retries + 1):
+            started = False
+            try:
+                for chunk in self._attempt(messages, stop, run_manager, kwargs, whole=whole):
+                    started = True
+                    yield chunk
+                return
+            except lc_exceptions.ModelError as exc:
+                if started or not exc.is_retryable or attempt >= self.max_retries:
+                    raise
+                delay = retry_delay(attempt)
+                logger.warning("retrying a call in %.1f s after %r", delay, exc)
+                time.sleep(delay)
+
+    def _attempt(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> Iterator[ChatGenerationChunk]:
+        """One attempt at the reply's chunks; ``whole``: the caller reads them only at the
+        end (the worker does not wake it for each token)."""
         # LangChain's streaming paths pass no run manager: progress goes to their run
         progress_run = run_manager if run_manager is not None else progress.CURRENT_RUN.get()
         with model_errors():
@@ -680,6 +734,30 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         whole: bool,
     ) -> AsyncIterator[ChatGenerationChunk]:
         """:meth:`_chunks` for an event loop."""
+        for attempt in range(self.max_retries + 1):
+            started = False
+            try:
+                async for chunk in self._aattempt(messages, stop, run_manager, kwargs, whole=whole):
+                    started = True
+                    yield chunk
+                return
+            except lc_exceptions.ModelError as exc:
+                if started or not exc.is_retryable or attempt >= self.max_retries:
+                    raise
+                delay = retry_delay(attempt)
+                logger.warning("retrying a call in %.1f s after %r", delay, exc)
+                await anyio.sleep(delay)
+
+    async def _aattempt(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """:meth:`_attempt` for an event loop."""
         # Off the event loop: image decoding (pillow, permitted downloads) in _make_job,
         # on the first call loading the model, and preparing the prompt (template,
         # tokens, grammar): the loop never waits on any of them.
@@ -833,13 +911,19 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         the tools, ``"any"``/``"required"``/``True`` forces some call and a tool name
         (or ``{"type": "function", "function": {"name": ...}}``) forces that tool; a
         forced call is grammar-constrained so its arguments match the schema.
-        ``response_format`` (OpenAI ``json_schema``/``json_object``) constrains the
-        final answer.
+        ``parallel_tool_calls``: None allows several calls when more than one tool is
+        bound and the template shows parallel calls; calls past the first that a reply
+        holds when one is allowed are reported in ``response_metadata
+        ["dropped_tool_calls"]``. ``response_format`` (OpenAI ``json_schema``/
+        ``json_object``) makes the reply either calls or the typed answer (what
+        ``create_agent``'s provider strategy binds); a template whose calls could not
+        be told apart from a JSON answer raises ``ResponseFormatBesideToolsError`` here.
         """
         from langchain_llamacpp_local.chat.prompts import check_tool_choice
 
         formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
-        check_tool_choice(tool_choice, formatted)  # fail now, not at invoke time
+        with model_errors():
+            check_tool_choice(tool_choice, formatted)  # fail now, not at invoke time
         bound: dict[str, Any] = {"tools": formatted, **kwargs}
         if tool_choice is not None:
             bound["tool_choice"] = tool_choice
@@ -847,7 +931,21 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             bound["parallel_tool_calls"] = parallel_tool_calls
         if response_format is not None:
             bound["response_format"] = response_format
+            if formatted:
+                self._check_answer_beside_tools(bound)
         return super().bind(**bound)
+
+    def _check_answer_beside_tools(self, bound: dict[str, Any]) -> None:
+        """Refuse at bind time a ``response_format`` the template cannot offer beside
+        calls (:class:`ResponseFormatBesideToolsError`), by preparing a probe prompt from
+        the GGUF's vocabulary; a model that cannot be read now is checked per call."""
+        options = {k: v for k, v in bound.items() if k != "tools"}
+        try:
+            self.render_prompt("probe", tools=bound["tools"], **options)
+        except ResponseFormatBesideToolsError:
+            raise
+        except Exception:  # noqa: BLE001 - any other problem surfaces at invoke
+            logger.debug("response_format beside tools not checked at bind", exc_info=True)
 
     def with_structured_output(
         self,
@@ -867,6 +965,33 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         return structured_output(
             self, schema, method=method, include_raw=include_raw, strict=strict, **kwargs
         )
+
+
+def reasoning_profile(template: object) -> ModelProfile:
+    """The profile's reasoning keys for a chat template's source (None: unknown): a
+    template that thinks reports ``reasoning_output``, the efforts ``reasoning_effort``
+    accepts, and the default effort its source names, if any."""
+    if not isinstance(template, str):
+        return {}
+    if "think" not in template.lower() and "reasoning_effort" not in template:
+        return {"reasoning_output": False}
+    from langchain_llamacpp_local.chat.prompts import EFFORTS
+
+    profile: ModelProfile = {"reasoning_output": True, "reasoning_effort_levels": list(EFFORTS)}
+    found = re.search(
+        r"""reasoning_effort\s*(?:\|\s*default\(\s*|(?:=|is not defined.{0,80}?=)\s*)['"](\w+)['"]""",
+        template,
+        re.S,
+    )
+    if found and found.group(1) in EFFORTS:
+        profile["reasoning_effort_default"] = found.group(1)
+    return profile
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before retry ``attempt + 1``: the OpenAI client's backoff (0.5 s doubling,
+    at most 8 s), without its jitter so runs repeat."""
+    return float(min(0.5 * 2**attempt, 8.0))
 
 
 class _ClassOrInstanceMethod:

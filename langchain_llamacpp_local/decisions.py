@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -49,7 +49,7 @@ except ImportError as exc:  # langchain-core before 1.8 (the newest for Python 3
         "LlamaCppRerank work without it."
     ) from exc
 from langchain_core.messages import BaseMessage, HumanMessage
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
 from langchain_llamacpp_local.chat.frontend import Frontend, frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
@@ -108,8 +108,33 @@ def _labels_line(labels: Sequence[str]) -> str:
     return ", ".join(json.dumps(label, ensure_ascii=False) for label in labels)
 
 
-def ask(qid: str, question: Question) -> _Asked:
-    """The labels and prompt text of one question; bad questions raise
+_QUESTION: TypeAdapter[Any] = TypeAdapter(Question)
+
+
+def as_question(qid: str, question: Any) -> Question:
+    """``question`` as a typed :data:`Question`: a plain dict (the wire format, with its
+    ``type``) is validated into one; anything else is the caller's error."""
+    if isinstance(question, Noul | Choice | Score | Box):
+        return question
+    if isinstance(question, Mapping):
+        try:
+            return _QUESTION.validate_python(dict(question))
+        except ValidationError as exc:
+            raise InvalidRequestError(f"question {qid!r} is not a valid question: {exc}") from None
+    raise InvalidRequestError(
+        f"question {qid!r} must be a Noul, Choice or Score (or its dict with a 'type'), "
+        f"not {type(question).__name__}"
+    )
+
+
+def _rotated(items: Sequence[Any], k: int) -> list[Any]:
+    k %= max(len(items), 1)
+    return [*items[k:], *items[:k]]
+
+
+def ask(qid: str, question: Question, rotation: int = 0) -> _Asked:
+    """The labels and prompt text of one question, its options listed from the
+    ``rotation``-th on (the labels keep their meaning); bad questions raise
     ``InvalidRequestError`` naming the problem."""
     if not isinstance(qid, str):
         raise InvalidRequestError(
@@ -129,11 +154,14 @@ def ask(qid: str, question: Question) -> _Asked:
     if isinstance(question, Noul):
         labels: tuple[str, ...] = ("yes", "no")
         crit = question.criteria
+        said = []
         if crit is not None and crit.true is not None:
-            lines.append(f'Answer "yes" if: {_content_text(crit.true, where)}')
+            said.append(f'Answer "yes" if: {_content_text(crit.true, where)}')
         if crit is not None and crit.false is not None:
-            lines.append(f'Answer "no" if: {_content_text(crit.false, where)}')
-        lines.append('Reply with exactly one word: "yes" or "no".')
+            said.append(f'Answer "no" if: {_content_text(crit.false, where)}')
+        lines.extend(said if rotation % 2 == 0 else said[::-1])
+        words = " or ".join(f'"{w}"' for w in _rotated(labels, rotation))
+        lines.append(f"Reply with exactly one word: {words}.")
     elif isinstance(question, Choice):
         if not question.criteria:
             raise InvalidRequestError(f"{where}: Choice criteria are empty")
@@ -142,15 +170,16 @@ def ask(qid: str, question: Question) -> _Asked:
         if bad:
             raise InvalidRequestError(f"{where}: a Choice label is empty or blank")
         lines.append("Options:")
-        for label, desc in question.criteria.items():
+        listed = _rotated(list(question.criteria.items()), rotation)
+        for label, desc in listed:
             lines.append(f"- {label}" + ("" if desc is None else f": {_content_text(desc, where)}"))
-        lines.append(f"Reply with exactly one option name: {_labels_line(labels)}.")
+        lines.append(f"Reply with exactly one option name: {_labels_line([k for k, _ in listed])}.")
     elif isinstance(question, Score):
         if len(question.criteria) < 2:
             raise InvalidRequestError(f"{where}: a Score needs at least two levels")
         labels = tuple(str(i) for i in range(len(question.criteria)))
         lines.append("Levels:")
-        for i, desc in enumerate(question.criteria):
+        for i, desc in _rotated(list(enumerate(question.criteria)), rotation):
             lines.append(f"{i}: {'' if desc is None else _content_text(desc, where)}")
         lines.append(f"Reply with exactly one level number from 0 to {len(labels) - 1}.")
     else:
@@ -249,6 +278,29 @@ def answer(asked: _Asked, probs: Sequence[float]) -> NoulAnswer | ChoiceAnswer |
     )
 
 
+def debiased(asked: Sequence[_Asked], dists: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """The answers of a request whose questions may have been asked several times (once
+    per order of their options): each question's label distributions averaged, so no
+    option gains from being listed first."""
+    by_qid: dict[str, tuple[_Asked, list[Sequence[float]]]] = {}
+    for a, dist in zip(asked, dists, strict=True):
+        by_qid.setdefault(a.qid, (a, []))[1].append(dist)
+    out = {}
+    for qid, (first, seen) in by_qid.items():
+        mean = [sum(col) / len(seen) for col in zip(*seen, strict=True)]
+        out[qid] = answer(first, mean)
+    return out
+
+
+def variants(qid: str, question: Question, debias: str | None) -> list[_Asked]:
+    """The prompts one question is asked with: one, or (``debias="cyclic"``) one per
+    cyclic rotation of its options' order."""
+    first = ask(qid, question)
+    if debias is None:
+        return [first]
+    return [first, *(ask(qid, question, k) for k in range(1, len(first.labels)))]
+
+
 # --------------------------------------------------------------------------- the model
 
 
@@ -286,6 +338,13 @@ class LlamaCppDecisionModel(BaseDecisionModel):
     """Reported model name (default: the chat model's traced name)."""
     chat_model: Any = Field(exclude=True)
     """The :class:`ChatLlamaCpp` whose model answers (shares its loaded worker)."""
+    debias: Literal["cyclic"] | None = None
+    """Order debiasing: ``"cyclic"`` asks each question once per cyclic rotation of its
+    options' order (``Noul``: both orders of yes/no; ``Choice``: n orders of n options;
+    ``Score``: n orders of the levels, numbers kept) and averages the label
+    probabilities, so a small model's lean to the first option listed cancels out.
+    Costs n question prompts instead of one per question (the state is read once and
+    shared); None: one prompt, options in the order given."""
 
     _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
 
@@ -356,7 +415,15 @@ class LlamaCppDecisionModel(BaseDecisionModel):
         """Check the questions and make their chat jobs (on the caller's side)."""
         if not questions:
             raise InvalidRequestError("a decision request needs at least one question")
-        asked = [ask(qid, q) for qid, q in questions.items()]
+        if not isinstance(questions, Mapping):
+            raise InvalidRequestError(
+                f"questions must be a dict of id -> question, not {type(questions).__name__}"
+            )
+        asked = [
+            a
+            for qid, q in questions.items()
+            for a in variants(qid, as_question(qid, q), self.debias)
+        ]
         state_text, media = render_state(state)
         cancel = cancel if cancel is not None else CancelFlag()
         jobs = [self._job(question_message(state_text, media, a.text)) for a in asked]
@@ -407,10 +474,7 @@ class LlamaCppDecisionModel(BaseDecisionModel):
         return n
 
     def _response(self, asked: list[_Asked], scores: list[LabelScores]) -> ClassifierResponse:
-        answers = {
-            a.qid: answer(a, label_distribution(s.logprobs))
-            for a, s in zip(asked, scores, strict=True)
-        }
+        answers = debiased(asked, [label_distribution(s.logprobs) for s in scores])
         n_in = sum(s.n_prompt for s in scores)
         return ClassifierResponse(
             model=self.model,

@@ -224,7 +224,8 @@ class LlamaCppEmbeddings(EngineUser, Embeddings):
     L2-normalised unless ``normalize=False``. Many texts go through one
     ``llama_decode`` as separate sequences. A text longer than ``n_ctx`` tokens is
     an error naming it, or is cut with ``truncate=True``. An empty text embeds the
-    model's special tokens alone (BOS, and EOS for BERT-style models).
+    model's special tokens alone (BOS, and EOS for BERT-style models; a model that adds
+    none embeds its end-of-text token).
 
     Setup:
         ``pip install langchain-llamacpp-local``

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from langchain_core.messages import AIMessage
 
 __all__ = [
+    "AudioInputError",
     "ChatTemplateError",
     "ContextOverflowError",
     "DecodeError",
@@ -39,6 +40,7 @@ __all__ = [
     "NonFiniteOutputError",
     "RequestCancelledError",
     "RequestTimeoutError",
+    "ResponseFormatBesideToolsError",
     "RpcError",
     "SamplingError",
     "StructuredOutputTruncatedError",
@@ -62,6 +64,11 @@ class InvalidRequestError(ValueError, lc.ModelInvalidRequestError):
 class InvalidArgumentError(TypeError, lc.ModelInvalidRequestError):
     """An argument of the wrong kind or an unknown keyword (the message names the closest
     valid one); a ``TypeError`` as before."""
+
+
+class ResponseFormatBesideToolsError(InvalidRequestError):
+    """The chat template's tool-call syntax cannot be told apart from a JSON answer, so
+    ``response_format`` cannot be combined with tools (raised at ``bind_tools``)."""
 
 
 class ContextOverflowError(ValueError, lc.ContextOverflowError):
@@ -99,6 +106,11 @@ class ChatTemplateError(InvalidRequestError):
 
 class ImageInputError(InvalidRequestError):
     """An image was refused; the message says why and how to allow it if possible."""
+
+
+class AudioInputError(InvalidRequestError):
+    """An audio part was refused (format, size, or a model that cannot hear); the
+    message says why and what is accepted."""
 
 
 class StructuredOutputTruncatedError(lc.OutputParserException):

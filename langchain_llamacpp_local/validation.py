@@ -64,6 +64,10 @@ def check_constructor_arguments(cls: Any, data: dict[str, Any], what: str) -> di
     given for numbers (``max_tokens=True`` would silently mean 1); a single ``stop``
     string is one stop string."""
     check_argument_names(cls, data, what)
+    if "logprobs" in cls.model_fields:  # the chat model's (its call options' check)
+        from langchain_llamacpp_local.chat.request_options import check_logprobs_flag
+
+        check_logprobs_flag(data.get("logprobs"))
     for name, value in data.items():
         field = cls.model_fields.get(name)
         if field is None or not isinstance(value, bool):
@@ -262,7 +266,14 @@ def check_chat_settings(model: Any) -> None:
     check_load_settings(load_settings(model))
     check_max_tokens(model.max_tokens)
     check_timeout(model.timeout)
-    check_call_options({"top_logprobs": model.top_logprobs, "logprobs": model.logprobs})
+    check_call_options(
+        {
+            "top_logprobs": model.top_logprobs,
+            "logprobs": model.logprobs,
+            "priority": model.priority,
+            "stall_budget_ms": model.stall_budget_ms,
+        }
+    )
     check_speculative(
         model.speculative, model.speculative_max_draft, draft_model=model.draft_model_path
     )

@@ -29,6 +29,9 @@ it a space would byte-fall-back to ``E2 96 81`` and detokenize as ``\u2581``.  W
 * :func:`write_tiny_mmproj`: llava-style ``clip`` projector (``mlp``) for
   ``llama_cpp.mtmd_cpp``: 32x32 images, patch 8 -> 16 image tokens of width
   ``text_n_embd``.
+* :func:`write_tiny_audio_mmproj`: Ultravox-style audio projector (a whisper encoder,
+  frames stacked by 50, RMS-normed SwiGLU projector): 16 kHz audio, 16 mel bins; every
+  30-second window (mtmd pads each clip to one) gives 30 tokens of width ``text_n_embd``.
 
 Random weights: embeddings/output ~ N(0, 0.5^2) so logits vary and greedy output is
 not degenerate; matrices ~ N(0, 1/fan_in); norms are ones.  Numpy shapes are the
@@ -47,12 +50,14 @@ __all__ = [
     "BOS_ID",
     "EOS_ID",
     "MMPROJ_IMAGE_SIZE",
+    "MMPROJ_N_AUDIO_TOKENS",
     "MMPROJ_N_IMAGE_TOKENS",
     "N_VOCAB",
     "SPACE_ID",
     "UNK_ID",
     "byte_token",
     "write_scripted_llama",
+    "write_tiny_audio_mmproj",
     "write_tiny_bert",
     "write_tiny_hybrid",
     "write_tiny_llama",
@@ -479,6 +484,68 @@ def write_tiny_mmproj(path: Path, *, text_n_embd: int = N_EMBD, seed: int = 0) -
     t.normal("mm.0.bias", text_n_embd, scale=0.1)
     t.normal("mm.2.weight", text_n_embd, text_n_embd)
     t.normal("mm.2.bias", text_n_embd, scale=0.1)
+    _finish(w)
+    return path
+
+
+#: Prompt positions of one 30-second audio window (:func:`write_tiny_audio_mmproj`):
+#: 3000 mel frames, halved by the encoder's strided conv, stacked by 50.
+MMPROJ_N_AUDIO_TOKENS = 30
+MMPROJ_AUDIO_RATE = 16_000
+
+
+def write_tiny_audio_mmproj(path: Path, *, text_n_embd: int = N_EMBD, seed: int = 0) -> Path:
+    """Write an Ultravox-style audio projector (``clip.projector_type = ultravox``).
+
+    Whisper encoder: 16 mel bins, conv1d (k3) then a stride-2 conv1d to width 16,
+    1500 learned positions, one pre-norm block (2 heads, ffn 32, no k bias, GELU), a
+    post norm; the projector stacks 50 frames (800 wide), RMS norm, SwiGLU to 32, RMS
+    norm, and projects to ``text_n_embd``. llama.cpp fixes the rest (16 kHz, n_fft 400,
+    hop 160, 30-second windows).  One clip up to 30 s gives
+    :data:`MMPROJ_N_AUDIO_TOKENS` tokens.
+    """
+    path = Path(path)
+    n_embd, n_ff, n_head, n_mel, hidden, stack = 16, 32, 2, 16, 32, 50
+    w = gguf.GGUFWriter(path, "clip")
+    t = _Weights(w, seed)
+    w.add_name("tiny-audio-mmproj")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_clip_has_vision_encoder(False)
+    w.add_clip_has_audio_encoder(True)
+    w.add_clip_projector_type("ultravox")
+    w.add_audio_num_mel_bins(n_mel)
+    w.add_audio_embedding_length(n_embd)
+    w.add_audio_feed_forward_length(n_ff)
+    w.add_audio_block_count(1)
+    w.add_audio_head_count(n_head)
+    w.add_audio_attention_layernorm_eps(1e-5)
+    w.add_audio_projection_dim(text_n_embd)
+    w.add_audio_stack_factor(stack)
+    # conv weights are (out, in, kernel); biases (out, 1) broadcast over time
+    t.normal("a.conv1d.1.weight", n_embd, n_mel, 3)
+    t.normal("a.conv1d.1.bias", n_embd, 1, scale=0.1)
+    t.normal("a.conv1d.2.weight", n_embd, n_embd, 3)
+    t.normal("a.conv1d.2.bias", n_embd, 1, scale=0.1)
+    t.normal("a.position_embd.weight", 1500, n_embd, scale=0.1)
+    p = "a.blk.0."
+    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        t.normal(p + name + ".weight", n_embd, n_embd)
+        if name != "attn_k":  # whisper's key projection has no bias
+            t.normal(p + name + ".bias", n_embd, scale=0.1)
+    for name in ("ln1", "ln2"):
+        t.const(p + name + ".weight", n_embd)
+        t.const(p + name + ".bias", n_embd, value=0.0)
+    t.normal(p + "ffn_up.weight", n_ff, n_embd)
+    t.normal(p + "ffn_up.bias", n_ff, scale=0.1)
+    t.normal(p + "ffn_down.weight", n_embd, n_ff)
+    t.normal(p + "ffn_down.bias", n_embd, scale=0.1)
+    t.const("a.post_ln.weight", n_embd)
+    t.const("a.post_ln.bias", n_embd, value=0.0)
+    t.const("mm.a.norm_pre.weight", n_embd * stack)
+    t.normal("mm.a.mlp.1.weight", 2 * hidden, n_embd * stack)
+    t.const("mm.a.norm_mid.weight", hidden)
+    t.normal("mm.a.mlp.2.weight", text_n_embd, hidden)
     _finish(w)
     return path
 

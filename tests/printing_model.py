@@ -16,15 +16,18 @@ from pathlib import Path
 from tests.gguf_models import write_scripted_llama
 
 
-def pieces_of(text: str, size: int = 3, cuts: tuple[str, ...] = ()) -> list[str]:
+def pieces_of(
+    text: str, size: int = 3, cuts: tuple[str, ...] = (), taken: frozenset[str] = frozenset()
+) -> list[str]:
     """``text`` cut into pieces of about ``size`` characters, no two pieces alike.
 
     A piece never runs past the end of one of ``cuts`` (a lazy grammar's trigger such
-    as ``<tool_call>`` must end on a token boundary, as llama.cpp requires).
+    as ``<tool_call>`` must end on a token boundary, as llama.cpp requires), nor
+    equals one of ``taken`` (another text's pieces).
     """
     ends = {m.end() for c in cuts if c for m in re.finditer(re.escape(c), text)}
     out: list[str] = []
-    seen: set[str] = set()
+    seen: set[str] = set(taken)
     pos = 0
     while pos < len(text):
         stop = min([len(text)] + [e for e in ends if e > pos])
@@ -61,3 +64,28 @@ def write_printing_llama(
         chat_template=chat_template,
     )
     return path, pieces
+
+
+def write_turns_llama(
+    path: Path,
+    turns: dict[str, str],
+    *,
+    chat_template: str,
+    size: int = 3,
+    cuts: tuple[str, ...] = (),
+) -> Path:
+    """A model that prints ``turns[c]`` after a prompt ending in the character ``c``
+    (a scripted agent: one text after the question, another after the tool results).
+
+    The texts are cut into pieces jointly, so no piece serves two of them."""
+    pieces: list[str] = []
+    transitions: dict[str, dict[str, float]] = {}
+    for last, text in turns.items():
+        own = pieces_of(text, size, cuts, frozenset(pieces))
+        pieces += own
+        transitions[last] = {own[0]: 20.0}
+        for p, nxt in zip(own, [*own[1:], "</s>"], strict=True):
+            transitions[p] = {nxt: 20.0}
+    return write_scripted_llama(
+        path, transitions=transitions, extra_tokens=tuple(pieces), chat_template=chat_template
+    )

@@ -38,8 +38,10 @@ from langchain_llamacpp_local.cache.chunking import (
     resume_point,
 )
 from langchain_llamacpp_local.cache.host_ram import CachedPrompt, PromptCache
+from langchain_llamacpp_local.cache.pool import Footprint, Run, admits, idle_to_park
 from langchain_llamacpp_local.cache.slot_plan import (
     DISK_MIN_ENTRIES,
+    FillPlan,
     SlotState,
     choose_slot,
     disk_beats,
@@ -100,6 +102,22 @@ def disk_key_parts(engine: SequenceStore) -> dict[str, object]:
 def check_enabled() -> bool:
     """Whether the KV invariant check is on (``LLAMACPP_LOCAL_CHECK_KV=1``)."""
     return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Room:
+    """What admission counted for a request in the unified pool (:meth:`SlotMemory.room`):
+    the running requests' footprints, the positions the request may hold, and the
+    prefix of a running slot it was counted as sharing (copied into its slot by
+    ``seq_cp``: the same cells)."""
+
+    running: tuple[Footprint, ...]
+    needed: int
+    share_from: int | None = None
+    """The running slot whose cells it shares (None: it shares nothing)."""
+    n_share: int = 0
+    """How many leading positions it shares."""
+    share_runs: tuple[Run, ...] = ()
 
 
 @dataclass
@@ -187,22 +205,26 @@ class SlotMemory:
         *,
         cache_prompt: bool,
         marks: Sequence[int] = (),
-        room: tuple[int, int] | None = None,
+        room: Room | tuple[int, int] | None = None,
         waiting: int = 0,
     ) -> tuple[Slot, int]:
         """A free slot for ``tokens`` and how many of its entries the request keeps.
 
-        ``room`` (unified cache): the request's ``needed`` positions and what running
-        requests have ``reserved``; idle slots are parked to make that room once the
-        slot is chosen and before it is filled, so a restored conversation finds free
-        cells (:meth:`fits` must have said the request can start). A request that
+        ``room`` (unified cache): what admission counted (:meth:`room`; or the request's
+        ``needed`` positions and the ``reserved`` positions of the running requests,
+        counted as held apart); idle slots are parked to make that room once the slot
+        is chosen and before it is filled, so a restored conversation finds free cells,
+        and a fill that would hold more cells than counted (a restore instead of the
+        counted copy of a running slot's prefix) gives way to that copy. A request that
         decodes alone (nothing in ``busy``, no others ``waiting``) has the other idle
         conversations parked too (:func:`~.slot_plan.plan_solo_parking`), before a
         parked conversation is restored into the slot: restored beside them it would
         land in the cells after theirs, and every step attends over the pool up to its
         highest cell in use."""
         self._restored_file = None
-        slot = self._choose(tokens, busy, room, waiting)
+        if isinstance(room, tuple):
+            room = Room((Footprint((), room[1]),), room[0])
+        slot = self._choose(tokens, busy, room, waiting, media, marks)
         if not cache_prompt:
             self.reset(slot)
         try:
@@ -227,8 +249,10 @@ class SlotMemory:
         self,
         tokens: Sequence[Hashable],
         busy: set[int],
-        room: tuple[int, int] | None,
+        room: Room | None,
         waiting: int = 0,
+        media: Sequence[tuple[int, int]] = (),
+        marks: Sequence[int] = (),
     ) -> Slot:
         """Take the free slot :func:`~.slot_plan.choose_slot` picks for ``tokens`` and fill
         it as :func:`~.slot_plan.plan_fill` says (park, restore, copy). With ``room``,
@@ -244,7 +268,8 @@ class SlotMemory:
         if parked:
             self.park(target)
         if room is not None:
-            if not self.make_room(*room, busy, target):
+            counted = Footprint(room.share_runs, room.needed)
+            if not self._park_for(room.running, counted, busy, {target.seq_id}):
                 raise AssertionError("acquire(room=...) of a request that does not fit")
             states = self._states(tokens)  # parked slots hold nothing to copy now
         best_slot = max(s.reusable for s in states)
@@ -261,6 +286,10 @@ class SlotMemory:
             if on_disk is not None:
                 cached, n_cached, from_disk = on_disk
         plan = plan_fill(states, choice.target, n_cached, can_copy=can_copy)
+        if room is not None and room.share_from is not None:
+            plan, cached, from_disk = self._within_room(
+                plan, room, states, target, busy, len(tokens), media, marks, cached, from_disk
+            )
         self._note_source(plan.action, plan.source, choice.target, cached, from_disk, tokens)
         if plan.action == "restore":
             assert cached is not None
@@ -286,6 +315,38 @@ class SlotMemory:
         if room is not None and plan.action != "restore":
             self.park_beside(target, busy, waiting)
         return self._touch(target)
+
+    def _within_room(
+        self,
+        plan: FillPlan,
+        room: Room,
+        states: Sequence[SlotState],
+        target: Slot,
+        busy: set[int],
+        n_prompt: int,
+        media: Sequence[tuple[int, int]],
+        marks: Sequence[int],
+        cached: CachedPrompt | None,
+        from_disk: disk_cache.DiskEntry | None,
+    ) -> tuple[FillPlan, CachedPrompt | None, disk_cache.DiskEntry | None]:
+        """``plan``, or the copy of the running slot's prefix admission counted when
+        ``plan`` would hold more cells than the pool has left (a restore, or a kept
+        prefix of the slot's own, instead of the running one's cells)."""
+        kept = {s.seq_id: s.reusable for s in states}
+        if plan.action == "restore":
+            runs: tuple[Run, ...] = ()
+        else:
+            src = self.slots[plan.source] if plan.action == "copy" else target
+            n = plan.n_copy if plan.action == "copy" else kept[target.seq_id]
+            n = self._resume(n, n_prompt, media, marks)
+            runs = tuple((a, min(b, n), g) for a, b, g in src.runs() if a < n)
+        spare = {target.seq_id} | ({plan.source} if plan.source is not None else set())
+        if self._room_left(room.running, Footprint(runs, room.needed), busy, spare):
+            return plan, cached, from_disk
+        assert room.share_from is not None
+        if cached is not None:  # taken from neither cache: it stays where it is
+            cached = None
+        return FillPlan("copy", room.share_from, room.n_share), None, None
 
     def _note_source(
         self,
@@ -471,6 +532,8 @@ class SlotMemory:
                 self.reset(dst)
                 return
         dst.entries = list(src.entries[:n])
+        if eng.kv_unified:  # the same cells: held once in the pool
+            dst.share([(a, min(b, n), g) for a, b, g in src.runs() if a < n])
         dst.exact = min(src.exact, n)
         dst.n_prompt = min(src.n_prompt, n)
         logger.debug("copied a %d-entry prefix from slot %d", n, src.seq_id)
@@ -696,36 +759,90 @@ class SlotMemory:
 
     # ------------------------------------------------------------------ unified cache room
 
-    def fits(self, needed: int, reserved: int) -> bool:
-        """Unified cache: whether a request of ``needed`` positions can start beside
-        running requests that may still occupy ``reserved`` (prompt plus remaining
-        ``max_tokens``); idle slots can always be parked to make the rest of the room.
+    def footprint(self, slot: Slot, final: int) -> Footprint:
+        """``slot``'s cells now and the positions its request may reach (``final``)."""
+        return Footprint(slot.runs(), final)
 
-        Asked before :meth:`acquire` fills a slot: a request that must wait may not
-        take cells (a restored conversation) from the running ones."""
+    def room(
+        self,
+        tokens: Sequence[Hashable],
+        needed: int,
+        running: Sequence[Footprint],
+        busy: set[int],
+        *,
+        media: Sequence[tuple[int, int]] = (),
+        marks: Sequence[int] = (),
+        cache_prompt: bool = True,
+    ) -> Room | None:
+        """Unified cache: the room a request of ``tokens`` (``needed`` positions with its
+        generation) takes beside the ``running`` requests (in slots ``busy``), or None
+        when the pool cannot hold them all until they end (:func:`~.pool.admits`).
+
+        A prefix it shares with a running slot counts once: :meth:`acquire` copies it
+        (``seq_cp``: the same cells) unless another fill fits too. Idle conversations
+        are not counted: they are parked to make the room. Asked before :meth:`acquire`
+        fills a slot: a request that must wait may not take cells (a restored
+        conversation) from the running ones."""
+        running = tuple(running)
+        src: int | None = None
+        n = 0
+        runs: tuple[Run, ...] = ()
+        if cache_prompt and self.engine.memory_kind is MemoryKind.PARTIAL:
+            best = max(
+                (s for s in self._states(tokens) if s.seq_id in busy),
+                key=lambda s: s.reusable,
+                default=None,
+            )
+            if best is not None and best.reusable > 0:
+                n = self._resume(best.reusable, len(tokens), media, marks)
+                if n > 0:
+                    src = best.seq_id
+                    held = self.slots[src].runs()
+                    runs = tuple((a, min(b, n), g) for a, b, g in held if a < n)
+        if not admits(self.engine.n_ctx_total, running, Footprint(runs, needed)):
+            return None
+        return Room(running, needed, src, n, runs)
+
+    def fits(self, needed: int, reserved: int) -> bool:
+        """Unified cache: whether a request of ``needed`` positions that shares nothing
+        can start beside running requests that may still occupy ``reserved`` positions,
+        counted as held apart (:meth:`room` counts shared prefixes once)."""
         return reserved + needed <= self.engine.n_ctx_total
 
-    def make_room(self, needed: int, reserved: int, busy: set[int], reserve: Slot | None) -> bool:
-        """Unified cache only: park idle slots until ``needed`` more positions fit.
-
-        ``reserved`` is what running requests may still occupy (prompt plus their
-        remaining ``max_tokens``). Returns False when they leave too little room now
-        (:meth:`fits` says so before anything is parked or filled).
-        """
-        eng = self.engine
-        if not self.fits(needed, reserved):
-            return False
+    def _idle(self, busy: set[int], spare: set[int]) -> list[tuple[int, tuple[Run, ...]]]:
+        """The idle conversations parking may take, least recently used first."""
         idle = sorted(
-            (s for s in self.slots if s.seq_id not in busy and s is not reserve and s.n_past),
+            (s for s in self.slots if s.seq_id not in busy | spare and s.n_past),
             key=lambda s: s.last_used,
         )
-        held = sum(s.n_past for s in self.slots if s.seq_id not in busy and s is not reserve)
-        while idle and reserved + held + needed > eng.n_ctx_total:
-            victim = idle.pop(0)
-            held -= victim.n_past
+        return [(s.seq_id, s.runs()) for s in idle]
+
+    def _room_left(
+        self, running: Sequence[Footprint], new: Footprint, busy: set[int], spare: set[int]
+    ) -> bool:
+        """Whether ``new`` fits beside ``running`` and every idle conversation but the
+        ``spare`` ones (the slot being filled, a copy's source) without parking one."""
+        plan = idle_to_park(
+            self.engine.n_ctx_total, [*running, new], self._idle(busy, spare), shared=True
+        )
+        return plan == ()
+
+    def _park_for(
+        self, running: Sequence[Footprint], new: Footprint, busy: set[int], spare: set[int]
+    ) -> bool:
+        """Park idle conversations (least recently used first, never a ``spare`` one)
+        until ``new`` fits beside ``running`` (:func:`~.pool.idle_to_park`); False when
+        they leave too little room even with every idle one parked."""
+        plan = idle_to_park(
+            self.engine.n_ctx_total, [*running, new], self._idle(busy, spare), shared=True
+        )
+        if plan is None:
+            return False
+        for seq_id in plan:
+            victim = self.slots[seq_id]
             self.park(victim)
             self.reset(victim)
-        return reserved + held + needed <= eng.n_ctx_total
+        return True
 
     # ------------------------------------------------------------------ invariant check
 

@@ -8,6 +8,7 @@ without changing the comparison).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +29,16 @@ def common_prefix_len(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     return i
 
 
+#: Names for the cells a sequence decodes itself (see :mod:`~.pool`): a fresh one whenever
+#: a slot's later positions stop being the cells it shared before (trimmed, cleared).
+_groups = itertools.count()
+
+
+def new_group() -> int:
+    """A name no cells have yet."""
+    return next(_groups)
+
+
 @dataclass
 class Slot:
     """One cached conversation: a sequence id plus what its KV cache holds."""
@@ -42,13 +53,38 @@ class Slot:
     #: leading entries that were the last request's prompt (the rest: its reply); the
     #: cache report calls a prompt leaving the cache inside them a miss
     n_prompt: int = 0
+    #: the cells of the leading positions that are another sequence's too (a prefix
+    #: ``seq_cp`` shared in a unified pool), as :mod:`~.pool` runs; the positions after
+    #: them are cells of this slot's own ``group``
+    shared: tuple[tuple[int, int, int], ...] = ()
+    group: int = field(default_factory=new_group)
 
     @property
     def n_past(self) -> int:
         return len(self.entries)
 
+    def runs(self) -> tuple[tuple[int, int, int], ...]:
+        """The cells the sequence holds, as :mod:`~.pool` runs ``(start, end, group)``."""
+        n = self.n_past
+        out = [(a, min(b, n), g) for a, b, g in self.shared if a < n]
+        start = out[-1][1] if out else 0
+        if n > start:
+            out.append((start, n, self.group))
+        return tuple(out)
+
+    def share(self, runs: Sequence[tuple[int, int, int]]) -> None:
+        """The sequence now holds ``runs`` (another's cells, copied), and decodes on after
+        them into cells of its own."""
+        self.shared = tuple(runs)
+        self.group = new_group()
+
     def truncate(self, n: int) -> None:
         """Forget entries from position ``n`` on (after the memory was trimmed)."""
+        if n < self.n_past:
+            # positions decoded from ``n`` on are new cells, not the ones another
+            # sequence may still share from before the trim
+            self.shared = tuple(r for r in self.runs() if r[0] < n)
+            self.group = new_group()
         del self.entries[n:]
         self.exact = min(self.exact, n)
         self.n_prompt = min(self.n_prompt, n)
@@ -60,3 +96,5 @@ class Slot:
         self.exact = 0
         self.n_prompt = 0
         self.checkpoints.clear()
+        self.shared = ()
+        self.group = new_group()

@@ -107,6 +107,15 @@ def locate(layout: PromptLayout, offset: int) -> MissPoint:
 CAUSE_RULES: tuple[tuple[Callable[[MissPoint, PromptLayout], bool], Cause], ...] = (
     (lambda p, _: p.in_image, "an image changed"),
     (lambda p, _: p.in_tools, "tool list or order changed"),
+    # the template's own text around the tool list (a "# Tools" heading) before it
+    (
+        lambda p, layout: (
+            p.message_index is None
+            and layout.tools is not None
+            and p.prompt_offset < layout.tools.end
+        ),
+        "tool list or order changed",
+    ),
     (lambda _, layout: layout.kwargs_changed, "template kwargs changed"),
     (lambda p, _: p.role in ("system", "developer"), "system prompt changed"),
     (lambda p, _: p.message_index is None, "template kwargs changed"),

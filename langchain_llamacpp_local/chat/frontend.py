@@ -181,6 +181,8 @@ class Frontend:
             speculative_max_draft=job.speculative_max_draft,
             logprobs=job.logprobs,
             top_logprobs=job.top_logprobs,
+            priority=job.priority,
+            stall_budget_ms=job.stall_budget_ms,
             deadline=job.deadline,
             cancel=job.cancel,
             think=thinking.plan(

@@ -26,7 +26,7 @@ from typing import Any
 
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
-from langchain_llamacpp_local.errors import ImageInputError
+from langchain_llamacpp_local.errors import ImageInputError, InvalidRequestError
 
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024
 
@@ -39,6 +39,11 @@ class DecodedImage:
     height: int
     rgb: bytes  # width*height*3 bytes, row-major RGB (what mtmd_bitmap_init takes)
     digest: str  # identifies the pixels, so an unchanged image extends a cached prefix
+
+    @property
+    def mtmd_input(self) -> tuple[int, int, bytes, str]:
+        """The form ``Engine.tokenize_multimodal`` takes for an image."""
+        return (self.width, self.height, self.rgb, self.digest)
 
 
 def is_image_block(block: Any) -> bool:
@@ -83,6 +88,8 @@ def _bytes_of(block: Any, local: bool, remote: bool, timeout: float) -> bytes | 
     if btype == "image":
         if isinstance(block.get("base64"), str):
             return _b64(block["base64"])
+        if isinstance(block.get("base64"), (bytes, bytearray, memoryview)):
+            return _bytes_field(bytes(block["base64"]))
         source = block.get("source_type")
         if source == "base64" and isinstance(block.get("data"), str):
             return _b64(block["data"])
@@ -135,12 +142,32 @@ def _from_string(
     return _read_file(s, local)
 
 
+def _bytes_field(data: bytes) -> bytes:
+    """A ``base64`` field given as bytes: base64 text encoded as ASCII (what
+    ``base64.b64encode`` returns), else the image file's own bytes."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        return data  # not base64 text: the file's bytes (pillow says if they are not)
+    try:
+        return _b64(text)
+    except ImageInputError:
+        return data
+
+
 #: Characters of base64 decoded per step: each step is one short C call, so a thread
 #: decoding a 70 MB image lets other threads (an event loop) in every millisecond or so.
 _B64_STEP = 1 << 18
 
 
 def _b64(payload: str) -> bytes:
+    """An image's base64 (:func:`decode_base64` with image errors)."""
+    return decode_base64(payload)
+
+
+def decode_base64(
+    payload: str, *, what: str = "image", error: type[InvalidRequestError] = ImageInputError
+) -> bytes:
     """Decode base64 (line-wrapped or URL-safe too) in steps of :data:`_B64_STEP`
     characters: one ``b64decode`` (or one ``str.join``) of a whole large image holds
     the GIL for a third of a second, stalling every other thread, an asyncio loop
@@ -161,10 +188,10 @@ def _b64(payload: str) -> bytes:
         if carry:
             parts.append(base64.b64decode(carry + "=" * (-len(carry) % 4), validate=True))
     except (binascii.Error, ValueError) as exc:
-        raise ImageInputError(f"image data is not valid base64: {exc}") from None
+        raise error(f"{what} data is not valid base64: {exc}") from None
     out = b"".join(parts)
     if not out:
-        raise ImageInputError("image data is empty")
+        raise error(f"{what} data is empty")
     return out
 
 

@@ -50,6 +50,11 @@ class ChatJob:
     #: LoRA adapters applied, ((name, scale), ...) (lora.request_key); None: the model
     #: has none configured
     lora: tuple[tuple[str, float], ...] | None = None
+    #: "interactive" or "background" (runtime.scheduler: its prompt waits behind
+    #: interactive ones, until it has waited long enough)
+    priority: str = EngineRequest.priority
+    #: while this request generates, the longest a step may take (ms; None: off)
+    stall_budget_ms: float | None = EngineRequest.stall_budget_ms
     deadline: float | None = None
     cancel: threading.Event = field(default_factory=CancelFlag)
 

@@ -40,6 +40,8 @@ def chunk_of(kind: str, value: Any, name: str | None = None) -> ChatGenerationCh
         meta["speculative"] = done.speculative
     if done.lora is not None:
         meta["lora"] = done.lora
+    if done.dropped_tool_calls:
+        meta["dropped_tool_calls"] = done.dropped_tool_calls
     if done.cache is not None:
         meta["cache"] = {
             "source": done.cache["source"],

@@ -24,11 +24,11 @@ from langchain_llamacpp_local.chat.special_tokens import (
     tokenize_protected,
     vocab_info,
 )
-from langchain_llamacpp_local.chat.thinking import grammar_after_thinking
-from langchain_llamacpp_local.errors import InvalidRequestError
+from langchain_llamacpp_local.chat.thinking import can_think_first, grammar_after_thinking, markers
+from langchain_llamacpp_local.errors import InvalidRequestError, ResponseFormatBesideToolsError
 from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
-from langchain_llamacpp_local.formats.grammars import tool_call_grammar
+from langchain_llamacpp_local.formats.grammars import either_grammar, tool_call_grammar
 from langchain_llamacpp_local.formats.registry import FAMILIES
 from langchain_llamacpp_local.llama.json_grammar import (
     JSON_OBJECT_GRAMMAR,
@@ -163,6 +163,8 @@ class PreparedPrompt:
     stream_args: bool = False  # tool-call arguments streamed while written
     #: this conversation last rendered with other template arguments (cache report)
     kwargs_changed: bool = False
+    #: more than one call may be made (else calls past the first are reported dropped)
+    parallel: bool = True
 
     def make_parser(self) -> OutputParser:
         if self.parse_format is None and self.reasoning is None:
@@ -300,7 +302,7 @@ def check_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]] | None) 
     except ValueError:
         choice = "unbound"
     if choice not in (None, "none"):
-        raise ValueError(
+        raise InvalidRequestError(
             f"tool_choice={tool_choice!r} needs tools, but none are bound: pass them with "
             "bind_tools(tools, tool_choice=...)"
         )
@@ -320,6 +322,64 @@ def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
     raise ValueError(
         f"unsupported response_format type {rtype!r}; use 'json_schema' or 'json_object'"
     )
+
+
+def template_thinks(template: ChatTemplate) -> bool:
+    """Whether the template belongs to a model that thinks (it writes or switches a
+    thinking block): its replies are then read with reasoning extracted by default."""
+    return "think" in template.source.lower()
+
+
+def think_room(
+    job: ChatJob, thinks: bool, kwargs: dict[str, Any], fmt: str | None, prefill: str
+) -> bool:
+    """Whether a constrained reply may start with a thinking block: reasoning asked for
+    (or budgeted), or left to a template that thinks, unless told not to or its
+    generation prompt already closed the block (thinking off, as DeepSeek V3.1 and
+    Qwen3 with ``enable_thinking=False`` write it)."""
+    if job.reasoning is not None:
+        return job.reasoning or job.reasoning_budget is not None
+    if job.reasoning_budget is not None:
+        return True
+    found = markers(fmt)
+    if found is not None and prefill.rstrip().endswith(found[1].rstrip()):
+        return False
+    return thinks and kwargs.get("enable_thinking") is not False
+
+
+def parallel_calls(
+    asked: bool | None, tools: Sequence[dict[str, Any]], template: ChatTemplate
+) -> bool:
+    """Whether a reply may hold several calls: as asked, else when more than one tool is
+    bound and the chat template shows an assistant message's parallel calls (so the
+    conversation reads back as the model wrote it)."""
+    if asked is not None:
+        return asked
+    return len(tools) > 1 and template.supports_parallel_tool_calls
+
+
+#: calls a grammar allows where one is: the first, and one more that is written only to
+#: be reported (``response_metadata["dropped_tool_calls"]``), never cut off unseen
+_ONE_AND_REPORTED = 2
+
+
+def answer_beside_calls(
+    tools: Sequence[dict[str, Any]], fmt: str, answer: str, calls: int | bool, prefill: str
+) -> str:
+    """GBNF for a reply that is either calls in ``fmt``'s own syntax or the typed answer
+    (``answer``'s grammar): OpenAI's ``response_format`` beside tools; ``calls`` as
+    :func:`~..formats.grammars.tool_call_grammar`'s ``parallel``. The calls must
+    start with a marker of their own, else a JSON answer could read as a call; formats
+    without one raise, naming ToolStrategy."""
+    grammar, used = tool_call_grammar(tools, fmt, parallel=calls, prefill=prefill)
+    if used != fmt or not _lazy_triggers(fmt):
+        raise ResponseFormatBesideToolsError(
+            f"the {fmt!r} tool-call syntax of this chat template cannot be told apart from a "
+            "JSON answer, so response_format cannot be combined with tools here: use "
+            "create_agent(..., response_format=ToolStrategy(Schema)) (the answer as a tool "
+            "call), or with_structured_output without tools"
+        )
+    return either_grammar(grammar, answer)
 
 
 #: ``Engine.tokenize_multimodal``'s signature: (text or parts, images) -> (positions, media)
@@ -408,7 +468,7 @@ def _prepare(
 
     media: dict[int, Any] = {}
     if images:
-        pictures = [(im.width, im.height, im.rgb, im.digest) for im in images]
+        pictures = [im.mtmd_input for im in images]
         if mapping:  # control-token text in content stays plain text, as without images
             parts = protected_parts(info, _strip_bos(eng, fmt, rendered), mapping, MEDIA_MARKER)
             tokens, media = tokenize_media(parts, pictures)
@@ -425,39 +485,59 @@ def _prepare(
         )
 
     sampling = job.sampling
+    prefill = text[-_PREFILL_CHARS:]
+    thinks = template_thinks(template)
+    think_first = can_think_first(tool_format) and think_room(
+        job, thinks, kwargs, tool_format, prefill
+    )
+    # a think block the grammar opens itself is not also closed by the call grammar
+    call_prefill = "" if think_first else prefill
+    answer: str | None = None  # the typed answer's grammar (response_format)
+    if job.response_format is not None and (not use_tools or choice is None):
+        schema = _response_schema(job.response_format)
+        answer = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
+    parallel = use_tools and parallel_calls(job.parallel_tool_calls, tools, template)
     grammar: str | None = None
     lazy: tuple[str, ...] = ()
-    if use_tools and choice is not None and choice != "none":
+    if use_tools and choice is not None:
         name = choice[5:] if choice.startswith("name:") else None
         grammar, parse_format = tool_call_grammar(
             tools,
             parse_format or "hermes",
-            # like llama.cpp server: one call unless parallel calls are asked for (a small
-            # model under a repeatable grammar would otherwise loop until max_tokens)
-            parallel=job.parallel_tool_calls is True and name is None,
+            # a named tool: that one call; without parallel calls, a second one is
+            # written only to be reported (a bound: a small model under a repeatable
+            # forced grammar keeps adding calls until max_tokens)
+            parallel=1 if name is not None else True if parallel else _ONE_AND_REPORTED,
             name=name,
-            prefill=text[-_PREFILL_CHARS:],
+            prefill=call_prefill,
+        )
+    elif use_tools and answer is not None:
+        # the model answers with calls in its own syntax or with the typed answer
+        assert parse_format is not None
+        grammar = answer_beside_calls(
+            tools, parse_format, answer, True if parallel else _ONE_AND_REPORTED, call_prefill
         )
     elif use_tools and choice is None and _lazy_triggers(parse_format):
         # "auto": free text, but once the model starts a call it must be a valid one
         grammar, used = tool_call_grammar(
-            tools, parse_format, parallel=job.parallel_tool_calls is True
+            tools, parse_format, parallel=True if parallel else _ONE_AND_REPORTED
         )
         if used == parse_format:
             lazy = _lazy_triggers(parse_format)
         else:  # no grammar in the model's own syntax for these tools: calls stay free
             grammar = None
-    elif job.response_format is not None and not use_tools:
-        schema = _response_schema(job.response_format)
-        grammar = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
-        if job.reasoning or job.reasoning_budget is not None:  # think, then answer
-            grammar = grammar_after_thinking(grammar, tool_format, text[-_PREFILL_CHARS:])
+    elif answer is not None:
+        grammar = answer
+    if grammar is not None and not lazy and think_first:  # think, then answer or call
+        grammar = grammar_after_thinking(grammar, tool_format, prefill)
     if grammar is not None:
         if sampling.grammar is not None:  # check_call refuses it first; never overwrite
             raise ValueError("grammar cannot be combined with tools or response_format")
         sampling = replace(sampling, grammar=grammar, grammar_lazy_triggers=lazy)
 
     reasoning = job.reasoning
+    if reasoning is None and thinks:
+        reasoning = True  # as llama.cpp's reasoning_format=auto: thoughts never reach content
     if not use_tools:
         parse_format = _plain_format(tool_format, reasoning)
     if reasoning is None and _channel_markup(parse_format):
@@ -472,12 +552,13 @@ def _prepare(
         parse_format=parse_format,
         reasoning=reasoning,
         tools=tuple(tools) if use_tools else (),
-        prefill=text[-_PREFILL_CHARS:],
+        prefill=prefill,
         analysis=analysis if parse_format == "auto" else None,
         calls=use_tools,
         messages=job.messages,
         tool_specs=list(job.tools or ()),
         stream_args=job.stream_tool_args,
+        parallel=parallel,
     )
 
 
@@ -529,7 +610,7 @@ MEDIA_MARKER = "<__media__>"  # llama.cpp mtmd's default marker
 
 
 def _inline_images(messages: list[dict[str, Any]], images: list[Any]) -> list[dict[str, Any]]:
-    """Replace image parts by mtmd's media marker (collecting the images in order).
+    """Replace image and audio parts by mtmd's media marker (collecting them in order).
 
     The marker, not a template's own image token, is what mtmd splits the prompt on;
     it then inserts the model's image tokens (and wrappers) itself, as llama.cpp's
@@ -548,6 +629,11 @@ def _inline_images(messages: list[dict[str, Any]], images: list[Any]) -> list[di
 
                 img = part.get("image")
                 images.append(img if isinstance(img, DecodedImage) else load_image(img))
+                pieces.append(MEDIA_MARKER)
+            elif isinstance(part, dict) and part.get("type") == "audio":
+                from langchain_llamacpp_local.chat.audio import load_audio
+
+                images.append(load_audio(part.get("audio")))
                 pieces.append(MEDIA_MARKER)
             elif isinstance(part, dict):
                 pieces.append(str(part.get("text", "")))

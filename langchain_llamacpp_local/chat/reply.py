@@ -10,6 +10,7 @@ thread that decodes for every slot.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
@@ -28,6 +29,8 @@ from langchain_llamacpp_local.runtime.requests import (
     TextDelta,
 )
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class Done:
@@ -42,6 +45,8 @@ class Done:
     speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
     lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
     cache: dict[str, Any] | None = None  # the worker's cache report (see Finished.cache)
+    #: calls past the first that ``parallel_tool_calls=False`` left out (never silently)
+    dropped_tool_calls: list[dict[str, Any]] | None = None
 
 
 def usage_of(fin: Finished) -> dict[str, Any]:
@@ -52,8 +57,8 @@ def usage_of(fin: Finished) -> dict[str, Any]:
         "total_tokens": fin.n_prompt + fin.n_generated,
         "input_token_details": {"cache_read": fin.n_cached},
     }
-    if fin.n_reasoning:
-        usage["output_token_details"] = {"reasoning": fin.n_reasoning}
+    # as OpenAI reports it: 0 when the model did not think
+    usage["output_token_details"] = {"reasoning": fin.n_reasoning or 0}
     return usage
 
 
@@ -77,14 +82,39 @@ class Reply:
 
     def _pieces(self, deltas: list[StreamDelta]) -> list[tuple[str, Any]]:
         """Parsed pieces; the first carries the logprobs of the tokens sampled since the
-        last piece sent (as OpenAI streams them: each chunk its own)."""
+        last piece sent (as OpenAI streams them: each chunk its own). With one call
+        allowed, pieces of later calls are held back (:meth:`_one_call`)."""
         out: list[tuple[str, Any]] = []
         for d in deltas:
+            if d.kind == "tool_call" and not self.prepared.parallel and (d.index or 0) > 0:
+                continue
             if self._logprobs:
                 d = replace(d, logprobs=self._logprobs)
                 self._logprobs = []
             out.append(("delta", d))
         return out
+
+    def _one_call(self, parsed: Any) -> tuple[Any, list[dict[str, Any]] | None]:
+        """The parsed reply with the calls past the first left out when only one is
+        allowed (``parallel_tool_calls=False``, or the default with one tool): the
+        grammar let the model write one more so that it is not cut off unseen; it is
+        logged and returned for ``response_metadata["dropped_tool_calls"]`` (an invalid
+        one with its error)."""
+        if parsed is None or self.prepared.parallel:
+            return parsed, None
+        valid, invalid = list(parsed.tool_calls), list(parsed.invalid_tool_calls)
+        if len(valid) + len(invalid) < 2:
+            return parsed, None
+        keep_valid, keep_invalid = (valid[:1], []) if valid else ([], invalid[:1])
+        dropped = [dict(c) for c in (*valid[len(keep_valid) :], *invalid[len(keep_invalid) :])]
+        logger.warning(
+            "the model made %d tool calls but only one is allowed (parallel_tool_calls); "
+            "dropped %s: see response_metadata['dropped_tool_calls']",
+            len(valid) + len(invalid),
+            ", ".join(str(c.get("name")) for c in dropped),
+        )
+        kept = replace(parsed, tool_calls=keep_valid, invalid_tool_calls=keep_invalid)
+        return kept, dropped
 
     def handle(self, item: Any) -> list[tuple[str, Any]]:
         """What one reply item from the worker gives the caller."""
@@ -105,17 +135,22 @@ class Reply:
                     # the reply stands; only the miss's place in the messages is unknown
                     miss = {"cause": f"not explained: {UNLOADED}"}
                 cache = {**cache, "miss": miss}
+            parsed, dropped = self._one_call(getattr(self.parser, "result", None))
+            finish = item.finish_reason
+            if finish == "stop" and parsed is not None and parsed.tool_calls:
+                finish = "tool_calls"  # as OpenAI and llama.cpp's server say
             done = Done(
-                item.finish_reason,
+                finish,
                 usage_of(item),
                 item.timings,
                 self.model_name,
                 # the tokens no streamed piece carried (an end-of-generation token)
                 self._logprobs,
-                getattr(self.parser, "result", None),
+                parsed,
                 item.speculative,
                 item.lora,
                 cache,
+                dropped,
             )
             return [*out, ("done", done)]
         if isinstance(item, PromptProgress):

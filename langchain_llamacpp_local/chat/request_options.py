@@ -29,6 +29,7 @@ from langchain_llamacpp_local.llama.json_grammar import (
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.llama.settings import check_int
 from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key
+from langchain_llamacpp_local.runtime.scheduler import PRIORITIES
 from langchain_llamacpp_local.templates.messages import convert_messages
 
 #: SamplingParams fields the prompt decides (tool calls' lazy grammars), never a field
@@ -79,6 +80,8 @@ class ChatDefaults(Protocol):
     lora: dict[str, float] | None
     allow_local_image_files: bool
     allow_remote_image_urls: bool
+    priority: str
+    stall_budget_ms: float | None
 
     @property
     def model_fields_set(self) -> set[str]: ...
@@ -128,6 +131,25 @@ def check_timeout(value: Any) -> float | None:
             f"timeout must be a finite number of seconds > 0 (None: no limit), got {value!r}"
         )
     return float(value)
+
+
+def check_priority(value: Any) -> None:
+    """``priority``: "interactive" or "background"."""
+    if value not in PRIORITIES:
+        raise ValueError(f"priority must be one of {list(PRIORITIES)}, got {value!r}")
+
+
+def check_stall_budget(value: Any) -> None:
+    """``stall_budget_ms``: None (off) or a finite number of milliseconds > 0."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"stall_budget_ms must be a number of milliseconds or None, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"stall_budget_ms must be a finite number of milliseconds > 0 (None: off), "
+            f"got {value!r}"
+        )
 
 
 def check_max_tokens(value: Any) -> int | None:
@@ -218,6 +240,7 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
     top = kwargs.get("top_logprobs")
     if top is not None:
         check_int("top_logprobs", top, lo=0, hi=100)
+    check_logprobs_flag(kwargs.get("logprobs"))
     for name in ("logprobs", "cache_prompt", "parallel_tool_calls", "stream_tool_args"):
         value = kwargs.get(name)
         if value is not None and not isinstance(value, bool):
@@ -225,6 +248,10 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
     tmpl = kwargs.get("chat_template")
     if tmpl is not None and not isinstance(tmpl, str):
         raise TypeError(f"chat_template must be a string, got {type(tmpl).__name__}")
+    if "priority" in kwargs:
+        check_priority(kwargs["priority"])
+    if "stall_budget_ms" in kwargs:
+        check_stall_budget(kwargs["stall_budget_ms"])
 
 
 def check_grammar_alone(grammar: Any, options: Mapping[str, Any]) -> None:
@@ -241,6 +268,16 @@ def check_grammar_alone(grammar: Any, options: Mapping[str, Any]) -> None:
             f"grammar cannot be combined with {' or '.join(clash)}: they constrain the "
             "reply with a grammar of their own (drop grammar=, or the tools / "
             "structured output)"
+        )
+
+
+def check_logprobs_flag(value: Any) -> None:
+    """``logprobs`` is a switch; a count (``logprobs=5``, the legacy completions API's
+    form) means ``top_logprobs``, so the error says so."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise TypeError(
+            f"logprobs must be True or False, got {value!r}; for the {value} most likely "
+            f"alternatives of each token pass logprobs=True, top_logprobs={value}"
         )
 
 
@@ -337,6 +374,8 @@ def build_job(defaults: ChatDefaults, messages: list[BaseMessage], call: Checked
         speculative=call.speculative,
         speculative_max_draft=call.speculative_max_draft,
         lora=call.lora,
+        priority=options.get("priority", defaults.priority),
+        stall_budget_ms=options.get("stall_budget_ms", defaults.stall_budget_ms),
         deadline=None if call.timeout is None else time.monotonic() + call.timeout,
     )
 
@@ -344,8 +383,9 @@ def build_job(defaults: ChatDefaults, messages: list[BaseMessage], call: Checked
 def decode_images(
     messages: list[dict[str, Any]], *, allow_local_files: bool, allow_remote_urls: bool
 ) -> list[dict[str, Any]]:
-    """Decode image parts in place, in the caller's thread, so the worker never waits on
-    pillow (or a permitted download); refused forms raise ``ImageInputError``."""
+    """Decode image and audio parts in place, in the caller's thread, so the worker never
+    waits on pillow, WAV decoding (or a permitted download); refused forms raise
+    ``ImageInputError`` or ``AudioInputError``."""
     for m in messages:
         content = m.get("content")
         if not isinstance(content, list):
@@ -359,14 +399,18 @@ def decode_images(
                     allow_local_files=allow_local_files,
                     allow_remote_urls=allow_remote_urls,
                 )
+            elif isinstance(part, dict) and part.get("type") == "audio":
+                from langchain_llamacpp_local.chat.audio import load_audio
+
+                part["audio"] = load_audio(part["audio"])
     return messages
 
 
 def has_images(messages: list[dict[str, Any]]) -> bool:
-    """Whether a converted conversation holds an image (its prompt needs the loaded
-    model's projector)."""
+    """Whether a converted conversation holds an image or audio (its prompt needs the
+    loaded model's projector)."""
     return any(
-        isinstance(part, dict) and part.get("type") == "image"
+        isinstance(part, dict) and part.get("type") in ("image", "audio")
         for m in messages
         if isinstance(m.get("content"), list)
         for part in m["content"]

@@ -94,6 +94,16 @@ def _excluding(end: str) -> str:
     return rule
 
 
+def can_think_first(fmt: str | None) -> bool:
+    """Whether :func:`grammar_after_thinking` can put ``fmt``'s thinking block before a
+    grammar: the family has one we know, and no markup between it and the answer."""
+    found = markers(fmt)
+    family = FAMILIES.get(fmt or "")
+    return found is not None and not (
+        family is not None and family.channel_markup and found[1] == found[2]
+    )
+
+
 def grammar_after_thinking(grammar: str, fmt: str | None, prefill: str) -> str:
     """``grammar`` (root rule ``root``) preceded by ``fmt``'s thinking block, so a request
     that reasons can think before its constrained answer and a forced end of thinking is
@@ -101,8 +111,7 @@ def grammar_after_thinking(grammar: str, fmt: str | None, prefill: str) -> str:
     ``grammar`` unchanged for families that write markup between the block and the
     answer (their answer header is not part of the block's end)."""
     found = markers(fmt)
-    family = FAMILIES.get(fmt or "")
-    if found is None or (family is not None and family.channel_markup and found[1] == found[2]):
+    if found is None or not can_think_first(fmt):
         return grammar
     start, _end, close = found
     renamed = re.sub(r"(?<![\w-])root(?![\w-])", "answer-root", grammar)

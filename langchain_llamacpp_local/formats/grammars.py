@@ -22,11 +22,19 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from langchain_llamacpp_local.formats.base import schema_types
-from langchain_llamacpp_local.formats.registry import FAMILIES, JsonCalls, Markup, gbnf_literal
+from langchain_llamacpp_local.formats.registry import (
+    FAMILIES,
+    Calls,
+    JsonCalls,
+    Markup,
+    gbnf_literal,
+    more_calls,
+)
 from langchain_llamacpp_local.llama.json_grammar import (
     SchemaConverter as _Converter,
 )
@@ -41,7 +49,13 @@ from langchain_llamacpp_local.llama.json_grammar import (
     relocate_schema as _relocate,
 )
 
-__all__ = ["NotTagShaped", "markup_tool_call_grammar", "tool_call_grammar"]
+__all__ = [
+    "NotTagShaped",
+    "either_grammar",
+    "markup_tool_call_grammar",
+    "prefix_rules",
+    "tool_call_grammar",
+]
 
 _lit = gbnf_literal
 
@@ -99,11 +113,12 @@ def tool_call_grammar(
     tools: Sequence[dict[str, Any]],
     fmt: str,
     *,
-    parallel: bool = True,
+    parallel: Calls = True,
     name: str | None = None,
     prefill: str = "",
 ) -> tuple[str, str]:
-    """GBNF forcing a valid call (or several, if ``parallel``) of one of ``tools``
+    """GBNF forcing a valid call (or several: ``parallel`` True for any number, an int
+    ``n`` for at most ``n``) of one of ``tools``
     (OpenAI tool dicts), restricted to ``name`` if given, in wire format ``fmt``.
 
     Returns ``(grammar, fmt_used)``; a format whose record has no grammar falls back to
@@ -139,7 +154,7 @@ def _chosen_functions(tools: Sequence[dict[str, Any]], name: str | None) -> list
 
 
 def _json_calls_grammar(
-    tools: Sequence[dict[str, Any]], shape: JsonCalls, *, parallel: bool, name: str | None
+    tools: Sequence[dict[str, Any]], shape: JsonCalls, *, parallel: Calls, name: str | None
 ) -> str:
     fns = _chosen_functions(tools, name)
     defs: dict[str, Any] = {}
@@ -181,27 +196,32 @@ def _json_calls_grammar(
     call: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
 
     lit = json.dumps  # a GBNF string literal is a JSON string literal
+    at_most = None if parallel is True else 1 if parallel is False else max(int(parallel), 1)
     if shape.shape == "document":
-        key = "tool_calls" if parallel else "tool_call"
-        value = {"type": "array", "items": call, "minItems": 1} if parallel else call
+        key = "tool_calls" if at_most != 1 else "tool_call"
+        value: dict[str, Any] = call
+        if at_most != 1:
+            value = {"type": "array", "items": call, "minItems": 1}
+            if at_most is not None:
+                value["maxItems"] = at_most
         doc = {"type": "object", "properties": {key: value}, "required": [key]}
         return _convert(doc, defs)
     if shape.shape == "each":  # every call wrapped in the opening and closing markers
         parts = [lit(shape.opening)] if shape.opening else []
         parts += ["call", lit(shape.closing)] if shape.closing else ["call"]
         one = " ".join(parts)
-        root = f"root ::= {one} ({lit(shape.sep)} {one})*" if parallel else f"root ::= {one}"
+        root = f"root ::= {one}{more_calls(f'{lit(shape.sep)} {one}', parallel)}"
         return f"{root}\n{_convert(call, defs, 'call')}"
     if shape.shape == "list":
         doc = {"type": "array", "items": call, "minItems": 1}
-        if not parallel:
-            doc["maxItems"] = 1
+        if at_most is not None:
+            doc["maxItems"] = at_most
         rules = _convert(doc, defs, "calls")
         body = "calls"
     else:
         rules = _convert(call, defs, "call")
         sep = '"\\n"' if shape.shape == "lines" else lit(shape.opening)
-        body = f"call ({sep} call)*" if parallel else "call"
+        body = f"call{more_calls(f'{sep} call', parallel)}"
     closing_rule = f" {lit(shape.closing)}" if shape.closing else ""
     return f"root ::= {lit(shape.opening)} {body}{closing_rule}\n{rules}"
 
@@ -286,7 +306,7 @@ def markup_tool_call_grammar(
     tools: Sequence[dict[str, Any]],
     fmt: str,
     *,
-    parallel: bool = True,
+    parallel: Calls = True,
     name: str | None = None,
     prefill: str = "",
 ) -> str:
@@ -384,3 +404,52 @@ def _convert_values(values: dict[str, Any], defs: dict[str, Any]) -> str:
                 aliases.append(f"{key} ::= {got}")
         grammar = "\n".join([conv.format_grammar(), *aliases])
     return grammar
+
+
+def _gbnf_tokens(grammar: str) -> Iterator[tuple[str, str]]:
+    """``grammar`` as (kind, text) pieces: ``word`` (a rule name where one may stand) and
+    ``other`` (literals, character classes, counts, comments, operators, space)."""
+    i, n = 0, len(grammar)
+    while i < n:
+        ch = grammar[i]
+        j = i + 1
+        if ch in '"[':
+            end = '"' if ch == '"' else "]"
+            while j < n and grammar[j] != end:
+                j += 2 if grammar[j] == "\\" else 1
+            j += 1
+        elif ch == "#":
+            while j < n and grammar[j] != "\n":
+                j += 1
+        elif ch == "{":
+            j = grammar.find("}", i) + 1 or n
+        elif ch.isalnum() or ch == "-":
+            while j < n and (grammar[j].isalnum() or grammar[j] == "-"):
+                j += 1
+            yield "word", grammar[i:j]
+            i = j
+            continue
+        yield "other", grammar[i:j]
+        i = j
+
+
+def prefix_rules(grammar: str, prefix: str) -> str:
+    """``grammar`` with every rule it defines renamed ``prefix + name`` (its root too),
+    so two grammars can be joined into one without their helper rules colliding."""
+    defined = set(re.findall(r"^\s*([A-Za-z0-9-]+)\s*::=", grammar, re.M))
+    return "".join(
+        prefix + text if kind == "word" and text in defined else text
+        for kind, text in _gbnf_tokens(grammar)
+    )
+
+
+def either_grammar(calls: str, answer: str) -> str:
+    """GBNF (root ``root``) for tool calls (``calls``'s language) or an answer
+    (``answer``'s): the two grammars' rules kept apart by prefixes."""
+    return "\n".join(
+        [
+            "root ::= calls-root | answer-root",
+            prefix_rules(calls, "calls-"),
+            prefix_rules(answer, "answer-"),
+        ]
+    )

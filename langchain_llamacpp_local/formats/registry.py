@@ -79,19 +79,31 @@ def gbnf_literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _repeat(one: str, parallel: bool, sep: str = "") -> str:
-    if not parallel:
-        return one
+#: How many calls a grammar allows: ``True`` any number, ``False`` one, an int ``n`` at
+#: most ``n`` (one allowed, one more written only to be reported, never cut off unseen).
+Calls = bool | int
+
+
+def more_calls(item: str, parallel: Calls) -> str:
+    """GBNF for the calls after the first (``item``: a separator and one call)."""
+    if parallel is True:
+        return f" ({item})*"
+    if parallel is False or parallel <= 1:
+        return ""
+    return f" ({item}){{0,{parallel - 1}}}"
+
+
+def _repeat(one: str, parallel: Calls, sep: str = "") -> str:
     glue = f"{gbnf_literal(sep)} " if sep else ""
-    return f"{one} ({glue}{one})*"
+    return f"{one}{more_calls(glue + one, parallel)}"
 
 
 @dataclass(frozen=True)
 class Markup:
     """Forced calls in the family's own markup; ``arg`` gets (key, value rule, is raw string)."""
 
-    #: whole output for the calls (rule of one call, parallel) -> GBNF expression
-    block: Callable[[str, bool], str]
+    #: whole output for the calls (rule of one call, how many: :data:`Calls`) -> GBNF
+    block: Callable[[str, Calls], str]
     #: (name literal, args expression) -> one call
     call: Callable[[str, str], str]
     arg: Callable[[str, str, bool], str] | None = None  # None: arguments are one JSON object

@@ -321,8 +321,14 @@ class EmbeddingEngine:
         )
 
     def fit(self, tokens: list[int], index: int, *, truncate: bool) -> list[int]:
-        """``tokens`` if they fit ``n_ctx``; cut to fit with ``truncate`` (keeping a final EOS/SEP)."""
+        """``tokens`` if they fit ``n_ctx``; cut to fit with ``truncate`` (keeping a final
+        EOS/SEP). An empty text of a model that adds no special tokens is its end-of-text
+        token alone: one empty document gets a vector like any other, not an error that
+        fails the whole batch."""
         if not tokens:
+            for special in (self.eos_id, self.bos_id):
+                if special >= 0:
+                    return [special]
             raise ValueError(
                 f"text {index} is empty and {self.name} adds no special tokens, so there is "
                 "nothing to embed"

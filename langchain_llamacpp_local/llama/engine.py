@@ -220,10 +220,10 @@ class Engine(vocab.VocabMethods):
     def tokenize_multimodal(
         self,
         text: str | Sequence[tuple[str, bool] | None],
-        images: Sequence[tuple[int, int, bytes | bytearray, str]],
+        images: Sequence[mtmd.MediaInput],
     ) -> tuple[list[Hashable], dict[int, MediaChunk]]:
         """:func:`.mtmd.tokenize_multimodal` with this model's projector, on the
-        caller's thread (the image preprocessing runs there, not on the decode loop)."""
+        caller's thread (image and audio preprocessing run there, not on the decode loop)."""
         with self._mtmd_lock:
             if self.ctx is None:
                 raise WorkerDeadError("the model was closed")

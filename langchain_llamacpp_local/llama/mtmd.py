@@ -1,5 +1,5 @@
-"""Images through llama.cpp's mtmd: the projector, tokenizing a prompt with images and
-evaluating an image's chunk into a sequence.
+"""Images and audio through llama.cpp's mtmd: the projector, tokenizing a prompt with
+media and evaluating a media chunk into a sequence.
 
 ``mtmd_cpp`` is imported where it is used: its library is loaded only for a model
 with a projector.
@@ -13,13 +13,36 @@ from collections.abc import Hashable, Sequence
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from langchain_llamacpp_local.errors import DecodeError, ModelLoadError
+from langchain_llamacpp_local.errors import (
+    AudioInputError,
+    DecodeError,
+    ImageInputError,
+    ModelLoadError,
+)
 from langchain_llamacpp_local.llama.backend import capture_log, log_reasons, route_mtmd_log
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 
+#: One media item as :func:`tokenize_multimodal` takes it: an image ``(width, height,
+#: rgb, digest)`` or an audio clip ``("audio", sample_rate, float32 mono samples, digest)``.
+MediaInput = tuple[int, int, bytes | bytearray, str] | tuple[str, int, bytes | bytearray, str]
+
+
+def resample_linear(samples: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
+    """``samples`` at ``src_rate`` resampled to ``dst_rate`` by linear interpolation.
+
+    Enough for speech encoders (whisper-style mel features up to 8 kHz): no anti-alias
+    filter is applied, so content above the target's Nyquist frequency folds back when
+    downsampling. Send audio at the projector's rate (16 kHz for most) to skip this."""
+    if src_rate == dst_rate or samples.size == 0:
+        return samples
+    n_out = max(1, int(round(samples.size * dst_rate / src_rate)))
+    at = np.arange(n_out, dtype=np.float64) * (src_rate / dst_rate)
+    return np.interp(at, np.arange(samples.size), samples).astype(np.float32)
+
 
 class MediaChunk:
-    """An image's tokens from mtmd (owned copy), spanning ``n_pos`` KV positions."""
+    """An image's or audio clip's tokens from mtmd (owned copy), spanning ``n_pos`` KV
+    positions."""
 
     def __init__(self, chunk: object, n_pos: int, n_tokens: int, digest: str) -> None:
         self.chunk = chunk
@@ -67,7 +90,7 @@ def tokenize_parts(
 
 
 def load_projector(config: LoadConfig, model: object, threads: int) -> object:
-    """The vision projector (llama.cpp mtmd) of ``config.mmproj_path``, created next to ``model``."""
+    """The vision and/or audio projector (llama.cpp mtmd) of ``config.mmproj_path``, created next to ``model``."""
     from llama_cpp import mtmd_cpp as M
 
     path = config.mmproj_path
@@ -91,9 +114,9 @@ def load_projector(config: LoadConfig, model: object, threads: int) -> object:
             f"llama.cpp could not load the projector {path} for this model"
             + (f": {why}" if why else "")
         )
-    if not M.mtmd_support_vision(mctx):
+    if not M.mtmd_support_vision(mctx) and not M.mtmd_support_audio(mctx):
         M.mtmd_free(mctx)
-        raise ModelLoadError(f"{path} has no vision encoder")
+        raise ModelLoadError(f"{path} has neither a vision nor an audio encoder")
     return mctx
 
 
@@ -107,26 +130,44 @@ def free_projector(mctx: object) -> None:
 def tokenize_multimodal(
     mtmd: object | None,
     text: str | Sequence[tuple[str, bool] | None],
-    images: Sequence[tuple[int, int, bytes | bytearray, str]],
+    images: Sequence[MediaInput],
 ) -> tuple[list[Hashable], dict[int, MediaChunk]]:
-    """Tokenize ``text`` whose media markers stand for ``images`` (w, h, rgb, digest).
+    """Tokenize ``text`` whose media markers stand for ``images`` (:data:`MediaInput`:
+    images and audio clips, in prompt order).
 
     ``text`` is the prompt (special-token text parsed), or its parts: ``(text,
-    parse_special)`` each tokenized on its own, ``None`` for each image in turn
+    parse_special)`` each tokenized on its own, ``None`` for each media item in turn
     (``mtmd_tokenize_from_parts``: message text read as plain text).
 
-    Returns one entry per KV position (image positions are ``("media", digest, k)``,
-    so an unchanged image extends the common prefix) and the image chunks by the
-    position where each starts.
+    Audio is resampled to the projector's rate (:func:`resample_linear`).
+
+    Returns one entry per KV position (media positions are ``("media", digest, k)``,
+    so an unchanged image or clip extends the common prefix) and the media chunks by
+    the position where each starts.
     """
     from llama_cpp import mtmd_cpp as M
 
+    has_audio = any(isinstance(item[0], str) for item in images)
     if mtmd is None:
+        if has_audio:
+            raise AudioInputError(
+                "this model has no audio projector: pass mmproj_path=... with an audio "
+                "encoder (Ultravox, Qwen2-Audio, Voxtral...) to send audio"
+            )
         raise ValueError("this model has no vision projector: pass mmproj_path=... to send images")
+    if has_audio and not M.mtmd_support_audio(mtmd):
+        raise AudioInputError("this model's projector has no audio encoder: it cannot read audio")
+    has_image = any(not isinstance(item[0], str) for item in images)
+    if has_image and not M.mtmd_support_vision(mtmd):
+        raise ImageInputError("this model's projector has no vision encoder: it reads audio only")
     bitmaps = []
     chunks = M.mtmd_input_chunks_init()
     try:
-        for w, h, rgb, digest in images:
+        for item in images:
+            if isinstance(item[0], str):
+                bitmaps.append(_audio_bitmap(mtmd, item[1], item[2], item[3]))
+                continue
+            w, h, rgb, digest = item
             # a pointer to the caller's pixels, not a copy: copying a large image
             # holds the GIL (mtmd copies it itself, in C, with the GIL released)
             pixels = np.frombuffer(rgb, dtype=np.uint8)
@@ -149,7 +190,8 @@ def tokenize_multimodal(
         if rc == 1:
             raise ValueError("the prompt's image markers do not match the number of images")
         if rc != 0:
-            raise ValueError(f"llama.cpp could not preprocess the image (code {rc})")
+            what = "audio" if has_audio else "image"
+            raise ValueError(f"llama.cpp could not preprocess the {what} (code {rc})")
         entries: list[Hashable] = []
         media: dict[int, MediaChunk] = {}
         for i in range(M.mtmd_input_chunks_size(chunks)):
@@ -175,10 +217,31 @@ def tokenize_multimodal(
         M.mtmd_input_chunks_free(chunks)
 
 
+def _audio_bitmap(mtmd: object, rate: int, pcm: bytes | bytearray, digest: str) -> object:
+    """An mtmd audio bitmap of float32 mono ``pcm`` at ``rate``, resampled to the
+    projector's rate (mtmd copies the samples)."""
+    from llama_cpp import mtmd_cpp as M
+
+    target = int(M.mtmd_get_audio_sample_rate(mtmd))
+    if target <= 0:
+        raise AudioInputError("this model's projector reports no audio sample rate")
+    samples = resample_linear(np.frombuffer(pcm, dtype="<f4"), rate, target)
+    samples = np.ascontiguousarray(samples, dtype=np.float32)
+    if samples.size == 0:
+        raise AudioInputError("the audio holds no samples")
+    bm = M.mtmd_bitmap_init_from_audio(
+        samples.size, samples.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    )
+    if not bm:
+        raise AudioInputError(f"llama.cpp could not take {samples.size} audio samples")
+    M.mtmd_bitmap_set_id(bm, digest.encode())
+    return bm
+
+
 def eval_media(
     mtmd: object, ctx: object, n_batch: int, media: MediaChunk, pos: int, seq_id: int
 ) -> None:
-    """Encode an image chunk and decode its embeddings at ``pos`` of ``seq_id``."""
+    """Encode an image or audio chunk and decode its embeddings at ``pos`` of ``seq_id``."""
     from llama_cpp import mtmd_cpp as M
 
     new_pos = C.llama_pos(0)
@@ -193,4 +256,4 @@ def eval_media(
         ctypes.byref(new_pos),
     )
     if rc != 0:
-        raise DecodeError(f"evaluating an image chunk failed with code {rc}")
+        raise DecodeError(f"evaluating a media chunk failed with code {rc}")

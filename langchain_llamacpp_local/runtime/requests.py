@@ -20,6 +20,7 @@ from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeou
 from langchain_llamacpp_local.llama.abort import CancelCheck, CancelFlag, is_cancelled
 from langchain_llamacpp_local.llama.sampling import Sampler, SamplingParams
 from langchain_llamacpp_local.runtime.channel import Channel
+from langchain_llamacpp_local.runtime.scheduler import DEFAULT_STALL_BUDGET_MS
 from langchain_llamacpp_local.runtime.thinking import ThinkPlan
 
 
@@ -53,6 +54,12 @@ class EngineRequest:
     #: the sampler chain, built by the front end (grammar compiled off the decode loop);
     #: None: the worker builds it from ``sampling``. The worker owns and closes it.
     sampler: Sampler | None = None
+    #: "interactive" (a caller waits on it: planned first) or "background" (its prompt
+    #: is read after interactive prompts, until it has waited long enough)
+    priority: str = "interactive"
+    #: while this request generates, the longest a step may take (the prompt pieces of
+    #: others are cut to fit, runtime.scheduler); None: its tokens may wait for whole pieces
+    stall_budget_ms: float | None = DEFAULT_STALL_BUDGET_MS
     deadline: float | None = None
     cancel: threading.Event = field(default_factory=CancelFlag)
     channel: Channel = field(default_factory=Channel)

@@ -6,6 +6,12 @@ which generating requests share each ``llama_decode``, which verify which draft 
 call of their own), and which piece of which prompt is read (its images, then a range
 of its tokens cut as :mod:`~langchain_llamacpp_local.cache.chunking` says). It never
 touches llama.cpp, so the order, grouping and cuts are tested without a model.
+
+While an interactive request generates, the prompt piece is sized so the whole step
+fits a stall budget (Sarathi-Serve's stall-free batching): :func:`largest_piece` over
+a :class:`CallCost` the worker fits from the calls it timed. Requests are ordered by
+:func:`by_priority`: interactive ones first, background ones after them until they
+have waited long enough (:func:`effective_priority`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,97 @@ from langchain_llamacpp_local.cache.slot_memory import WINDOW_SLACK
 from langchain_llamacpp_local.runtime.lora import plan_adapter_groups
 
 T = TypeVar("T")
+
+#: Fewest prompt tokens a budgeted piece reads, whatever the budget: a prompt always
+#: progresses, and a piece this small still uses the batched kernels.
+MIN_PIECE = 16
+#: A background request counts as interactive once it has waited this long (seconds,
+#: or worker steps) since it was queued: interactive work cannot starve it.
+BACKGROUND_AGE_S = 5.0
+BACKGROUND_AGE_STEPS = 250
+PRIORITIES = ("interactive", "background")
+#: The default stall budget (``ChatLlamaCpp.stall_budget_ms``): on two CPU cores a
+#: stream's token takes 17-20 ms and prompt reading runs at about 200 tokens/s late in a
+#: 3,400-token prompt, so 150 ms lets pieces of a few dozen tokens through while a
+#: stream's longest gap stays within what a reader sees as a hiccup; on a GPU whole
+#: pieces fit in it and nothing changes.
+DEFAULT_STALL_BUDGET_MS = 150.0
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """What one ``llama_decode`` call costs, in seconds: ``per_call`` (the weights read
+    once per call, the launch), ``per_row`` per row, and ``per_attended`` per position a
+    row attends to (attention grows with the prompt before it)."""
+
+    per_call: float
+    per_row: float
+    per_attended: float
+
+    def of(self, rows: int, attended: int) -> float:
+        """A call of ``rows`` rows attending ``attended`` positions in all."""
+        if rows <= 0:
+            return 0.0
+        return self.per_call + self.per_row * rows + self.per_attended * attended
+
+
+def attended(start: int, n: int) -> int:
+    """Positions the rows ``start .. start + n - 1`` of one sequence attend to, together
+    (each row the positions before it and itself)."""
+    return n * start + n * (n + 1) // 2
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """How long one step may take while an interactive request generates."""
+
+    seconds: float
+    cost: CallCost
+    min_piece: int = MIN_PIECE
+
+
+def largest_piece(
+    seconds: float,
+    cost: CallCost,
+    *,
+    start: int,
+    n_max: int,
+    rows: int = 0,
+    attending: int = 0,
+    n_min: int = MIN_PIECE,
+) -> int:
+    """The most prompt tokens from position ``start`` (at most ``n_max``) that a call
+    already carrying ``rows`` rows attending ``attending`` positions can add and still
+    cost at most ``seconds``; at least ``min(n_min, n_max)``."""
+    floor = max(0, min(n_min, n_max))
+
+    def fits(n: int) -> bool:
+        return cost.of(rows + n, attending + attended(start, n)) <= seconds
+
+    if n_max <= floor or not fits(floor + 1):
+        return floor
+    lo, hi = floor + 1, n_max  # fits(lo) holds; the cost grows with n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def effective_priority(priority: str, waited_s: float, waited_steps: int) -> int:
+    """0 for interactive work, 1 for background work that has not yet waited
+    :data:`BACKGROUND_AGE_S` seconds or :data:`BACKGROUND_AGE_STEPS` steps."""
+    if priority != "background":
+        return 0
+    return 0 if waited_s >= BACKGROUND_AGE_S or waited_steps >= BACKGROUND_AGE_STEPS else 1
+
+
+def by_priority(items: Sequence[T], rank: Callable[[T], int]) -> list[T]:
+    """``items`` (in arrival order) with the lower ``rank`` first, arrival order kept
+    within a rank."""
+    return sorted(items, key=rank)
 
 
 @dataclass(frozen=True)
@@ -174,6 +271,8 @@ def plan_step(
     reading: Sequence[tuple[T, PromptRead]] = (),
     rules: PieceRules | None = None,
     mix: bool = False,
+    budget: StepBudget | None = None,
+    position: Callable[[T], int] | None = None,
 ) -> StepPlan[T]:
     """Plan one step for ``generating`` (in slot order) and ``reading`` (in arrival order).
 
@@ -192,6 +291,12 @@ def plan_step(
     piece gives up as many tokens as the group has rows, so the call stays within
     ``n_batch``, and the running streams wait for that one call instead of their own
     call and then the piece's.
+
+    With ``budget`` (an interactive request generates; ``position`` gives a generating
+    request's next position) the piece is cut so the step's calls together cost at most
+    ``budget.seconds`` (:func:`largest_piece`; at least ``budget.min_piece`` tokens, and
+    in deterministic mode a multiple of the grid spacing, the grid kept); younger
+    prompts fill what is left of it. Images are read whole whatever they cost.
     """
     draft_of = {id(r): tuple(drafts(r)) for r in generating} if drafts is not None else {}
 
@@ -214,22 +319,62 @@ def plan_step(
         raise ValueError("plan_step(reading=...) needs the piece rules")
     request, read = reading[0]
     piece = plan_piece(request, read, rules)
-    if not mix or rules.deterministic or piece.end <= piece.start:
-        return StepPlan(groups, verify, drafted, piece)
     riding: tuple[T, ...] = ()
+    mixing = mix and not rules.deterministic and piece.end > piece.start
     # (not before an aLoRA's activation: the piece decodes without the request's set)
-    if piece.adapters:
+    if mixing and piece.adapters:
         lora = lora_of(request)
         for i, group in enumerate(groups):
             if len(group) < rules.n_batch and lora_of(group[0]) == lora:
-                piece = plan_piece(
-                    request, read, replace(rules, n_batch=rules.n_batch - len(group))
-                )
                 riding = group
                 groups = groups[:i] + groups[i + 1 :]
                 break
+    n_batch = rules.n_batch - len(riding)
+    left: tuple[float, CallCost, int, int] | None = None
+    if budget is not None and piece.end > piece.start:
+        if position is None:
+            raise ValueError("plan_step(budget=...) needs the generating positions")
+        cost = budget.cost
+        spent = sum(cost.of(len(g), sum(position(r) + 1 for r in g)) for g in groups)
+        spent += sum(
+            cost.of(1 + len(d), attended(position(r), 1 + len(d)))
+            for r, d in zip(verify, drafted, strict=True)
+        )
+        seconds = budget.seconds - spent
+        ride = sum(position(r) + 1 for r in riding)
+        if piece.media:  # an image encode cannot be cut: the text after it waits
+            cap = budget.min_piece
+        else:
+            cap = largest_piece(
+                seconds,
+                cost,
+                start=piece.start,
+                n_max=n_batch,
+                rows=len(riding),
+                attending=ride,
+                n_min=budget.min_piece,
+            )
+        if rules.deterministic:
+            # whole grid cells, the same cuts a piece alone could have; two at least, so
+            # a prompt's one-token tail can still join the cell before it (a lone row
+            # takes another kernel path: its logits would differ)
+            cap = max(2 * rules.align, cap // rules.align * rules.align)
+        n_batch = min(n_batch, cap)
+        left = (seconds, cost, len(riding), ride)
+    if n_batch != rules.n_batch:
+        piece = plan_piece(request, read, replace(rules, n_batch=n_batch))
+    if not mixing:
+        return StepPlan(groups, verify, drafted, piece)
     room = rules.n_batch - len(riding) - (piece.end - piece.start)
-    more = more_pieces(reading[1:], lora_of, _applied(piece, lora_of), room, rules)
+    if left is not None:
+        seconds, cost, rows, ride = left
+        left = (
+            seconds,
+            cost,
+            rows + piece.end - piece.start,
+            ride + attended(piece.start, piece.end - piece.start),
+        )
+    more = more_pieces(reading[1:], lora_of, _applied(piece, lora_of), room, rules, left)
     return StepPlan(groups, verify, drafted, piece, riding, more)
 
 
@@ -244,19 +389,33 @@ def more_pieces(
     lora: Hashable,
     room: int,
     rules: PieceRules,
+    budget: tuple[float, CallCost, int, int] | None = None,
 ) -> tuple[PromptPiece[T], ...]:
     """Pieces of ``reading``'s prompts (in arrival order) for the ``room`` tokens left in
     a prompt piece's call decoding with adapter set ``lora``: each the piece
     :func:`plan_piece` cuts within the room left (so checkpoints and activations still
     end pieces), skipping a prompt that would read an image first or decode with other
-    adapters."""
+    adapters. With ``budget`` (the seconds the call may take, its cost model, and the
+    rows and attended positions it has so far) each also within the time left."""
     out: list[PromptPiece[T]] = []
     for request, read in reading:
         if room <= 0:
             break
-        piece = plan_piece(request, read, replace(rules, n_batch=room))
+        cap = room
+        if budget is not None:
+            seconds, cost, rows, ride = budget
+            cap = largest_piece(
+                seconds, cost, start=read.n_past, n_max=room, rows=rows, attending=ride, n_min=0
+            )
+            if cap <= 0:
+                break
+        piece = plan_piece(request, read, replace(rules, n_batch=cap))
         if piece.media or piece.end <= piece.start or _applied(piece, lora_of) != lora:
             continue
         out.append(piece)
-        room -= piece.end - piece.start
+        n = piece.end - piece.start
+        room -= n
+        if budget is not None:
+            seconds, cost, rows, ride = budget
+            budget = (seconds, cost, rows + n, ride + attended(piece.start, n))
     return tuple(out)

@@ -27,8 +27,9 @@ from functools import partial
 from typing import Any
 
 from langchain_llamacpp_local.cache.disk import PendingSave
+from langchain_llamacpp_local.cache.pool import waits_for_prefix
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory, Verify
-from langchain_llamacpp_local.cache.slots import Slot
+from langchain_llamacpp_local.cache.slots import Slot, common_prefix_len
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
@@ -60,13 +61,17 @@ from langchain_llamacpp_local.runtime.scheduler import (
     PieceRules,
     PromptPiece,
     PromptRead,
+    StepBudget,
     StepPlan,
+    by_priority,
+    effective_priority,
     plan_step,
     row_limit,
 )
 from langchain_llamacpp_local.runtime.scoring import LabelWork
 from langchain_llamacpp_local.runtime.speculative import DraftController, NgramProposer, Proposer
 from langchain_llamacpp_local.runtime.stats import SlotStats, WorkerStats
+from langchain_llamacpp_local.runtime.step_cost import CostFit
 from langchain_llamacpp_local.runtime.thinking import ThinkCounter
 
 logger = logging.getLogger(__name__)
@@ -269,6 +274,8 @@ class _Waiting:
     """A queued request (its prompt prepared by the front end before it was queued)."""
 
     job: EngineRequest
+    step: int = 0  # the worker's step count when it was queued (background aging)
+    t_queued: float = 0.0  # the worker's clock then
 
 
 @dataclass
@@ -310,6 +317,7 @@ class _Active:
     spec: _Speculation | None = None
     think: ThinkCounter | None = None
     labels: LabelWork | None = None  # a scoring request's labels (runtime.scoring)
+    queued: _Waiting | None = None  # when it was queued (background aging)
 
     @property
     def tokens(self) -> list[Any]:
@@ -337,10 +345,12 @@ class _Active:
 class _WorkerState:
     """Everything that lives on the worker thread: the scheduler over a :class:`SlotMemory`.
 
-    Each loop iteration admits queued requests into free slots, then decodes one
-    step: the next token of every generating request, and a piece (see
+    Each loop iteration admits queued requests into free slots (interactive ones
+    first; in the unified pool as its cells are counted, :mod:`~.cache.pool`), then
+    decodes one step: the next token of every generating request, and a piece (see
     :mod:`chunking`) of the oldest request still reading its prompt, the younger
-    ones' pieces filling the rest of its call, and at most one label call of a
+    ones' pieces filling the rest of its call, cut to the stall budget while an
+    interactive request generates (:mod:`~.scheduler`), and at most one label call of a
     scoring request (:class:`ScoreRequest`) whose prompt is read. In deterministic
     mode pieces lie on a fixed grid, are never mixed with other sequences and
     generation steps share a call only in groups the kernels keep exact, so a request
@@ -372,6 +382,10 @@ class _WorkerState:
         self._first_text: _Active | None = None
         self.proposers: dict[str, Proposer] = {}
         self.lora_turn = 0  # steps so far: rotates which adapter group decodes first
+        #: the decode calls' measured cost, for the stall budget's piece sizes
+        self.cost = CostFit()
+        #: what decode calls and waits are timed with (a test's simulated clock)
+        self.clock: Callable[[], float] = time.perf_counter
         #: conversations finished this step, their disk-cache places still to fill
         self.saves: list[tuple[Slot, PendingSave]] = []
 
@@ -452,19 +466,27 @@ class _WorkerState:
                     except Exception as exc:
                         ch.put(("error", exc))
                 else:
-                    self.pending.append(_Waiting(item))
+                    self.enqueue(item)
                 try:
                     item = q.get_nowait()
                 except queue.Empty:
                     item = None
-            try:
-                self._admit()
-                if self.active:
-                    self._step()
-            finally:
-                self._persist_finished()
-            if self.memory is not None and self.memory.checking:
-                self.memory.check()
+            self.tick()
+
+    def enqueue(self, job: EngineRequest) -> None:
+        """Queue ``job`` for admission (noting when, for background aging)."""
+        self.pending.append(_Waiting(job, self.lora_turn, self.clock()))
+
+    def tick(self) -> None:
+        """One loop iteration: admit what fits, decode one step, save what finished."""
+        try:
+            self._admit()
+            if self.active:
+                self._step()
+        finally:
+            self._persist_finished()
+        if self.memory is not None and self.memory.checking:
+            self.memory.check()
 
     def stats(self) -> WorkerStats:
         """What :meth:`ModelWorker.stats` answers (on this thread, between steps)."""
@@ -496,13 +518,24 @@ class _WorkerState:
             logger.debug("a request's cancel check failed", exc_info=True)
             return exc
 
+    def _rank(self, job: EngineRequest, queued: _Waiting | None) -> int:
+        """0: planned as interactive work; 1: background work not yet aged."""
+        if queued is None:
+            return 0
+        return effective_priority(
+            job.priority,
+            self.clock() - queued.t_queued,
+            self.lora_turn - queued.step,
+        )
+
     def _admit(self) -> None:
-        """Start queued requests, in arrival order, while a slot (and KV room) is free."""
+        """Start queued requests, interactive ones first and each kind in arrival order
+        (:func:`by_priority`), while a slot (and KV room) is free."""
         while self.pending:
-            w = self.pending[0]
+            w = by_priority(self.pending, lambda w: self._rank(w.job, w))[0]
             err = self._stopped(w.job)
             if err is not None:  # the caller is gone: skip, don't run
-                self.pending.popleft()
+                self.pending.remove(w)
                 w.job.close_sampler()
                 w.job.channel.put(Failed(err))
                 continue
@@ -512,13 +545,14 @@ class _WorkerState:
             try:
                 act = self._start(w, busy)
             except Exception as exc:
-                self.pending.popleft()
+                self.pending.remove(w)
                 w.job.close_sampler()
                 w.job.channel.put(Failed(self._stopped(w.job) or exc))
                 continue
             if act is None:  # unified cache: running requests hold the room it needs
                 return
-            self.pending.popleft()
+            self.pending.remove(w)
+            act.queued = w
             self.active.append(act)
 
     # ------------------------------------------------------------------ starting a request
@@ -536,25 +570,38 @@ class _WorkerState:
         spec = self._speculation(job)  # first: it may refuse the job
         marks = job.marks
         needed = len(tokens) + job.max_new
-        reserved = sum(a.reserved for a in self.active)
-        if eng.kv_unified and not memory.fits(needed, reserved):
+        room = None
+        if self._prefix_coming(job, self._rank(job, w)):
+            return None
+        if eng.kv_unified:
             # Streams give each slot its own n_ctx window; a unified cache is shared, so
-            # a request starts only when what running requests may still need leaves room.
+            # a request starts only when the cells running requests hold (a prefix they
+            # share counted once) and may still add leave room for it until all end.
             # Decided before the slot is filled: a conversation restored into the pool for
             # a request that then waits would take cells the running ones were promised.
-            if not self.active:
-                raise ContextOverflowError(
-                    f"the request needs {needed} positions of the "
-                    f"{eng.n_ctx_total}-position unified cache"
-                )
-            return None
+            room = memory.room(
+                tokens,
+                needed,
+                [memory.footprint(a.slot, a.reserved) for a in self.active],
+                busy,
+                media=spans,
+                marks=marks,
+                cache_prompt=job.cache_prompt,
+            )
+            if room is None:
+                if not self.active:
+                    raise ContextOverflowError(
+                        f"the request needs {needed} positions of the "
+                        f"{eng.n_ctx_total}-position unified cache"
+                    )
+                return None
         slot, n_keep = memory.acquire(
             tokens,
             spans,
             busy,
             cache_prompt=job.cache_prompt,
             marks=marks,
-            room=(needed, reserved) if eng.kv_unified else None,
+            room=room,
             waiting=len(self.pending) - 1 + self.preparing,
         )
         targets = memory.checkpoint_targets(n_keep, tokens, job.boundaries, spans, slot, marks)
@@ -592,6 +639,23 @@ class _WorkerState:
             think=None if job.think is None else ThinkCounter(job.think),
             labels=labels,
         )
+
+    def _prefix_coming(self, job: EngineRequest, rank: int) -> bool:
+        """Whether ``job`` (of priority ``rank``) waits for a running request to finish
+        reading the prefix they share (:func:`~.pool.waits_for_prefix`): in the unified
+        pool it is then copied (read once, held once) instead of read again beside it.
+        Never for a reader of lower priority, whose prompt waits behind its own."""
+        eng = self.engine
+        assert eng is not None
+        if not (eng.kv_unified and job.cache_prompt and eng.memory_kind is MemoryKind.PARTIAL):
+            return False
+        for act in self.active:
+            # (the adapter set is part of the tokens' identity)
+            if act.prefilling and self._rank(act.job, act.queued) <= rank:
+                later = common_prefix_len(act.tokens, job.tokens)
+                if waits_for_prefix(min(later, len(job.tokens) - 1), act.slot.n_past):
+                    return True
+        return False
 
     def _speculation(self, job: EngineRequest) -> _Speculation | None:
         """How ``job`` speculates, or None when it does not ask to."""
@@ -695,7 +759,12 @@ class _WorkerState:
         gen = sorted((a for a in self.active if a.pending is not None), key=lambda a: a.slot.seq_id)
         drafts = {id(act): self._draft(act) for act in gen}
         n_drafting = sum(1 for d in drafts.values() if d)
-        reading = [a for a in self.active if a.pending is None and a.prefilling]
+        readers = [a for a in self.active if a.pending is None and a.prefilling]
+        rank = {id(a): self._rank(a.job, a.queued) for a in readers + gen}
+        # background prompts wait behind interactive ones (and never fill their call)
+        reading = by_priority(readers, lambda a: rank[id(a)])
+        if reading:
+            reading = [a for a in reading if rank[id(a)] == rank[id(reading[0])]]
         self.lora_turn += 1
         return plan_step(
             gen,
@@ -712,7 +781,17 @@ class _WorkerState:
             rules=self.piece_rules,
             # a row of an aborted call is dropped with seq_rm, which recurrent memory lacks
             mix=eng.memory_kind is not MemoryKind.FULL_ONLY,
+            budget=self._budget([a for a in gen if rank[id(a)] == 0]),
+            position=lambda a: a.slot.n_past,
         )
+
+    def _budget(self, streams: Sequence[_Active]) -> StepBudget | None:
+        """The stall budget of this step: the tightest of the interactive generating
+        requests' (None: none generates, pieces are whole)."""
+        budgets = [a.job.stall_budget_ms for a in streams if a.job.stall_budget_ms]
+        if not budgets:
+            return None
+        return StepBudget(min(budgets) / 1000, self.cost.model)
 
     @property
     def piece_rules(self) -> PieceRules:
@@ -745,17 +824,20 @@ class _WorkerState:
         memory = self.memory
         assert eng is not None and memory is not None
         toks = [a.pending for a in gen]
+        positions = [a.slot.n_past for a in gen]
         try:
             eng.set_lora(_lora_of(gen[0]))  # LoRA hook: one adapter set per group
+            t0 = self.clock()
             eng.decode_batch(
                 toks,  # type: ignore[arg-type]
-                [a.slot.n_past for a in gen],
+                positions,
                 [a.slot.seq_id for a in gen],
                 [True] * len(gen),
             )
         except (RequestCancelledError, DecodeError) as exc:
             self._after_failed_decode(gen, exc)
             return
+        self.cost.observe(len(gen), sum(p + 1 for p in positions), self.clock() - t0)
         self._generated(gen)
 
     def _generated(self, gen: Sequence[_Active]) -> None:
@@ -924,6 +1006,7 @@ class _WorkerState:
             ]
         try:
             eng.set_lora(lora)  # LoRA hook
+            t0 = self.clock()
             eng.decode_batch(
                 tokens,
                 positions,
@@ -932,6 +1015,7 @@ class _WorkerState:
                 # the oldest prompt's cancel stops the call; the others' are seen next step
                 cancel=cancel_check(act.job) if len(tokens) - len(gen) > 1 else None,
             )
+            self.cost.observe(len(tokens), sum(p + 1 for p in positions), self.clock() - t0)
         except NonFiniteOutputError as exc:
             self._after_non_finite([*gen, *readers], exc)
             return
@@ -1204,6 +1288,11 @@ class _WorkerState:
             logger.exception("closing a sampler failed")
 
 
+#: The loop's state under a public name: a model-free test drives its :meth:`tick` over a
+#: pure-Python store (tests/unit/runtime/test_step_loop.py).
+WorkerLoop = _WorkerState
+
+
 def _lora_of(act: _Active) -> tuple[tuple[str, float], ...]:
     """The adapter set ``act`` decodes with (``()``: the base model)."""
     return act.job.lora or ()
@@ -1226,5 +1315,6 @@ __all__ = [
     "ScoreRequest",
     "SlotStats",
     "TextDelta",
+    "WorkerLoop",
     "WorkerStats",
 ]

@@ -304,6 +304,40 @@ class ChatTemplate:
         return (True, _PROBE_NAME in text, args_clean, _PROBE_RESULT in text)
 
     @property
+    def supports_parallel_tool_calls(self) -> bool:
+        """Probe (llama.cpp's caps probe): an assistant message with two calls shows both,
+        so a conversation with parallel calls reads back as the model wrote it."""
+        if not self.supports_tool_calls:
+            return False
+        return bool(self._probe("supports_parallel_tool_calls", self._probe_parallel))
+
+    def _probe_parallel(self) -> bool:
+        conv = self.conventions
+        second = f"{_PROBE_NAME}_two"
+        calls = [
+            {
+                "id": f"{_PROBE_ID}{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": {"probe_arg": _PROBE_VALUE}},
+            }
+            for i, name in enumerate((_PROBE_NAME, second))
+        ]
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "probe question"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+        ]
+        fn = {**_PROBE_TOOLS[0]["function"], "name": second}
+        tools = [*_PROBE_TOOLS, {"type": "function", "function": fn}]
+        try:
+            text = self._render(_apply_conventions(messages, conv), tools, False, {})
+        except ChatTemplateError as exc:
+            if exc.limit:
+                raise
+            return False
+        # the second call is shown after the question (tool lists come before it)
+        return second in text.split("probe question", 1)[-1]
+
+    @property
     def supports_system_role(self) -> bool:
         """Probe: a template that raises on, or drops, a system message has no system role.
 

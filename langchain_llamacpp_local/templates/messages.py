@@ -20,6 +20,7 @@ from langchain_core.messages import (
 
 _TEXT_BLOCKS = frozenset({"text"})
 _IMAGE_BLOCKS = frozenset({"image", "image_url"})
+_AUDIO_BLOCKS = frozenset({"audio", "input_audio"})
 # Represented elsewhere (tool calls by ``tool_calls``) or not replayed (reasoning).
 _SKIPPED_BLOCKS = frozenset(
     {
@@ -42,7 +43,7 @@ _CHAT_ROLES = {
 
 
 def _convert_content(content: Any, index: int) -> str | list[dict[str, Any]]:
-    """LangChain content → a string, or text/image parts when images are present."""
+    """LangChain content → a string, or text/image/audio parts when media are present."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -61,12 +62,15 @@ def _convert_content(content: Any, index: int) -> str | list[dict[str, Any]]:
         elif btype in _IMAGE_BLOCKS:
             parts.append({"type": "image", "image": block})
             has_image = True
+        elif btype in _AUDIO_BLOCKS:
+            parts.append({"type": "audio", "audio": block})
+            has_image = True
         elif btype in _SKIPPED_BLOCKS:
             continue
         else:
             raise ValueError(
                 f"message {index}: unsupported content block type {btype!r} "
-                "(supported: text, image, image_url)"
+                "(supported: text, image, image_url, audio, input_audio)"
             )
     if has_image:
         return parts

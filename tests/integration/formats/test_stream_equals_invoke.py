@@ -235,11 +235,13 @@ NO_TOOLS = [
         "Look it up.",
     ),
     (
+        # the prompt opens <think>: by default (llama.cpp's reasoning_format=auto) the
+        # text before the call markup that ends the block is reasoning
         "inclusionai-ling-3.0-flash.jinja",
         f"Calling {GLM_CALL}<|role_end|>",
         None,
-        f"Calling {GLM_CALL}",
-        None,
+        GLM_CALL,
+        "Calling",
     ),
     ("meetkai-functionary-medium-v3.2.jinja", "all\nHello there", None, "Hello there", None),
     ("ibm-granite-granite-3.3-2B-Instruct.jinja", "<response>Hi.</response>", None, "Hi.", None),

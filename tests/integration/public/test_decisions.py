@@ -568,3 +568,34 @@ def test_decisions_at_once_get_their_solo_answers(tiny_llama: str) -> None:
         together = list(pool.map(lambda r: dm.invoke(r).answers, requests))
     alone = [dm.invoke(r).answers for r in requests]
     assert together == alone
+
+
+@pytest.mark.smollm2
+def test_dict_questions_and_cyclic_debiasing(smollm2: str) -> None:
+    """Questions as plain dicts (the wire format) are validated; with ``debias="cyclic"``
+    the answer does not depend on the order the options are given in (every rotation is
+    asked and averaged), while without it the order moves the probabilities."""
+    llm = ChatLlamaCpp(model_path=smollm2, n_ctx=4096)
+    team = {
+        "type": "choice",
+        "instructions": "Which team should handle this?",
+        "criteria": {"billing": "Payments.", "technical": "Bugs.", "sales": "Pricing."},
+    }
+    turned = {
+        **team,
+        "criteria": dict(list(team["criteria"].items())[1:] + [("billing", "Payments.")]),
+    }
+    fair = llm.as_decision_model(debias="cyclic")
+    plain = llm.as_decision_model()
+
+    def probs(dm: LlamaCppDecisionModel, q: dict[str, object]) -> dict[str, float]:
+        resp = dm.invoke({"state": _state(), "questions": {"team": q}})
+        return resp.choices["team"].probabilities
+
+    a, b = probs(fair, team), probs(fair, turned)
+    # the same prompts, averaged in another order (warm and fresh KV round apart a little)
+    assert a == pytest.approx(b, abs=2e-3)
+    c, d = probs(plain, team), probs(plain, turned)
+    assert max(abs(c[k] - d[k]) for k in c) > 0.05
+    with pytest.raises(InvalidRequestError, match="not a valid question"):
+        plain.invoke({"state": "x", "questions": {"q": {"type": "noul"}}})

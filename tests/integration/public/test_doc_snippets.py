@@ -31,7 +31,13 @@ import pytest
 from PIL import Image
 
 from tests.conftest import smollm2_path
-from tests.gguf_models import write_tiny_bert, write_tiny_llama, write_tiny_lora, write_tiny_mmproj
+from tests.gguf_models import (
+    write_tiny_audio_mmproj,
+    write_tiny_bert,
+    write_tiny_llama,
+    write_tiny_lora,
+    write_tiny_mmproj,
+)
 from tests.printing_model import write_printing_llama
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -104,6 +110,20 @@ def tiny_mmproj() -> str:
 
 
 @functools.cache
+def tiny_audio_mmproj() -> str:
+    return str(write_tiny_audio_mmproj(_dir() / "tiny-audio-mmproj.gguf", text_n_embd=64))
+
+
+@functools.cache
+def question_wav() -> str:
+    from tests.wav_files import pcm_wav, tone
+
+    path = _dir() / "question.wav"
+    path.write_bytes(pcm_wav(tone(1.5)))
+    return str(path)
+
+
+@functools.cache
 def thinking_qwen3() -> str:
     """A Qwen3-templated model that thinks, then answers; its markers are single tokens,
     as Qwen3's are, so the thinking tokens are counted."""
@@ -171,6 +191,10 @@ SUBSTITUTES: dict[str, Callable[[], str]] = {
     "gemma-3-4b-it-q4_k_m.gguf": tiny_llama,
     "mmproj-gemma-3-4b.gguf": tiny_mmproj,
     "photo.png": photo,
+    # audio: the tiny llama and a tiny Ultravox-style audio projector of its width
+    "ultravox-v0_5-llama-3_2-1b-q4_k_m.gguf": tiny_llama,
+    "mmproj-ultravox-v0_5-llama-3_2-1b-f16.gguf": tiny_audio_mmproj,
+    "question.wav": question_wav,
     # a chat template file (docs/template-analysis.md): Qwen 2.5's, Hermes-style calls
     "chat_template.jinja": lambda: str(TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"),
     # thinking models: scripted, with the family's own template

@@ -1135,3 +1135,44 @@ def test_gpt_oss_output_without_a_header_streams_in_linear_work(
     assert "".join(d.text for d in out if d.kind == "content") == text.strip()
     assert parser.result.content == text.strip()
     assert sum(read) <= 4 * len(text), (len(read), sum(read))
+
+
+def test_hostile_audio_gets_clear_errors_and_the_worker_serves(
+    tiny_llama: str, tmp_path: Path
+) -> None:
+    from langchain_core.exceptions import ModelInvalidRequestError
+    from langchain_core.messages import HumanMessage
+
+    from langchain_llamacpp_local.errors import AudioInputError
+    from tests.gguf_models import write_tiny_audio_mmproj
+    from tests.wav_files import audio_block, input_audio_part, pcm_wav, tone
+
+    proj = str(write_tiny_audio_mmproj(tmp_path / "audio-mmproj.gguf"))
+    model = ChatLlamaCpp(model_path=tiny_llama, mmproj_path=proj, max_tokens=4, temperature=0)
+    wav = pcm_wav(tone(0.5))
+    at = wav.index(b"data") + 4
+    hour = wav[:at] + struct.pack("<I", 16_000 * 2 * 3600) + wav[at + 4 :]
+
+    def ask(part: dict[str, Any]) -> list[Any]:
+        return [HumanMessage(content=[{"type": "text", "text": "hear this"}, part])]
+
+    cases = {
+        "corrupt": (audio_block(b"RIFF\x10\x00\x00\x00WAVEfmt garbage!"), "WAV"),
+        "truncated": (audio_block(wav[: len(wav) // 3]), "truncated"),
+        "zero samples": (audio_block(pcm_wav(tone(0.0))), "no samples"),
+        "an hour": (audio_block(hour), "exceeds the limit"),
+        "not audio": (audio_block(b"%PDF-1.7\n" + b"x" * 100), "not a WAV file"),
+        "mp3": (input_audio_part(b"ID3\x04" + b"\x00" * 64, fmt="mp3"), "accepted: WAV"),
+        "flac": (audio_block(b"fLaC" + b"\x00" * 64, "audio/flac"), "accepted: WAV"),
+    }
+    for name, (part, message) in cases.items():
+        with pytest.raises(AudioInputError, match=message) as info:
+            model.invoke(ask(part))
+        assert isinstance(info.value, ModelInvalidRequestError), name
+    no_audio = ChatLlamaCpp(model_path=tiny_llama, mmproj_path="none", max_tokens=4)
+    with pytest.raises(AudioInputError, match="no audio projector"):
+        no_audio.invoke(ask(audio_block(wav)))
+    assert no_audio.invoke("hello").content is not None
+    # the worker keeps serving audio after every refusal
+    reply = model.invoke(ask(audio_block(wav)))
+    assert reply.usage_metadata["output_tokens"] > 0  # type: ignore[index]

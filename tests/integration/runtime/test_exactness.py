@@ -179,3 +179,24 @@ def test_next_turn_reuses_the_whole_previous_prompt_exactly(tiny_llama_marked: s
             assert read >= usage["input_tokens"], (read, usage["input_tokens"])
             assert_identical(warm, llm.invoke(history, cache_prompt=False))
             history += [AIMessage(str(warm.content)), HumanMessage("more")]
+
+
+def _one_token_tail(llm: ChatLlamaCpp, text: str) -> str:
+    """``text`` padded until its prompt is one token past a grid cell (64): cut into
+    small pieces, its last token must still join the cell before it."""
+    while llm.render_prompt([HumanMessage(text)]).n_tokens % 64 != 1:
+        text += " x"
+    return text
+
+
+@pytest.mark.parametrize("name", ["llama", "mamba"])
+def test_prompts_cut_to_a_tiny_stall_budget_stay_exact(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    # with streams generating, every prompt piece is two grid cells (the budget's floor
+    # in deterministic mode); alone, pieces are whole: the answers must not differ
+    llm = _tiny(request.getfixturevalue(f"tiny_{name}"), stall_budget_ms=0.001)
+    prompts = [*PROMPTS, _one_token_tail(llm, "Tail case. " * 30)]
+    solo = _solo(llm, prompts)
+    for got, ref in zip(_threads(llm, prompts), solo, strict=True):
+        assert_identical(got, ref)

@@ -54,6 +54,7 @@ def test_pieces_carry_the_logprobs_of_the_tokens_since_the_last_piece() -> None:
         "output_tokens": 3,
         "total_tokens": 8,
         "input_token_details": {"cache_read": 2},
+        "output_token_details": {"reasoning": 0},  # as OpenAI reports no thinking
     }
     assert (done.model_name, done.finish_reason) == ("tiny", "stop")
     assert done.parsed is not None and done.parsed.reasoning == "plan"

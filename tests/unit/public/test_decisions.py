@@ -174,3 +174,45 @@ def test_answers() -> None:
 
 def _call() -> dict[str, object]:
     return {"name": "rm", "args": {"path": "/"}, "id": "c1", "type": "tool_call"}
+
+
+def test_dict_questions_are_validated_into_questions() -> None:
+    from langchain_llamacpp_local.decisions import as_question
+
+    q = as_question("q", {"type": "choice", "instructions": "Which?", "criteria": {"a": None}})
+    assert isinstance(q, Choice) and list(q.criteria) == ["a"]
+    assert isinstance(as_question("n", {"type": "noul", "instructions": "Ok?"}), Noul)
+    with pytest.raises(InvalidRequestError, match="question 'q' is not a valid question"):
+        as_question("q", {"type": "noul"})  # no instructions
+    with pytest.raises(InvalidRequestError, match="question 'q' is not a valid question"):
+        as_question("q", {"instructions": "no type"})
+    with pytest.raises(InvalidRequestError, match="must be a Noul, Choice or Score"):
+        as_question("q", "Risky?")
+
+
+def test_rotations_list_the_options_in_another_order_with_the_same_labels() -> None:
+    from langchain_llamacpp_local.decisions import variants
+
+    q = Choice(instructions="Which?", criteria={"a": "A.", "b": "B.", "c": "C."})
+    texts = [v.text for v in variants("q", q, "cyclic")]
+    assert len(texts) == 3 and len(set(texts)) == 3
+    assert all(v.labels == ("a", "b", "c") for v in variants("q", q, "cyclic"))
+    assert texts[1].index("- b") < texts[1].index("- c") < texts[1].index("- a")
+    assert texts[1].endswith('"b", "c", "a".')
+    yes_no = [v.text for v in variants("n", Noul(instructions="Ok?"), "cyclic")]
+    assert yes_no[0].endswith('"yes" or "no".') and yes_no[1].endswith('"no" or "yes".')
+    levels = variants("s", Score(instructions="How?", criteria=["x", "y"]), "cyclic")[1].text
+    assert levels.index("1: y") < levels.index("0: x")
+    assert len(variants("q", q, None)) == 1
+
+
+def test_debiased_answers_average_the_rotations() -> None:
+    from langchain_llamacpp_local.decisions import debiased, variants
+
+    q = Choice(instructions="Which?", criteria={"a": None, "b": None})
+    asked = variants("q", q, "cyclic")
+    # a model that always picks the option listed first: the average is even
+    out = debiased(asked, [[0.9, 0.1], [0.1, 0.9]])
+    assert out["q"].probabilities == pytest.approx({"a": 0.5, "b": 0.5})
+    n = variants("n", Noul(instructions="Ok?"), None)
+    assert debiased(n, [[0.7, 0.3]])["n"].noul == pytest.approx(0.7)

@@ -12,15 +12,6 @@ from tests.conftest import gemma_path
 
 class TestChatLlamaCppUnit(ChatModelUnitTests):
     @property
-    def standard_chat_model_params(self) -> dict[str, Any]:
-        # A local model has no API key and no network calls to retry; unknown
-        # constructor arguments raise, so these are not passed.
-        params = dict(super().standard_chat_model_params)
-        params.pop("api_key", None)
-        params.pop("max_retries", None)
-        return params
-
-    @property
     def chat_model_class(self) -> type[ChatLlamaCpp]:
         return ChatLlamaCpp
 

@@ -102,6 +102,10 @@ def test_bad_timeouts_name_the_parameter(value: Any) -> None:
         ({"chat_template_kwargs": ["a"]}, "chat_template_kwargs"),
         ({"temperature": "hot"}, "temperature"),
         ({"penalty_last_n": 2**40}, "penalty_last_n"),
+        ({"priority": "urgent"}, "priority"),
+        ({"stall_budget_ms": 0}, "stall_budget_ms"),
+        ({"stall_budget_ms": math.inf}, "stall_budget_ms"),
+        ({"stall_budget_ms": "150"}, "stall_budget_ms"),
     ],
 )
 def test_wrong_call_options_name_the_parameter(
@@ -138,8 +142,17 @@ def test_check_call_options_accepts_good_values() -> None:
             "top_logprobs": 3,
             "logprobs": True,
             "chat_template_kwargs": {},
+            "priority": "background",
+            "stall_budget_ms": None,
         }
     )
+    check_call_options({"priority": "interactive", "stall_budget_ms": 50})
+
+
+@pytest.mark.parametrize(("field", "value"), [("priority", "later"), ("stall_budget_ms", -1.0)])
+def test_wrong_scheduling_fields_name_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=field):
+        ChatLlamaCpp(model_path="m.gguf", **{field: value})
 
 
 def _nested_tool(levels: int) -> dict[str, Any]:

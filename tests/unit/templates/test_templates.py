@@ -666,10 +666,8 @@ def test_convert_already_prefixed_error_and_invalid_tool_calls() -> None:
 
 
 def test_convert_rejects_unknown_blocks_and_roles() -> None:
-    with pytest.raises(ValueError, match=r"message 1.*'input_audio'"):
-        convert_messages(
-            [HumanMessage("ok"), HumanMessage([{"type": "input_audio", "input_audio": {}}])]
-        )
+    with pytest.raises(ValueError, match=r"message 1.*'video'"):
+        convert_messages([HumanMessage("ok"), HumanMessage([{"type": "video", "base64": "AA"}])])
     with pytest.raises(ValueError, match=r"message 0.*None"):
         convert_messages([HumanMessage([{"text": "no type"}])])
     with pytest.raises(ValueError, match="'wizard'"):

@@ -1,0 +1,174 @@
+"""Sub-agents that share a system prompt share its room (real llama.cpp): the unified
+pool's admission counts a prefix copied by ``seq_cp`` once, so three sub-agents after
+a 1,780-token system prompt generate together in a 2,048-position pool, where counted
+apart (every prompt plus ``max_tokens``) they took turns. The KV bookkeeping check
+(``LLAMACPP_LOCAL_CHECK_KV``, on in the tests) runs after every step.
+
+The count itself, without a model: tests/unit/cache/test_pool.py."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from langchain_llamacpp_local import ChatLlamaCpp
+from langchain_llamacpp_local.cache.pool import cells_in_use
+from tests.gguf_models import write_scripted_llama
+from tests.helpers import worker_of
+from tests.holding import ask_together
+
+#: the system message, then the question, nothing else (each character a token)
+TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+CYCLE = "abcd efg."
+N_CTX = 2048
+REPLY = 48
+
+
+@pytest.fixture(scope="module")
+def cycle_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Prints ``CYCLE`` on from the last character of any prompt (never an end)."""
+    nxt = {c: {CYCLE[(i + 1) % len(CYCLE)]: 10.0} for i, c in enumerate(CYCLE)}
+    path = tmp_path_factory.mktemp("shared-prefix") / "cycle.gguf"
+    return str(write_scripted_llama(path, transitions=nxt, n_ctx_train=8192))
+
+
+def _system(n: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    words = ["tools", "agent", "plan", "search", "file", "answer", "step", "check"]
+    text = ""
+    while len(text) < n:
+        text += rng.choice(words) + " "
+    return text[:n]
+
+
+def _llm(path: str, **kw: Any) -> ChatLlamaCpp:
+    return ChatLlamaCpp(
+        model_path=path, chat_template=TEMPLATE, temperature=0.0, **{"n_ctx": N_CTX, **kw}
+    ).load()
+
+
+def _stream(llm: ChatLlamaCpp, messages: list[Any], key: str, order: list[str]) -> str:
+    """The streamed reply; ``key`` noted in ``order`` as each piece of it arrives."""
+    text = ""
+    for chunk in llm.stream(messages, max_tokens=REPLY):
+        if chunk.content:
+            order.append(key)  # (one list, appended from every caller's thread)
+            text += str(chunk.content)
+    return text
+
+
+def test_three_sub_agents_with_a_shared_system_prompt_generate_together(
+    cycle_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm = _llm(cycle_model, n_slots=3)
+    worker = worker_of(llm)
+    assert worker is not None
+    system = SystemMessage(_system(1780))
+    # each question ends on another character of the script
+    questions = {"x": "what about the a", "y": "and the plan for e", "z": "then check c"}
+    assert all(len(q) + REPLY < 100 for q in questions.values())
+    order: list[str] = []
+    try:
+        assert worker.call(lambda st: st.engine.kv_unified and st.engine.n_ctx_total) == N_CTX
+        # counted apart, two of them would not fit the pool at once
+        assert 2 * (1780 + 17 + REPLY) > N_CTX
+        out = ask_together(
+            llm,
+            monkeypatch,
+            {
+                k: lambda k=k, q=q: _stream(llm, [system, HumanMessage(q)], k, order)
+                for k, q in questions.items()
+            },
+        )
+        for k, text in out.items():
+            assert isinstance(text, str), text
+            assert len(text) == REPLY, (k, text)
+        # their generations overlap: every one had its first token before any ended
+        first = max(order.index(k) for k in questions)
+        last = min(len(order) - 1 - order[::-1].index(k) for k in questions)
+        assert first < last, "the sub-agents took turns"
+        # each sequence holds its own prompt and reply; the prefix is held once
+        slots = worker.call(
+            lambda st: [(s.n_past, list(s.entries), s.runs()) for s in st.memory.slots]
+        )
+        prompts = {len(system.content) + len(q) for q in questions.values()}
+        held = sorted(n for n, _, _ in slots)
+        # (BOS + prompt + the reply's tokens but the last, which was never decoded)
+        assert held == sorted(1 + p + REPLY - 1 for p in prompts)
+        assert cells_in_use(r for _, _, r in slots) < N_CTX < sum(held)
+        worker.call(lambda st: st.memory.check())
+    finally:
+        llm.close()
+
+
+def test_a_soak_of_sub_agents_with_and_without_shared_prefixes(cycle_model: str) -> None:
+    """Agents after one of two system prompts, or none, arriving from four threads:
+    every one answers in full (no overflow, no reply cut short mid-stream) while the
+    pool is shared as tightly as the count allows."""
+    llm = _llm(cycle_model, n_slots=4)
+    worker = worker_of(llm)
+    assert worker is not None
+    systems = [_system(1200, 1), _system(700, 2), ""]
+    rng = random.Random(20261129)
+    plan = [
+        (
+            rng.choice(systems),
+            "q" + "x" * rng.randrange(5, 200) + rng.choice(CYCLE),
+            rng.randrange(8, 64),
+        )
+        for _ in range(24)
+    ]
+    errors: list[BaseException] = []
+    done: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def run(items: list[tuple[str, str, int]]) -> None:
+        for system, question, n in items:
+            messages = ([SystemMessage(system)] if system else []) + [HumanMessage(question)]
+            try:
+                reply = llm.invoke(messages, max_tokens=n)
+                with lock:
+                    done.append((len(str(reply.content)), n))
+            except BaseException as exc:  # noqa: BLE001 - collected, asserted below
+                with lock:
+                    errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(plan[i::4],)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, errors[:3]
+        assert len(done) == len(plan)
+        assert all(got == want for got, want in done)
+        worker.call(lambda st: st.memory.check())
+    finally:
+        llm.close()
+
+
+def test_priority_and_stall_budget_reach_the_engine_request(
+    cycle_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langchain_llamacpp_local.chat import leases
+
+    seen: list[tuple[str, float | None]] = []
+    original = leases._queue
+
+    def queue(request: Any, *a: Any, **k: Any) -> Any:
+        seen.append((request.priority, request.stall_budget_ms))
+        return original(request, *a, **k)
+
+    monkeypatch.setattr(leases, "_queue", queue)
+    llm = _llm(cycle_model, n_slots=1, n_ctx=256, stall_budget_ms=80.0)
+    try:
+        llm.invoke("a", max_tokens=2)
+        llm.invoke("a", max_tokens=2, priority="background", stall_budget_ms=None)
+        llm.bind(priority="background").invoke("a", max_tokens=2)
+    finally:
+        llm.close()
+    assert seen == [("interactive", 80.0), ("background", None), ("background", 80.0)]
