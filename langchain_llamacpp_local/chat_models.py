@@ -38,6 +38,7 @@ from langchain_llamacpp_local.chat.progress import aemit_progress, emit_progress
 from langchain_llamacpp_local.chat.request_options import (
     SAMPLING_OPTIONS,
     build_job,
+    check_call,
     has_images,
     sampling_params,
 )
@@ -61,7 +62,6 @@ from langchain_llamacpp_local.runtime.lora import parse_adapters, resolve_adapte
 from langchain_llamacpp_local.runtime.worker import ModelInfo, ModelWorker
 from langchain_llamacpp_local.settings_base import ModelSettings, settings_from
 from langchain_llamacpp_local.validation import (
-    check_call,
     check_chat_settings,
     check_constructor_arguments,
     check_keep_alive_option,

@@ -287,13 +287,3 @@ def check_chat_settings(model: Any) -> None:
     check_grammar_alone(model.grammar, {})
     check_max_loaded_models(model.max_loaded_models)
     check_cache_miss_warning_tokens(model.cache_miss_warning_tokens)
-
-
-def __getattr__(name: str) -> Any:
-    """``check_call``, now :mod:`.chat.request_options`' (with the call options it
-    checks), still importable from here without ``import validation`` loading chat/."""
-    if name == "check_call":
-        from langchain_llamacpp_local.chat import request_options
-
-        return request_options.check_call
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
