@@ -43,6 +43,8 @@ from langchain_llamacpp_local.runtime.output import OutputPipeline
 from langchain_llamacpp_local.runtime.requests import (
     EngineRequest,
     Failed,
+    Finished,
+    LabelScores,
     PromptProgress,
     ScoreRequest,
     cancel_check,
@@ -60,7 +62,7 @@ from langchain_llamacpp_local.runtime.scheduler import (
     row_limit,
 )
 from langchain_llamacpp_local.runtime.scoring import LabelWork
-from langchain_llamacpp_local.runtime.speculative import NgramProposer, Proposer, Speculation
+from langchain_llamacpp_local.runtime.speculative import NgramProposer, Proposer
 from langchain_llamacpp_local.runtime.stats import ModelInfo, SlotStats, WorkerStats
 from langchain_llamacpp_local.runtime.step_cost import CostFit
 from langchain_llamacpp_local.runtime.thinking import ThinkCounter
@@ -304,7 +306,8 @@ class WorkerLoop:
             raise InvalidRequestError("the rendered prompt is empty")
         labels = LabelWork.check(eng, job) if isinstance(job, ScoreRequest) else None
         spans = [(p, m.n_pos) for p, m in job.media.items()]
-        spec = self._speculation(job)  # first: it may refuse the job
+        exact = eng.exact_verify_rows if self.config.deterministic else None
+        spec = speculation(job, self.proposers, eng.n_batch, exact)  # first: it may refuse
         marks = job.marks
         needed = len(tokens) + job.max_new
         room = None
@@ -390,12 +393,6 @@ class WorkerLoop:
             if a.prefilling
         )
         return waits_for_reader(job.tokens, rank, readers)
-
-    def _speculation(self, job: EngineRequest) -> Speculation | None:
-        eng = self.engine
-        assert eng is not None
-        exact = eng.exact_verify_rows if self.config.deterministic else None
-        return speculation(job, self.proposers, eng.n_batch, exact)
 
     # ------------------------------------------------------------------ one step
 
@@ -560,10 +557,8 @@ class WorkerLoop:
             logger.debug("scoring a label failed", exc_info=True)
             self._finish_error(act, self._stopped(act.job) or exc)
             return
-        if act.labels.done:
-            self._release(act)
-            self._reserve_save(act)  # its prompt, for the disk cache, as a chat's
-            act.job.channel.put(act.labels.result(act.n_keep))
+        if act.labels.done:  # its prompt goes to the disk cache, as a chat's
+            self._end(act, act.labels.result(act.n_keep))
 
     # ------------------------------------------------------------------ speculation
 
@@ -786,10 +781,15 @@ class WorkerLoop:
         last = self.output.take(eng, act, idx, tok)
         if last is None:
             return True
+        self._end(act, last)
+        return False
+
+    def _end(self, act: Active, last: Finished | LabelScores) -> None:
+        """Free the request's slot and take its disk-cache place, then send its reply's
+        last item: whoever reads that item finds the request gone from the worker."""
         self._release(act)
         self._reserve_save(act)
         act.job.channel.put(last)
-        return False
 
     def _reserve_save(self, act: Active) -> None:
         """Take the finished conversation's place in the disk cache's queue before the

@@ -1,10 +1,10 @@
 """A reply's output pipeline: sampled token → detokenized text → stop strings → channel.
 
 The loop (:mod:`~.loop`) hands each sampled token to :meth:`OutputPipeline.take`, which
-streams the request's text and says when the reply ends by returning its last item; the
-loop frees the slot before it sends that item, so a caller that sends its next request
-on reading it finds the slot free. After each step the pipeline may hold the worker for
-a reader taking a reply's first text (:meth:`OutputPipeline.hand_to_reader`).
+streams the request's text and, when the reply ends, returns its last item instead of
+sending it: the loop first frees the request's slot and takes its disk-cache place.
+After each step the pipeline may hold the worker for a reader taking a reply's first
+text (:meth:`OutputPipeline.hand_to_reader`).
 """
 
 from __future__ import annotations
