@@ -157,3 +157,16 @@ class DraftController:
         if self.rate < self.min_rate:
             self.pauses += 1
             self.paused = self.pause_steps << min(self.pauses - 1, 6)
+
+
+@dataclass
+class Speculation:
+    """A speculating request's proposer, draft-length controller and token history."""
+
+    kind: str
+    proposer: Proposer | None  # None: speculation is off for this request (see limit)
+    controller: DraftController
+    limit: int  # most draft tokens per verify step (exactness, n_batch)
+    history: list[int]  # text tokens of the sequence (after its last image), pending last
+    drafted: int = 0  # totals reported in the metadata
+    accepted: int = 0
