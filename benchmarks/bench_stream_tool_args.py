@@ -1,6 +1,6 @@
 """``invoke`` with ``stream_tool_args=True`` against ``invoke`` without it, on one long call.
 
-A scripted model (it prints one exact text, tests/printing_model.py) writes a Hermes tool
+A scripted model (it prints one exact text in pieces of 32 characters, tests/printing_model.py) writes a Hermes tool
 call whose argument is ``--kib`` KiB long; each round times ``invoke`` with and without
 the option on fresh instances of the same loaded model, in turn, and the ratio of the
 medians is the figure (the option must not make ``invoke`` re-read its own argument
@@ -57,7 +57,7 @@ def main() -> None:
             Path(tmp) / "long.gguf",
             text,
             chat_template=QWEN25.read_text(encoding="utf-8"),
-            size=6,
+            size=32,
             cuts=("<tool_call>",),
         )
         times: dict[bool, list[float]] = {False: [], True: []}
