@@ -152,7 +152,9 @@ def decode_wav(data: bytes, *, max_seconds: float = MAX_AUDIO_SECONDS) -> Decode
             raw = w.readframes(n_frames)
         tag = _PCM_TAG
     except wave.Error as exc:
-        if "unknown format" not in str(exc):
+        # 3.12 and before: "unknown format: 3"; 3.13 reads WAVE_FORMAT_EXTENSIBLE itself
+        # and refuses its float subformat as "unknown extended format"
+        if "unknown format" not in str(exc) and "unknown extended format" not in str(exc):
             raise AudioInputError(f"not a readable WAV file: {exc}") from None
         tag, channels, bits, rate, raw_view = _riff_fallback(data, max_seconds)
         width = bits // 8
