@@ -121,6 +121,8 @@ class WorkerLoop:
         self.output = OutputPipeline()
         self.proposers: dict[str, Proposer] = {}
         self.lora_turn = 0  # steps so far: rotates which adapter group decodes first
+        #: whether this step's plan was cut to a stall budget (an interactive stream generates)
+        self._budgeted = False
         #: the decode calls' measured cost, for the stall budget's piece sizes
         self.cost = CostFit()
         #: what decode calls and waits are timed with (a test's simulated clock)
@@ -420,11 +422,15 @@ class WorkerLoop:
         riding = [a for a in plan.with_prompt if a in self.active]
         more = [p for p in plan.more_prompts if p.request in self.active]
         # a request whose memory was lost with another's (adapters overflowed) ended
-        if piece is not None and piece.request in self.active:
+        read = piece is not None and piece.request in self.active
+        if read:
             self._decode_prompt_piece(piece, riding, more)
         elif riding:
             self._decode_generation(riding)
-        self._score_labels()
+        # a budgeted step that read a prompt piece is full: a label call would make the
+        # streams wait past the budget, so it waits for a step without one
+        if not (read and self._budgeted):
+            self._score_labels()
         self.output.hand_to_reader(self.active)
 
     def _lone_generation(self) -> Active | None:
@@ -455,6 +461,8 @@ class WorkerLoop:
         if reading:
             reading = [a for a in reading if rank[id(a)] == rank[id(reading[0])]]
         self.lora_turn += 1
+        budget = self._budget([a for a in gen if rank[id(a)] == 0])
+        self._budgeted = budget is not None
         return plan_step(
             gen,
             drafts=lambda a: drafts[id(a)],
@@ -470,7 +478,7 @@ class WorkerLoop:
             rules=self.piece_rules,
             # a row of an aborted call is dropped with seq_rm, which recurrent memory lacks
             mix=eng.memory_kind is not MemoryKind.FULL_ONLY,
-            budget=self._budget([a for a in gen if rank[id(a)] == 0]),
+            budget=budget,
             position=lambda a: a.slot.n_past,
         )
 
