@@ -672,10 +672,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                     yield chunk
                 return
             except lc_exceptions.ModelError as exc:
-                if started or not exc.is_retryable or attempt >= self.max_retries:
+                delay = self._retry_delay(exc, started=started, attempt=attempt)
+                if delay is None:
                     raise
-                delay = retry_delay(attempt)
-                logger.warning("retrying a call in %.1f s after %r", delay, exc)
                 time.sleep(delay)
 
     def _attempt(
@@ -724,6 +723,17 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         async for chunk in self._achunks(messages, stop, run_manager, kwargs, whole=False):
             yield chunk
 
+    def _retry_delay(
+        self, exc: lc_exceptions.ModelError, *, started: bool, attempt: int
+    ) -> float | None:
+        """Seconds before the call is tried again after ``exc`` (logged), or None when it
+        is not: a reply already started, the error is not retryable, or no retry is left."""
+        if started or not exc.is_retryable or attempt >= self.max_retries:
+            return None
+        delay = retry_delay(attempt)
+        logger.warning("retrying a call in %.1f s after %r", delay, exc)
+        return delay
+
     async def _achunks(
         self,
         messages: list[BaseMessage],
@@ -742,10 +752,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                     yield chunk
                 return
             except lc_exceptions.ModelError as exc:
-                if started or not exc.is_retryable or attempt >= self.max_retries:
+                delay = self._retry_delay(exc, started=started, attempt=attempt)
+                if delay is None:
                     raise
-                delay = retry_delay(attempt)
-                logger.warning("retrying a call in %.1f s after %r", delay, exc)
                 await anyio.sleep(delay)
 
     async def _aattempt(

@@ -214,37 +214,40 @@ def answer_of(request: EngineRequest) -> Any:
     raised, and it is cancelled too if the wait ends any other way."""
     done = False
     try:
-        remaining = None if request.deadline is None else request.deadline - time.monotonic()
         try:
-            item = request.channel.get(timeout=None if remaining is None else max(remaining, 0))
+            item = request.channel.get(timeout=_left(request))
         except TimeoutError:
             raise RequestTimeoutError("the request timed out") from None
         done = True
     finally:
         if not done:
             request.cancel.set()
-    if isinstance(item, Failed):
-        raise item.error
-    return item
+    return _answer(item)
 
 
 async def aanswer_of(request: EngineRequest) -> Any:
     """:func:`answer_of` for an event loop (the request's channel bound to it)."""
     done = False
     try:
-        remaining = None if request.deadline is None else request.deadline - time.monotonic()
         try:
-            if remaining is None:
+            with anyio.fail_after(_left(request)):
                 item = await request.channel.aget()
-            else:
-                with anyio.fail_after(max(remaining, 0)):
-                    item = await request.channel.aget()
         except TimeoutError:
             raise RequestTimeoutError("the request timed out") from None
         done = True
     finally:
         if not done:
             request.cancel.set()
+    return _answer(item)
+
+
+def _left(request: EngineRequest) -> float | None:
+    """Seconds left before ``request``'s deadline (None: it has none)."""
+    return None if request.deadline is None else max(request.deadline - time.monotonic(), 0)
+
+
+def _answer(item: Any) -> Any:
+    """A request's final item, or the error of a :class:`Failed` one."""
     if isinstance(item, Failed):
         raise item.error
     return item
