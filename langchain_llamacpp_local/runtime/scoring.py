@@ -137,6 +137,9 @@ def score_request(
         boundaries=(shared,) if 0 < shared < len(prepared.tokens) else (),
         marks=prepared.marks,
         cache_prompt=prepared.cache_prompt,
+        # the caller's scheduling options: a decision asked as background work stays so
+        priority=prepared.priority,
+        stall_budget_ms=prepared.stall_budget_ms,
         deadline=prepared.deadline,
         cancel=prepared.cancel,
         channel=prepared.channel,

@@ -93,6 +93,18 @@ def test_a_scoring_request_takes_the_prompt_and_room_for_its_longest_label() -> 
     assert score_request(_prepared(50), [[1]], shared=50).boundaries == ()
 
 
+def test_a_scoring_request_keeps_the_callers_scheduling_options() -> None:
+    prepared = EngineRequest(
+        tokens=[1, 2, 3],
+        sampling=SamplingParams(),
+        max_new=1,
+        priority="background",
+        stall_budget_ms=40.0,
+    )
+    req = score_request(prepared, [[7]], shared=0)
+    assert req.priority == "background" and req.stall_budget_ms == 40.0
+
+
 def test_a_scoring_request_refuses_labels_without_tokens() -> None:
     with pytest.raises(InvalidRequestError, match="at least one answer label"):
         score_request(_prepared(5), [], shared=0)
