@@ -5,6 +5,10 @@
     python benchmarks/bench_arrival.py --kind template   # the heavy-template run below
                                                   # (writes results/arrival.json)
     python benchmarks/bench_arrival.py --quick    # tiny sizes: a smoke run of the script
+    python benchmarks/bench_arrival.py --frontier 25,50,100,150,400
+                                                  # the chat arrival under each stall
+                                                  # budget: the rate/time trade
+                                                  # (writes results/arrival_frontier.json)
 
 **Arrivals beside two streams** (``--kind chat,decision,image``, the default): two
 SmolLM2 streams generate (``n_ctx=8192``, ``n_slots=4``); once both have streamed a few
@@ -503,12 +507,24 @@ def arrivals_main(argv: list[str]) -> None:
     ap.add_argument("--after-s", type=float, default=1.0)
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--stall-budget-ms", type=float, default=None, help="default: the field's")
-    ap.add_argument("--out", default=str(RESULTS / "arrival_stall.json"))
+    ap.add_argument(
+        "--frontier",
+        default=None,
+        help="comma-separated stall budgets (ms): one chat arrival under each, to measure "
+        "what the stream-rate goal costs the arrival (writes results/arrival_frontier.json)",
+    )
+    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.out is None:
+        name = "arrival_frontier.json" if args.frontier else "arrival_stall.json"
+        args.out = str(RESULTS / name)
     if args.quick:
         args.repeats, args.prompt_tokens, args.stream_tokens = 1, 300, 120
         args.warm_tokens, args.after_s, args.n_ctx = 4, 0.2, 2048
     kinds = [k for k in args.kind.split(",") if k]
+    if args.frontier:
+        frontier_main(args)
+        return
     import tempfile
 
     from machine import flags_line, machine_info, thread_settings, write_results
@@ -600,6 +616,86 @@ def arrivals_main(argv: list[str]) -> None:
     }
     settings = result.pop("settings", None) or {k: v for k, v in vars(args).items() if k != "out"}
     write_results("arrival_stall", result, settings=settings, out=args.out, machine=info)
+
+
+def frontier_main(args: Any) -> None:
+    """The chat arrival under several stall budgets: each budget's pair (the streams'
+    rate during the arrival over before it, the arrival's time over alone), so the
+    trade between the two goals is measured rather than argued. Alone is measured once
+    (no stream runs, so the budget does not apply)."""
+    from machine import flags_line, machine_info, thread_settings, write_results
+
+    from langchain_llamacpp_local import ChatLlamaCpp
+
+    budgets = [float(b) for b in args.frontier.split(",") if b]
+    path = smollm2_path()
+    info = machine_info(path)
+    print(flags_line(info))
+    run_no = 0
+    points: list[dict[str, Any]] = []
+    llm = ChatLlamaCpp(model_path=path, n_slots=4, n_ctx=args.n_ctx, temperature=0.8, seed=1)
+    llm.load()
+    try:
+        run_no += 1
+        send, size = arrival_request("chat", llm, args, run_no)
+        send()
+        alone_ms = []
+        for _ in range(args.repeats):
+            run_no += 1
+            send, size = arrival_request("chat", llm, args, run_no)
+            alone_ms.append(alone(send))
+        threads = llm.model_info.threads
+    finally:
+        llm.close()
+    best_alone = min(alone_ms)
+    for budget in budgets:
+        llm = ChatLlamaCpp(
+            model_path=path,
+            n_slots=4,
+            n_ctx=args.n_ctx,
+            temperature=0.8,
+            seed=1,
+            stall_budget_ms=budget,
+        ).load()
+        try:
+            run_no += 1
+            send, _ = arrival_request("chat", llm, args, run_no)
+            r = arrival_run(llm, send, args)
+        finally:
+            llm.close()
+        r["stall_budget_ms"] = budget
+        r["time_ratio"] = r["arrival_ms"] / best_alone
+        r["both_goals_met"] = (
+            r["time_ratio"] <= TIME_GOAL and (r["stream_rate_ratio"] or 0) >= RATE_GOAL
+        )
+        points.append(r)
+        print(
+            f"budget {budget:.0f} ms: streams at {r['stream_rate_ratio']:.2f}x their rate, "
+            f"arrival {r['time_ratio']:.2f}x alone, largest gap {r['largest_gap_ms']:.0f} ms"
+        )
+    result = {
+        "model": Path(path).name,
+        "git_commit": git_commit(),
+        "size": size,
+        "alone_ms": alone_ms,
+        "points": points,
+        "any_budget_meets_both": any(p["both_goals_met"] for p in points),
+        "goals": {"time": f"<= {TIME_GOAL} x alone", "rate": f">= {RATE_GOAL} x before"},
+        "threads": threads,
+        "thread_settings": thread_settings(),
+        "machine": info,
+    }
+    settings = {
+        "budgets_ms": budgets,
+        "n_slots": 4,
+        "n_ctx": args.n_ctx,
+        "streams": len(TWO_STREAMS),
+        "prompt_tokens": args.prompt_tokens,
+        "stream_tokens": args.stream_tokens,
+        "repeats_alone": args.repeats,
+        "quick": args.quick,
+    }
+    write_results("arrival_frontier", result, settings=settings, out=args.out, machine=info)
 
 
 def main() -> None:

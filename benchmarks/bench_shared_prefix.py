@@ -105,6 +105,7 @@ def main() -> None:
     ap.add_argument("--reply", type=int, default=48)
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-limit", action="store_true", help="skip the raw llama.cpp batching limit")
     ap.add_argument("--out", default=str(RESULTS / "shared_prefix.json"))
     args = ap.parse_args()
     if args.quick:
@@ -171,8 +172,30 @@ def main() -> None:
                 f"a time ({r['agents_speedup']:.2f}x); {args.agents} short unrelated prompts: "
                 f"{r['short_speedup']:.2f}x"
             )
+        preamble_text = llm.render_prompt(
+            [SystemMessage(preamble(llm, round_no + 1, args.preamble))]
+        ).text
+        question_texts = [questions[i % len(questions)] for i in range(args.agents)]
     finally:
         llm.close()
+    limit = None
+    if not args.no_limit:
+        from raw_batching import batching_limit
+
+        limit = batching_limit(
+            path,
+            preamble_text=preamble_text,
+            questions=question_texts,
+            reply=args.reply,
+            n_ctx=args.n_ctx,
+            n_threads=threads.get("n_threads", 2) if isinstance(threads, dict) else 2,
+            rounds=args.rounds,
+        )
+        print(
+            f"raw llama.cpp, {args.agents} sequences at once over one at a time: after the "
+            f"shared preamble {limit['long_speedup']:.2f}x ({limit['with_preamble_speedup']:.2f}x "
+            f"counting its read), short prompts {limit['short_speedup']:.2f}x"
+        )
     speedups = [r["agents_speedup"] for r in rounds if r["agents_speedup"]]
     shorts = [r["short_speedup"] for r in rounds if r["short_speedup"]]
     result = {
@@ -191,6 +214,7 @@ def main() -> None:
         "median_agents_speedup": statistics.median(speedups) if speedups else None,
         "median_short_speedup": statistics.median(shorts) if shorts else None,
         "goal": "all agents at once; agents' speed-up >= the short prompts' speed-up",
+        "raw_llamacpp_limit": limit,
         "rounds": rounds,
         "threads": threads,
         "thread_settings": thread_settings(),
