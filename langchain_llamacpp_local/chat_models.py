@@ -459,7 +459,6 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                 if self.rpc_servers and "n_gpu_layers" not in self.model_fields_set
                 else self.n_gpu_layers
             ),
-            n_seq_max=self.n_slots,
             kv_unified=(not self.deterministic) if self.kv_unified is None else self.kv_unified,
             mmproj_path=(model_file(resolved.mmproj_path) if resolved.mmproj_path else None),
             rpc_servers=tuple(self.rpc_servers or ()),

@@ -38,7 +38,7 @@ class SimDecoder(FakeStore):
     """A unified pool whose decode calls append to the store and take simulated time."""
 
     def __init__(self, *, n_slots: int = 4, n_ctx: int = 8192, n_batch: int = 512) -> None:
-        super().__init__(MemoryKind.PARTIAL, n_seq_max=n_slots, n_ctx=n_ctx, n_batch=n_batch)
+        super().__init__(MemoryKind.PARTIAL, n_slots=n_slots, n_ctx=n_ctx, n_batch=n_batch)
         self.kv_unified = True
         self.n_ctx_total = n_ctx
         self.exact_rows = self.exact_verify_rows = 1
