@@ -59,7 +59,8 @@ from langchain_llamacpp_local.resolution.model_resolution import (
 )
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.lora import parse_adapters, resolve_adapter_path
-from langchain_llamacpp_local.runtime.worker import ModelInfo, ModelWorker
+from langchain_llamacpp_local.runtime.stats import ModelInfo
+from langchain_llamacpp_local.runtime.worker import ModelWorker
 from langchain_llamacpp_local.settings_base import ModelSettings, settings_from
 from langchain_llamacpp_local.validation import (
     check_chat_settings,

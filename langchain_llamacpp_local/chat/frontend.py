@@ -44,7 +44,8 @@ from langchain_llamacpp_local.llama.sampling import Sampler
 from langchain_llamacpp_local.llama.threads import cpu_budget
 from langchain_llamacpp_local.runtime.lora import activate, key_tokens
 from langchain_llamacpp_local.runtime.requests import EngineRequest, cancel_error
-from langchain_llamacpp_local.runtime.worker import ModelInfo, ModelWorker
+from langchain_llamacpp_local.runtime.stats import ModelInfo
+from langchain_llamacpp_local.runtime.worker import ModelWorker
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from langchain_llamacpp_local.cache.pool import cells_in_use
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
 from langchain_llamacpp_local.llama.probes import MemoryKind
 from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.runtime.loop import WorkerLoop
 from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed, Finished
 from langchain_llamacpp_local.runtime.scheduler import BACKGROUND_AGE_S, CallCost
-from langchain_llamacpp_local.runtime.worker import WorkerLoop
 from tests.unit.cache.test_slot_memory import FakeStore
 
 #: the simulated machine: about SmolLM2-135M on two CPU cores
