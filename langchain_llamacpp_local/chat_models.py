@@ -39,6 +39,8 @@ from langchain_llamacpp_local.chat.request_options import (
     SAMPLING_OPTIONS,
     build_job,
     check_call,
+    check_call_defaults,
+    check_logprobs_flag,
     has_images,
     sampling_params,
 )
@@ -361,12 +363,14 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     def _reject_unknown_arguments(cls, data: Any) -> Any:
         """A misspelt argument (``n_gpu_layer=10``) must not be silently ignored."""
         if isinstance(data, dict):
-            return check_constructor_arguments(cls, data, "ChatLlamaCpp")
+            data = check_constructor_arguments(cls, data, "ChatLlamaCpp")
+            check_logprobs_flag(data.get("logprobs"))  # a count says top_logprobs
         return data
 
     @model_validator(mode="after")
     def _check_settings(self) -> Self:
         check_chat_settings(self)
+        check_call_defaults(self)
         return self
 
     def _validate_model(self) -> None:
@@ -928,7 +932,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         ``create_agent``'s provider strategy binds); a template whose calls could not
         be told apart from a JSON answer raises ``ResponseFormatBesideToolsError`` here.
         """
-        from langchain_llamacpp_local.chat.prompts import check_tool_choice
+        from langchain_llamacpp_local.chat.request_options import check_tool_choice
 
         formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
         with model_errors():
@@ -984,7 +988,7 @@ def reasoning_profile(template: object) -> ModelProfile:
         return {}
     if "think" not in template.lower() and "reasoning_effort" not in template:
         return {"reasoning_output": False}
-    from langchain_llamacpp_local.chat.prompts import EFFORTS
+    from langchain_llamacpp_local.chat.request_options import EFFORTS
 
     profile: ModelProfile = {"reasoning_output": True, "reasoning_effort_levels": list(EFFORTS)}
     found = re.search(

@@ -244,6 +244,18 @@ def test_the_package_root_gives_every_public_name_and_module() -> None:
         _ = langchain_llamacpp_local.not_a_name  # type: ignore[attr-defined]
 
 
+def test_validation_imports_nothing_of_chat() -> None:
+    """The construction checks the three public classes share import no chat module,
+    not even inside a function: a call option's check lives with the call options."""
+    name = f"{PKG}.validation"
+    chat = [
+        f"{target} (line {line})"
+        for target, line in _imports(name, _modules()[name])
+        if target == f"{PKG}.chat" or target.startswith(f"{PKG}.chat.")
+    ]
+    assert chat == []
+
+
 def test_the_embeddings_load_no_chat_code() -> None:
     """``LlamaCppEmbeddings`` needs no chat front end: the argument checks it shares with
     the chat model (``validation``) import nothing of ``chat/``."""
