@@ -147,10 +147,41 @@ def test_layers_import_only_downwards() -> None:
     assert upward == []
 
 
-def test_the_worker_imports_nothing_of_the_front_end() -> None:
+#: the engine core's modules that run the worker's steps; each is checked by name, so a
+#: rename that drops one from the package fails here rather than going unchecked
+ENGINE_CORE = (
+    "worker",
+    "loop",
+    "active",
+    "admission",
+    "scheduler",
+    "output",
+    "verify",
+    "speculative",
+    "scoring",
+    "stats",
+    "step_cost",
+    "requests",
+    "channel",
+    "registry",
+)
+
+
+def _runtime_modules() -> list[str]:
+    return sorted(m for m in _modules() if m.startswith(f"{PKG}.runtime"))
+
+
+def test_every_engine_core_module_is_in_the_runtime_layer() -> None:
+    missing = [m for m in ENGINE_CORE if f"{PKG}.runtime.{m}" not in _modules()]
+    assert missing == []
+    assert all(_layer(m) == LAYERS.index("runtime") for m in _runtime_modules())
+
+
+@pytest.mark.parametrize("name", _runtime_modules())
+def test_the_worker_imports_nothing_of_the_front_end(name: str) -> None:
     """The engine core decodes token requests: no template, format or chat module, not
-    even for a type, is imported by the worker."""
-    name = f"{PKG}.runtime.worker"
+    even for a type, is imported by any module of ``runtime/`` (the worker, its step
+    loop, admission, the scheduler, the output pipeline, verify, stats...)."""
     path = _modules()[name]
     front = [
         f"{target} (line {line})"
