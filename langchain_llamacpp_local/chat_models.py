@@ -46,7 +46,7 @@ from langchain_llamacpp_local.chat.request_options import (
 )
 from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.errors import ResponseFormatBesideToolsError, model_errors
-from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
+from langchain_llamacpp_local.llama.gguf import projector_inputs, read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.sampling import SamplingParams
@@ -392,10 +392,16 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         if n_ctx is None:
             trained = next((v for k, v in meta.items() if k.endswith(".context_length")), None)
             n_ctx = min(int(trained), DEFAULT_MAX_CTX) if trained else None
+        # a projector given by path says what it reads; one found beside the model
+        # ("auto") is counted as a vision projector until it is loaded
+        media = (False, False) if self.mmproj_path in (None, MMPROJ_NONE) else (True, False)
+        if self.mmproj_path not in (None, MMPROJ_AUTO, MMPROJ_NONE):
+            media = projector_inputs(self.mmproj_path) or media
         profile: ModelProfile = {
             "text_inputs": True,
             "text_outputs": True,
-            "image_inputs": self.mmproj_path not in (None, "none"),
+            "image_inputs": media[0],
+            "audio_inputs": media[1],
             "tool_calling": True,
             "tool_choice": True,
             "tool_call_streaming": True,
