@@ -236,7 +236,7 @@ def check_prompt_cache_dir(value: str | None) -> str | None:
 
 def load_settings(model: Any) -> dict[str, Any]:
     """A chat model's load and cache settings by name (the fields named as
-    :class:`LoadConfig`'s and :class:`CacheOptions`' fields, and ``n_slots``)."""
+    :class:`LoadConfig`'s and :class:`CacheOptions`' fields)."""
     fields = type(model).model_fields
     names = [
         f.name
@@ -244,7 +244,7 @@ def load_settings(model: Any) -> dict[str, Any]:
         for f in dataclasses.fields(config)
         if f.name in fields
     ]
-    return {**{name: getattr(model, name) for name in names}, "n_slots": model.n_slots}
+    return {name: getattr(model, name) for name in names}
 
 
 def check_chat_settings(model: Any) -> None:

@@ -11,8 +11,9 @@ activation and the window checks. The worker receives an
 the engine core).
 
 Reading the vocabulary from another thread while the worker decodes is safe:
-llama.cpp's vocabulary is read-only once loaded. Only a prompt with images goes to the
-worker thread for its tokens (mtmd preprocesses them with the projector's context).
+llama.cpp's vocabulary is read-only once loaded. A prompt with images or audio is
+tokenized here too, by mtmd with the model's projector, under the engine's projector
+lock (the worker frees the projector only under that lock).
 
 The format of a loaded model (templates, tool format, chunk markers) is resolved once,
 by the first request's front end, and kept with the worker (:func:`frontend_for`).
