@@ -66,7 +66,7 @@ def raw_batch_speedup(
     """Decode ``tokens`` steps of 1 sequence, then of ``n`` together (low-level API);
     the best rate of ``rounds`` tries of each (a shared machine only ever slows a try)."""
     eng = Engine(
-        LoadConfig(model_path=path, n_ctx=n_ctx, n_seq_max=n, flash_attn=False, n_batch=512)
+        LoadConfig(model_path=path, n_ctx=n_ctx, n_slots=n, flash_attn=False, n_batch=512)
     )
     try:
         prompt = eng.tokenize("Once upon a time, in a land far away,", add_special=True)

@@ -39,12 +39,14 @@ from langchain_llamacpp_local.chat.request_options import (
     SAMPLING_OPTIONS,
     build_job,
     check_call,
+    check_call_defaults,
+    check_logprobs_flag,
     has_images,
     sampling_params,
 )
 from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.errors import ResponseFormatBesideToolsError, model_errors
-from langchain_llamacpp_local.llama.gguf import read_gguf_metadata
+from langchain_llamacpp_local.llama.gguf import projector_inputs, read_gguf_metadata
 from langchain_llamacpp_local.llama.loading import LoadConfig, check_gguf_file
 from langchain_llamacpp_local.llama.model_handle import model_file
 from langchain_llamacpp_local.llama.sampling import SamplingParams
@@ -59,7 +61,8 @@ from langchain_llamacpp_local.resolution.model_resolution import (
 )
 from langchain_llamacpp_local.runtime import registry
 from langchain_llamacpp_local.runtime.lora import parse_adapters, resolve_adapter_path
-from langchain_llamacpp_local.runtime.worker import ModelInfo, ModelWorker
+from langchain_llamacpp_local.runtime.stats import ModelInfo
+from langchain_llamacpp_local.runtime.worker import ModelWorker
 from langchain_llamacpp_local.settings_base import ModelSettings, settings_from
 from langchain_llamacpp_local.validation import (
     check_chat_settings,
@@ -360,12 +363,14 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     def _reject_unknown_arguments(cls, data: Any) -> Any:
         """A misspelt argument (``n_gpu_layer=10``) must not be silently ignored."""
         if isinstance(data, dict):
-            return check_constructor_arguments(cls, data, "ChatLlamaCpp")
+            data = check_constructor_arguments(cls, data, "ChatLlamaCpp")
+            check_logprobs_flag(data.get("logprobs"))  # a count says top_logprobs
         return data
 
     @model_validator(mode="after")
     def _check_settings(self) -> Self:
         check_chat_settings(self)
+        check_call_defaults(self)
         return self
 
     def _validate_model(self) -> None:
@@ -387,10 +392,16 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         if n_ctx is None:
             trained = next((v for k, v in meta.items() if k.endswith(".context_length")), None)
             n_ctx = min(int(trained), DEFAULT_MAX_CTX) if trained else None
+        # a projector given by path says what it reads; one found beside the model
+        # ("auto") is counted as a vision projector until it is loaded
+        media = (False, False) if self.mmproj_path in (None, MMPROJ_NONE) else (True, False)
+        if self.mmproj_path not in (None, MMPROJ_AUTO, MMPROJ_NONE):
+            media = projector_inputs(self.mmproj_path) or media
         profile: ModelProfile = {
             "text_inputs": True,
             "text_outputs": True,
-            "image_inputs": self.mmproj_path not in (None, "none"),
+            "image_inputs": media[0],
+            "audio_inputs": media[1],
             "tool_calling": True,
             "tool_choice": True,
             "tool_call_streaming": True,
@@ -459,7 +470,6 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
                 if self.rpc_servers and "n_gpu_layers" not in self.model_fields_set
                 else self.n_gpu_layers
             ),
-            n_seq_max=self.n_slots,
             kv_unified=(not self.deterministic) if self.kv_unified is None else self.kv_unified,
             mmproj_path=(model_file(resolved.mmproj_path) if resolved.mmproj_path else None),
             rpc_servers=tuple(self.rpc_servers or ()),
@@ -928,7 +938,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         ``create_agent``'s provider strategy binds); a template whose calls could not
         be told apart from a JSON answer raises ``ResponseFormatBesideToolsError`` here.
         """
-        from langchain_llamacpp_local.chat.prompts import check_tool_choice
+        from langchain_llamacpp_local.chat.request_options import check_tool_choice
 
         formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
         with model_errors():
@@ -984,7 +994,7 @@ def reasoning_profile(template: object) -> ModelProfile:
         return {}
     if "think" not in template.lower() and "reasoning_effort" not in template:
         return {"reasoning_output": False}
-    from langchain_llamacpp_local.chat.prompts import EFFORTS
+    from langchain_llamacpp_local.chat.request_options import EFFORTS
 
     profile: ModelProfile = {"reasoning_output": True, "reasoning_effort_levels": list(EFFORTS)}
     found = re.search(

@@ -5,10 +5,12 @@ silently with something else (``n_ctx=2**32+1`` wraps to 1). Everything here is 
 pure function raising ``ValueError``/``TypeError`` whose message names the setting,
 so it is testable without a model.
 
-This module checks what the public classes are given (constructor arguments, texts,
-placement, durations); a check lives with what it checks elsewhere: a call's options in
-:mod:`.chat.request_options`, load settings in :mod:`.llama.settings`, LoRA adapters in
-:mod:`.runtime.lora`, RPC endpoints in :mod:`.llama.rpc`. Importing it loads no chat code.
+This module checks what the public classes are given at construction (constructor
+arguments, texts, placement, durations). A check lives with what it checks elsewhere:
+a call's options, and the chat model's fields that are their defaults, in
+:mod:`.chat.request_options`; load settings in :mod:`.llama.settings`; LoRA adapters and
+a request's adapter set in :mod:`.runtime.lora`; RPC endpoints in :mod:`.llama.rpc`.
+It imports nothing of ``chat/``, so the embeddings load no chat code.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from langchain_llamacpp_local.errors import unknown_names_error
 from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.settings import check_load_settings
 from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.lora import parse_adapters, request_key
+from langchain_llamacpp_local.runtime.lora import parse_adapters
 
 __all__ = [
     "check_chat_settings",
@@ -64,10 +66,6 @@ def check_constructor_arguments(cls: Any, data: dict[str, Any], what: str) -> di
     given for numbers (``max_tokens=True`` would silently mean 1); a single ``stop``
     string is one stop string."""
     check_argument_names(cls, data, what)
-    if "logprobs" in cls.model_fields:  # the chat model's (its call options' check)
-        from langchain_llamacpp_local.chat.request_options import check_logprobs_flag
-
-        check_logprobs_flag(data.get("logprobs"))
     for name, value in data.items():
         field = cls.model_fields.get(name)
         if field is None or not isinstance(value, bool):
@@ -238,7 +236,7 @@ def check_prompt_cache_dir(value: str | None) -> str | None:
 
 def load_settings(model: Any) -> dict[str, Any]:
     """A chat model's load and cache settings by name (the fields named as
-    :class:`LoadConfig`'s and :class:`CacheOptions`' fields, and ``n_slots``)."""
+    :class:`LoadConfig`'s and :class:`CacheOptions`' fields)."""
     fields = type(model).model_fields
     names = [
         f.name
@@ -246,44 +244,21 @@ def load_settings(model: Any) -> dict[str, Any]:
         for f in dataclasses.fields(config)
         if f.name in fields
     ]
-    return {**{name: getattr(model, name) for name in names}, "n_slots": model.n_slots}
+    return {name: getattr(model, name) for name in names}
 
 
 def check_chat_settings(model: Any) -> None:
-    """Every check of a ``ChatLlamaCpp``'s fields that pydantic's types do not make:
-    load settings, limits, logprobs, speculation, placement, LoRA names and scales,
-    sampling and the loaded-model limit. (The call options' checks are the chat
-    layer's, imported here: importing this module loads no chat code.)"""
-    from langchain_llamacpp_local.chat.request_options import (
-        check_call_options,
-        check_grammar_alone,
-        check_max_tokens,
-        check_speculative,
-        check_timeout,
-        sampling_params,
-    )
-
+    """The checks of a ``ChatLlamaCpp``'s construction fields that pydantic's types do
+    not make: load settings, placement, the LoRA adapters and the loaded-model limit.
+    The fields that are a call's defaults (sampling, limits, logprobs, speculation,
+    ``lora``, ``grammar``) are checked as call options, by
+    :func:`.chat.request_options.check_call_defaults`."""
     check_load_settings(load_settings(model))
-    check_max_tokens(model.max_tokens)
-    check_timeout(model.timeout)
-    check_call_options(
-        {
-            "top_logprobs": model.top_logprobs,
-            "logprobs": model.logprobs,
-            "priority": model.priority,
-            "stall_budget_ms": model.stall_budget_ms,
-        }
-    )
-    check_speculative(
-        model.speculative, model.speculative_max_draft, draft_model=model.draft_model_path
-    )
     check_placement(
         model.rpc_servers,
         model.tensor_split,
         no_gpu_layers_asked="n_gpu_layers" in model.model_fields_set and model.n_gpu_layers == 0,
     )
-    request_key(parse_adapters(model.lora_adapters), model.lora)  # names and scales
-    sampling_params(model)  # SamplingParams checks its values
-    check_grammar_alone(model.grammar, {})
+    parse_adapters(model.lora_adapters)  # names, paths and default scales
     check_max_loaded_models(model.max_loaded_models)
     check_cache_miss_warning_tokens(model.cache_miss_warning_tokens)

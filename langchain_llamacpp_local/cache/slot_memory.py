@@ -81,7 +81,7 @@ class CacheOptions:
 
 #: LoadConfig fields that do not change what a sequence's saved state holds.
 _STATE_NEUTRAL = frozenset(
-    {"model_path", "n_seq_max", "use_mmap", "use_mlock", "draft_model_path", "mmproj_path"}
+    {"model_path", "n_slots", "use_mmap", "use_mlock", "draft_model_path", "mmproj_path"}
     | {"image_min_tokens", "image_max_tokens"}
 )
 
@@ -144,7 +144,7 @@ class SlotMemory:
                     max_count=cache.checkpoint_max_count, max_bytes=cache.checkpoint_max_bytes
                 ),
             )
-            for i in range(engine.n_seq_max)
+            for i in range(engine.n_slots)
         ]
         self.ram = PromptCache(max_bytes=cache.prompt_cache_bytes)
         self.disk: disk_cache.DiskPromptCache | None = None

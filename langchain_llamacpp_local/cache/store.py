@@ -23,7 +23,7 @@ class SequenceStore(Protocol):
     memory_kind: MemoryKind
     """Whether a suffix can be trimmed (attention), not at all (recurrent) or only
     while the sliding window still holds what comes before it."""
-    n_seq_max: int
+    n_slots: int
     n_ctx: int
     """Positions one sequence may hold."""
     n_ctx_total: int

@@ -25,6 +25,7 @@ Cause = Literal[
     "tool list or order changed",
     "template kwargs changed",
     "an image changed",
+    "an audio clip changed",
     "history edited",
 ]
 
@@ -48,13 +49,15 @@ class MessageSpan:
     """Where one message's rendering lies in the prompt text.
 
     ``span`` covers the message's whole rendering (its role header included);
-    ``images`` the image placeholders inside it.
+    ``images`` and ``audio`` the media placeholders inside it (an image's, an audio
+    clip's: both render as mtmd's one marker, told apart by their parts' order).
     """
 
     index: int
     role: str
     span: Span
     images: tuple[Span, ...] = ()
+    audio: tuple[Span, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class MissPoint:
     in_tools: bool
     in_image: bool
     last_message: int  # index of the prompt's last message
+    in_audio: bool = False
 
 
 def locate(layout: PromptLayout, offset: int) -> MissPoint:
@@ -99,6 +103,7 @@ def locate(layout: PromptLayout, offset: int) -> MissPoint:
                 in_tools=in_tools,
                 in_image=any(offset in image for image in message.images),
                 last_message=last,
+                in_audio=any(offset in clip for clip in message.audio),
             )
     return MissPoint(None, None, offset, offset, in_tools, False, last)
 
@@ -106,6 +111,7 @@ def locate(layout: PromptLayout, offset: int) -> MissPoint:
 #: (test, cause), first match wins; each test reads only the located point and layout
 CAUSE_RULES: tuple[tuple[Callable[[MissPoint, PromptLayout], bool], Cause], ...] = (
     (lambda p, _: p.in_image, "an image changed"),
+    (lambda p, _: p.in_audio, "an audio clip changed"),
     (lambda p, _: p.in_tools, "tool list or order changed"),
     # the template's own text around the tool list (a "# Tools" heading) before it
     (
@@ -181,7 +187,19 @@ def spans_from_renders(prefixes: Sequence[str]) -> tuple[Span, ...]:
     return tuple(Span(len(prefixes[i]), len(prefixes[i + 1])) for i in range(len(prefixes) - 1))
 
 
-MEDIA = "<__media__>"  # how an image shows in the rendered prompt (mtmd's marker)
+MEDIA = "<__media__>"  # how an image or audio clip shows in the rendered prompt (mtmd's)
+
+
+def media_kinds(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """``"image"`` or ``"audio"`` for each media part of ``messages``, in prompt order:
+    the order in which the prompt's media markers and media positions stand for them."""
+    return [
+        part["type"]
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") in ("image", "audio")
+    ]
 
 
 def _content_texts(message: dict[str, Any]) -> list[str]:
@@ -219,14 +237,20 @@ def message_layout(
             pos = at + len(piece)
         if first >= 0:
             starts.append((i, first, str(message.get("role", ""))))
+    kinds = media_kinds(messages)
     spans: list[MessageSpan] = []
     for k, (i, start, role) in enumerate(starts):
         end = starts[k + 1][1] if k + 1 < len(starts) else len(text)
-        images, at = [], text.find(MEDIA, start)
+        found: dict[str, list[Span]] = {"image": [], "audio": []}
+        at = text.find(MEDIA, start)
         while 0 <= at < end:
-            images.append(Span(at, at + len(MEDIA)))
+            nth = text.count(MEDIA, 0, at)
+            kind = kinds[nth] if nth < len(kinds) else "image"
+            found[kind].append(Span(at, at + len(MEDIA)))
             at = text.find(MEDIA, at + 1)
-        spans.append(MessageSpan(i, role, Span(start, end), tuple(images)))
+        spans.append(
+            MessageSpan(i, role, Span(start, end), tuple(found["image"]), tuple(found["audio"]))
+        )
     tool_span = None
     limit = spans[-1].span.start if spans else len(text)
     hits = []
@@ -277,7 +301,11 @@ def explain_miss(
     layout = replace(message_layout(prepared_text, messages, tools), kwargs_changed=kwargs_changed)
     point = locate(layout, offset)
     if at < len(tokens) and _is_media(tokens[at]):
-        point = replace(point, in_image=True)
+        # the how-manieth media item it is, counted by each item's first position
+        nth = sum(1 for e in tokens[:at] if _is_media(e) and e[2] == 0)
+        kinds = media_kinds(messages)
+        audio = nth < len(kinds) and kinds[nth] == "audio"
+        point = replace(point, in_image=not audio, in_audio=audio)
     return {
         "message_index": point.message_index,
         "role": point.role,

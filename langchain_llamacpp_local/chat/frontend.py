@@ -11,8 +11,9 @@ activation and the window checks. The worker receives an
 the engine core).
 
 Reading the vocabulary from another thread while the worker decodes is safe:
-llama.cpp's vocabulary is read-only once loaded. Only a prompt with images goes to the
-worker thread for its tokens (mtmd preprocesses them with the projector's context).
+llama.cpp's vocabulary is read-only once loaded. A prompt with images or audio is
+tokenized here too, by mtmd with the model's projector, under the engine's projector
+lock (the worker frees the projector only under that lock).
 
 The format of a loaded model (templates, tool format, chunk markers) is resolved once,
 by the first request's front end, and kept with the worker (:func:`frontend_for`).
@@ -44,7 +45,8 @@ from langchain_llamacpp_local.llama.sampling import Sampler
 from langchain_llamacpp_local.llama.threads import cpu_budget
 from langchain_llamacpp_local.runtime.lora import activate, key_tokens
 from langchain_llamacpp_local.runtime.requests import EngineRequest, cancel_error
-from langchain_llamacpp_local.runtime.worker import ModelInfo, ModelWorker
+from langchain_llamacpp_local.runtime.stats import ModelInfo
+from langchain_llamacpp_local.runtime.worker import ModelWorker
 
 logger = logging.getLogger(__name__)
 

@@ -15,6 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from langchain_llamacpp_local.chat.prompt_tokens import PromptTokenizer
+from langchain_llamacpp_local.chat.request_options import (
+    EFFORTS_OFF,
+    check_effort,
+    check_reasoning_budget,
+    normalize_tool_choice,
+    response_schema,
+)
 from langchain_llamacpp_local.chat.special_tokens import (
     check_fits,
     content_has_control_text,
@@ -25,7 +32,7 @@ from langchain_llamacpp_local.chat.special_tokens import (
     vocab_info,
 )
 from langchain_llamacpp_local.chat.thinking import can_think_first, grammar_after_thinking, markers
-from langchain_llamacpp_local.errors import InvalidRequestError, ResponseFormatBesideToolsError
+from langchain_llamacpp_local.errors import ResponseFormatBesideToolsError
 from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
 from langchain_llamacpp_local.formats.grammars import either_grammar, tool_call_grammar
@@ -201,21 +208,6 @@ def _channel_markup(fmt: str | None) -> bool:
     return family is not None and family.channel_markup
 
 
-#: the efforts OpenAI's API names; templates with only an on/off switch think for the rest
-EFFORTS = ("none", "minimal", "low", "medium", "high")
-EFFORTS_OFF = frozenset({"none", "minimal"})
-
-
-def check_effort(effort: object) -> str:
-    """``effort`` if it is one of :data:`EFFORTS`; a template given an unknown effort
-    would silently render its default, so it is the caller's error."""
-    if effort not in EFFORTS:
-        raise InvalidRequestError(
-            f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {effort!r}"
-        )
-    return str(effort)
-
-
 def template_kwargs(
     template: ChatTemplate,
     given: dict[str, Any],
@@ -239,10 +231,8 @@ def template_kwargs(
             kwargs.setdefault(name, value)
         kwargs.setdefault("reasoning_effort", effort)
         kwargs.setdefault("enable_thinking", effort not in EFFORTS_OFF)
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
-    ):
-        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
+    if budget is not None:
+        check_reasoning_budget(budget)
     if budget is not None and "thinking_budget" in template.variables:
         kwargs.setdefault("thinking_budget", budget)  # Seed-OSS tells the model its budget
     if budget == 0:
@@ -263,65 +253,6 @@ def _plain_format(fmt: str | None, reasoning: bool | None) -> str | None:
     if family is not None and (family.plain_markup or (reasoning is not None and family.own_think)):
         return fmt
     return None
-
-
-def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
-    """Map LangChain/OpenAI ``tool_choice`` forms to ``None`` (auto), ``"none"``,
-    ``"required"`` or ``"name:<tool>"``; a bad value raises ``ValueError``."""
-    names = [t["function"]["name"] for t in tools]
-    if tool_choice is None or tool_choice == "auto":
-        return None
-    if tool_choice == "none" or tool_choice is False:
-        return "none"
-    if tool_choice in ("any", "required") or tool_choice is True:
-        return "required"
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-        if tool_choice.get("type") in ("any", "required"):
-            return "required"
-        if tool_choice.get("type") == "auto":
-            return None
-        if not name:
-            raise ValueError(f"tool_choice {tool_choice!r} names no function")
-        tool_choice = name
-    if isinstance(tool_choice, str):
-        if tool_choice not in names:
-            raise ValueError(f"tool_choice={tool_choice!r} is not one of the bound tools {names}")
-        return f"name:{tool_choice}"
-    raise ValueError(f"unsupported tool_choice {tool_choice!r}")
-
-
-def check_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]] | None) -> None:
-    """Refuse a bad ``tool_choice`` (``ValueError``), and one that asks for a call when
-    no tools are bound: it could only be ignored (``"auto"`` and ``"none"`` ask nothing)."""
-    if tools:
-        normalize_tool_choice(tool_choice, tools)
-        return
-    try:
-        choice = normalize_tool_choice(tool_choice, [])
-    except ValueError:
-        choice = "unbound"
-    if choice not in (None, "none"):
-        raise InvalidRequestError(
-            f"tool_choice={tool_choice!r} needs tools, but none are bound: pass them with "
-            "bind_tools(tools, tool_choice=...)"
-        )
-
-
-def _response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
-    """The JSON schema of an OpenAI-style ``response_format`` (None for plain JSON mode)."""
-    rtype = response_format.get("type")
-    if rtype == "json_object":
-        return None
-    if rtype == "json_schema":
-        js = response_format.get("json_schema") or {}
-        schema = js.get("schema", js if "properties" in js or "type" in js else None)
-        if not isinstance(schema, dict):
-            raise ValueError("response_format json_schema has no 'schema'")
-        return schema
-    raise ValueError(
-        f"unsupported response_format type {rtype!r}; use 'json_schema' or 'json_object'"
-    )
 
 
 def template_thinks(template: ChatTemplate) -> bool:
@@ -494,7 +425,7 @@ def _prepare(
     call_prefill = "" if think_first else prefill
     answer: str | None = None  # the typed answer's grammar (response_format)
     if job.response_format is not None and (not use_tools or choice is None):
-        schema = _response_schema(job.response_format)
+        schema = response_schema(job.response_format)
         answer = JSON_OBJECT_GRAMMAR if schema is None else json_schema_to_grammar(schema)
     parallel = use_tools and parallel_calls(job.parallel_tool_calls, tools, template)
     grammar: str | None = None

@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage
 
 from langchain_llamacpp_local.chat.jobs import ChatJob
-from langchain_llamacpp_local.errors import unknown_names_error
+from langchain_llamacpp_local.errors import InvalidRequestError, unknown_names_error
 from langchain_llamacpp_local.llama.json_grammar import (
     MAX_SCHEMA_NESTING,
     check_grammar,
@@ -281,6 +281,28 @@ def check_logprobs_flag(value: Any) -> None:
         )
 
 
+def check_call_defaults(defaults: ChatDefaults) -> None:
+    """The model's fields that are a call's defaults, checked as call options when the
+    model is built (a bad default fails at construction, not at the first call):
+    limits, logprobs, priority, speculation, ``lora``, sampling and ``grammar``."""
+    check_max_tokens(defaults.max_tokens)
+    check_timeout(defaults.timeout)
+    check_call_options(
+        {
+            "top_logprobs": defaults.top_logprobs,
+            "logprobs": defaults.logprobs,
+            "priority": defaults.priority,
+            "stall_budget_ms": defaults.stall_budget_ms,
+        }
+    )
+    check_speculative(
+        defaults.speculative, defaults.speculative_max_draft, draft_model=defaults.draft_model_path
+    )
+    request_key(parse_adapters(defaults.lora_adapters), defaults.lora)  # names and scales
+    sampling_params(defaults)  # SamplingParams checks its values
+    check_grammar_alone(defaults.grammar, {})
+
+
 def check_call(
     kwargs: dict[str, Any], stop: list[str] | None, defaults: ChatDefaults
 ) -> CheckedCall:
@@ -296,8 +318,6 @@ def check_call(
     check_call_options(options)
     check_grammar_alone(options.get("grammar", defaults.grammar), options)
     if options.get("tool_choice") is not None:
-        from langchain_llamacpp_local.chat.prompts import check_tool_choice
-
         check_tool_choice(options["tool_choice"], options.get("tools"))
     stops = normalize_stop(stop if stop is not None else defaults.stop)
     timeout = check_timeout(options.get("timeout", defaults.timeout))
@@ -315,6 +335,88 @@ def check_call(
         speculative=speculative,
         speculative_max_draft=max_draft,
         lora=request_key(specs, requested) if specs or requested else None,
+    )
+
+
+#: the efforts OpenAI's API names; templates with only an on/off switch think for the rest
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+EFFORTS_OFF = frozenset({"none", "minimal"})
+
+
+def check_effort(effort: object) -> str:
+    """``effort`` if it is one of :data:`EFFORTS`; a template given an unknown effort
+    would silently render its default, so it is the caller's error."""
+    if effort not in EFFORTS:
+        raise InvalidRequestError(
+            f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {effort!r}"
+        )
+    return str(effort)
+
+
+def check_reasoning_budget(budget: object) -> int:
+    """``reasoning_budget``: a count of thinking tokens, 0 turning thinking off."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise InvalidRequestError(f"reasoning_budget must be an int >= 0, not {budget!r}")
+    return budget
+
+
+def normalize_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
+    """Map LangChain/OpenAI ``tool_choice`` forms to ``None`` (auto), ``"none"``,
+    ``"required"`` or ``"name:<tool>"``; a bad value raises ``ValueError``."""
+    names = [t["function"]["name"] for t in tools]
+    if tool_choice is None or tool_choice == "auto":
+        return None
+    if tool_choice == "none" or tool_choice is False:
+        return "none"
+    if tool_choice in ("any", "required") or tool_choice is True:
+        return "required"
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        if tool_choice.get("type") in ("any", "required"):
+            return "required"
+        if tool_choice.get("type") == "auto":
+            return None
+        if not name:
+            raise ValueError(f"tool_choice {tool_choice!r} names no function")
+        tool_choice = name
+    if isinstance(tool_choice, str):
+        if tool_choice not in names:
+            raise ValueError(f"tool_choice={tool_choice!r} is not one of the bound tools {names}")
+        return f"name:{tool_choice}"
+    raise ValueError(f"unsupported tool_choice {tool_choice!r}")
+
+
+def check_tool_choice(tool_choice: Any, tools: Sequence[dict[str, Any]] | None) -> None:
+    """Refuse a bad ``tool_choice`` (``ValueError``), and one that asks for a call when
+    no tools are bound: it could only be ignored (``"auto"`` and ``"none"`` ask nothing)."""
+    if tools:
+        normalize_tool_choice(tool_choice, tools)
+        return
+    try:
+        choice = normalize_tool_choice(tool_choice, [])
+    except ValueError:
+        choice = "unbound"
+    if choice not in (None, "none"):
+        raise InvalidRequestError(
+            f"tool_choice={tool_choice!r} needs tools, but none are bound: pass them with "
+            "bind_tools(tools, tool_choice=...)"
+        )
+
+
+def response_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema of an OpenAI-style ``response_format`` (None for plain JSON mode);
+    an unknown type or a schema-less ``json_schema`` is the caller's ``ValueError``."""
+    rtype = response_format.get("type")
+    if rtype == "json_object":
+        return None
+    if rtype == "json_schema":
+        js = response_format.get("json_schema") or {}
+        schema = js.get("schema", js if "properties" in js or "type" in js else None)
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema has no 'schema'")
+        return schema
+    raise ValueError(
+        f"unsupported response_format type {rtype!r}; use 'json_schema' or 'json_object'"
     )
 
 

@@ -63,7 +63,7 @@ def draft_config(target: LoadConfig, draft_path: str, *, n_ctx: int | None = Non
         n_gpu_layers=target.n_gpu_layers,
         flash_attn=False,
         swa_full=True,
-        n_seq_max=target.n_seq_max,
+        n_slots=target.n_slots,
         kv_unified=False,
         use_mmap=target.use_mmap,
         use_mlock=target.use_mlock,
@@ -141,10 +141,10 @@ class DraftModel:
         ``draft_model_path`` set (the draft's are then derived by :func:`draft_config`)."""
         if config.draft_model_path:
             config = draft_config(config, config.draft_model_path, n_ctx=target.n_ctx)
-        if config.n_seq_max != target.n_seq_max:
+        if config.n_slots != target.n_slots:
             raise ValueError(
-                f"the draft model needs one sequence per target slot: n_seq_max="
-                f"{config.n_seq_max}, the target has {target.n_seq_max}"
+                f"the draft model needs one sequence per target slot: n_slots="
+                f"{config.n_slots}, the target has {target.n_slots}"
             )
         if not 0.0 <= p_min <= 1.0:
             raise ValueError(f"p_min={p_min!r} must be between 0 and 1")
@@ -175,7 +175,7 @@ class DraftModel:
             "draft model %s: window %d, %d sequences, memory %s",
             config.model_path,
             self.n_ctx,
-            self.engine.n_seq_max,
+            self.engine.n_slots,
             self.engine.memory_kind.value,
         )
 
@@ -189,8 +189,8 @@ class DraftModel:
         eng = self.engine
         if eng is None or n_max <= 0 or not history:
             return []
-        if not 0 <= seq_id < eng.n_seq_max:
-            raise ValueError(f"seq_id {seq_id} out of range (0..{eng.n_seq_max - 1})")
+        if not 0 <= seq_id < eng.n_slots:
+            raise ValueError(f"seq_id {seq_id} out of range (0..{eng.n_slots - 1})")
         n_hist = len(history)
         # history takes positions 0..n_hist-1, the drafts after it (the last one undecoded)
         n_max = min(n_max, self.n_ctx - n_hist + 1)

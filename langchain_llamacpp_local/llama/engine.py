@@ -97,7 +97,7 @@ class Engine(vocab.VocabMethods):
             # n_ctx is one conversation's window. Per-sequence KV streams (the default)
             # give each slot a window of its own, so the context holds n_ctx x n_slots.
             n_ctx = config.n_ctx or min(self.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-            n_seq = config.n_seq_max
+            n_seq = config.n_slots
             cparams = C.llama_context_default_params()
             cparams.n_ctx = n_ctx if config.kv_unified else n_ctx * n_seq
             cparams.n_batch = min(config.n_batch, n_ctx)
@@ -150,9 +150,9 @@ class Engine(vocab.VocabMethods):
             )
             self.n_batch = int(C.llama_n_batch(ctx))
             self.n_ubatch = int(C.llama_n_ubatch(ctx))
-            self.n_seq_max = int(C.llama_n_seq_max(ctx))
+            self.n_slots = int(C.llama_n_seq_max(ctx))
             self.mem = C.llama_get_memory(ctx)
-            self._batch = C.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+            self._batch = C.llama_batch_init(self.n_batch, 0, self.n_slots)
             self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
             self.bos_id = int(C.llama_vocab_bos(self.vocab))
             self.eos_id = int(C.llama_vocab_eos(self.vocab))
@@ -370,7 +370,7 @@ class Engine(vocab.VocabMethods):
             self.seq_rm(seq, -1, -1)
         saved = [
             (seq, self.state_get(seq, 0))
-            for seq in range(self.n_seq_max)
+            for seq in range(self.n_slots)
             if seq not in drop and self.seq_pos_max(seq) >= 0
         ]
         self.clear()

@@ -183,6 +183,20 @@ def _read_metadata(
     return out
 
 
+def projector_inputs(path: str | Path) -> tuple[bool, bool] | None:
+    """What a projector reads, ``(images, audio)``, from the header keys mtmd reads
+    (``clip.has_vision_encoder``, ``clip.has_audio_encoder``), without loading it; None
+    when the file cannot be read or names neither."""
+    keys = ("clip.has_vision_encoder", "clip.has_audio_encoder")
+    try:
+        meta = read_gguf_metadata(Path(path).expanduser(), keys)
+    except (OSError, ValueError):
+        return None
+    if not any(k in meta for k in keys):
+        return None
+    return bool(meta.get(keys[0], False)), bool(meta.get(keys[1], False))
+
+
 def _satisfied(wanted: set[str], found: dict[str, Any]) -> bool:
     for w in wanted:
         if w.startswith("*."):

@@ -59,7 +59,7 @@ class LoadConfig:
     type_k: str | None = None
     type_v: str | None = None
     swa_full: bool = False
-    n_seq_max: int = 1
+    n_slots: int = 1
     kv_unified: bool = False
     use_mmap: bool = True
     use_mlock: bool = False
@@ -109,7 +109,7 @@ CONTEXT_FIELDS = frozenset(
         "type_k",
         "type_v",
         "swa_full",
-        "n_seq_max",
+        "n_slots",
         "kv_unified",
         "rope_freq_base",
         "rope_freq_scale",
@@ -152,8 +152,7 @@ def check_gguf_file(path: str) -> None:
 
 def check_load_config(config: LoadConfig) -> None:
     """Refuse settings llama.cpp would abort on (also for direct :class:`Engine` use)."""
-    settings = {k: v for k, v in vars(config).items() if k != "n_seq_max"}
-    check_load_settings({**settings, "n_slots": config.n_seq_max})
+    check_load_settings(vars(config))
 
 
 def kv_type(name: str | None, field: str) -> int | None:

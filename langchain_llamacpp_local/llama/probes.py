@@ -51,7 +51,7 @@ class Probed(Protocol):
     n_ctx: int
     n_batch: int
     n_ubatch: int
-    n_seq_max: int
+    n_slots: int
 
     def decode(
         self,
@@ -118,11 +118,11 @@ def probe_rows(engine: Probed) -> int:
     llama.cpp's CPU matmuls take a vector path for a one-row micro-batch and tiled
     or grouped kernels for several rows (F32/F16/Q8_0 via llamafile's GEMM; 4-row
     groups for repacked K-quants), which round differently. Distinct short
-    sequences each take one step alone, then together in groups of 2.. n_seq_max;
+    sequences each take one step alone, then together in groups of 2.. n_slots;
     the answer is the largest size up to which every group matched bit for bit
     (1: never share). Measured: Gemma 3 270M Q4_K_M gives 3, the F32 test models 1.
     """
-    k_max = min(engine.n_seq_max, 8)
+    k_max = min(engine.n_slots, 8)
     if k_max < 2:
         return 1
     base = [engine.bos_id if engine.bos_id >= 0 else 0]

@@ -147,7 +147,7 @@ class WorkerLoop:
             n_ctx=eng.n_ctx,
             n_ctx_train=eng.n_ctx_train,
             n_vocab=eng.n_vocab,
-            n_slots=eng.n_seq_max,
+            n_slots=eng.n_slots,
             memory_kind=eng.memory_kind.value,
             metadata=dict(eng.metadata),
             weight_buffers=dict(eng.weight_buffers),

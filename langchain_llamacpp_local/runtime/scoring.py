@@ -264,7 +264,6 @@ class LabelWork:
 
 
 __all__ = [
-    "LabelScores",
     "LabelWork",
     "label_distribution",
     "label_rows",

@@ -30,14 +30,8 @@ from langchain_llamacpp_local.llama.engine import Engine
 from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.loop import STOP, StatsAsk, WorkerLoop
-from langchain_llamacpp_local.runtime.requests import (
-    EngineRequest,
-    Failed,
-    Finished,
-    ScoreRequest,
-    TextDelta,
-)
-from langchain_llamacpp_local.runtime.stats import ModelInfo, SlotStats, WorkerStats
+from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed
+from langchain_llamacpp_local.runtime.stats import ModelInfo, WorkerStats
 
 logger = logging.getLogger(__name__)
 
@@ -197,16 +191,4 @@ def _drain(q: queue.SimpleQueue[Any], exc: BaseException) -> None:
             item.channel.put(exc)
 
 
-__all__ = [
-    "CacheOptions",
-    "EngineRequest",
-    "Failed",
-    "Finished",
-    "ModelInfo",
-    "ModelWorker",
-    "ScoreRequest",
-    "SlotStats",
-    "TextDelta",
-    "WorkerLoop",
-    "WorkerStats",
-]
+__all__ = ["ModelWorker"]

@@ -130,3 +130,35 @@ def test_media_the_projector_cannot_read_are_clear_errors(
     with pytest.raises(AudioInputError, match="no audio projector"):
         ChatLlamaCpp(model_path=tiny_llama, mmproj_path="none").invoke(_ask(audio_block(LA)))
     assert alm.invoke(_ask(audio_block(LA)), cache_prompt=False).content is not None
+
+
+def test_the_profile_says_what_the_projector_reads(
+    tiny_llama: str, audio_mmproj: str, models_dir: Path
+) -> None:
+    """``audio_inputs`` and ``image_inputs`` come from the projector's own header: an
+    audio projector reads no images, a vision projector no audio, no projector neither."""
+    vision = str(write_tiny_mmproj(models_dir / "tiny-mmproj-profile.gguf", text_n_embd=64))
+    for mmproj, images, audio in ((audio_mmproj, False, True), (vision, True, False)):
+        profile = ChatLlamaCpp(model_path=tiny_llama, mmproj_path=mmproj).profile
+        assert (profile["image_inputs"], profile["audio_inputs"]) == (images, audio), mmproj
+    plain = ChatLlamaCpp(model_path=tiny_llama).profile
+    assert (plain["image_inputs"], plain["audio_inputs"]) == (False, False)
+
+
+def test_a_changed_clip_is_named_as_the_cause_of_a_miss(alm: ChatLlamaCpp) -> None:
+    """The cache report names a changed audio clip as such, not as a changed image."""
+
+    def convo(wav: bytes, turns: int) -> list[BaseMessage]:
+        msgs: list[BaseMessage] = [
+            HumanMessage(content=[{"type": "text", "text": "Hear this: "}, audio_block(wav)])
+        ]
+        for i in range(turns):
+            msgs += [AIMessage(f"answer {i}"), HumanMessage(f"question {i}")]
+        return msgs
+
+    alm.invoke(convo(LA, 1))
+    report = alm.invoke(convo(LOW, 2)).response_metadata["cache"]
+    assert report["missed"] is True
+    miss = report["miss"]
+    assert miss["cause"] == "an audio clip changed"
+    assert miss["message_index"] == 0 and miss["role"] == "user"

@@ -32,7 +32,7 @@ N_CTX = 256
 
 
 def _engine(path: str, n_seq: int = 2) -> Engine:
-    return Engine(LoadConfig(model_path=path, n_ctx=N_CTX, n_seq_max=n_seq, flash_attn=False))
+    return Engine(LoadConfig(model_path=path, n_ctx=N_CTX, n_slots=n_seq, flash_attn=False))
 
 
 @pytest.fixture
@@ -227,7 +227,7 @@ def test_built_from_the_targets_config(tiny_llama: str, target: Engine) -> None:
     try:
         assert draft.engine is not None
         assert draft.engine.config.draft_model_path is None
-        assert draft.engine.n_seq_max == target.n_seq_max and draft.n_ctx == target.n_ctx
+        assert draft.engine.n_slots == target.n_slots and draft.n_ctx == target.n_ctx
         history = _text(target, "from the worker")
         assert draft.propose(1, history, 3) == greedy(target, history, 3, seq=1)
     finally:
@@ -235,7 +235,7 @@ def test_built_from_the_targets_config(tiny_llama: str, target: Engine) -> None:
 
 
 def test_slot_count_must_match(tiny_llama: str, target: Engine) -> None:
-    cfg = LoadConfig(model_path=tiny_llama, n_ctx=N_CTX, n_seq_max=1)
+    cfg = LoadConfig(model_path=tiny_llama, n_ctx=N_CTX, n_slots=1)
     with pytest.raises(ValueError, match="one sequence per target slot"):
         DraftModel(cfg, target)
 

@@ -95,8 +95,8 @@ def test_idle_conversations_are_parked_only_for_the_cells_they_free() -> None:
     assert idle_to_park(need - 1, running, [sharing, apart]) is None
 
 
-def _unified(n_seq_max: int, n_ctx: int) -> tuple[FakeStore, SlotMemory]:
-    store = FakeStore(n_seq_max=n_seq_max, n_ctx=n_ctx, n_batch=64)
+def _unified(n_slots: int, n_ctx: int) -> tuple[FakeStore, SlotMemory]:
+    store = FakeStore(n_slots=n_slots, n_ctx=n_ctx, n_batch=64)
     store.kv_unified = True
     store.n_ctx_total = n_ctx
     return store, SlotMemory(store, CacheOptions(checkpoint_max_count=0))

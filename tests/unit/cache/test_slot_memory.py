@@ -36,23 +36,23 @@ class FakeStore:
         self,
         kind: MemoryKind = MemoryKind.PARTIAL,
         *,
-        n_seq_max: int = 2,
+        n_slots: int = 2,
         n_ctx: int = 512,
         n_batch: int = 64,
         n_swa: int = 0,
         deterministic: bool = False,
     ) -> None:
         self.config = LoadConfig(
-            model_path="fake.gguf", n_seq_max=n_seq_max, deterministic=deterministic
+            model_path="fake.gguf", n_slots=n_slots, deterministic=deterministic
         )
         self.memory_kind = kind
-        self.n_seq_max = n_seq_max
+        self.n_slots = n_slots
         self.n_ctx = n_ctx
-        self.n_ctx_total = n_ctx * n_seq_max
+        self.n_ctx_total = n_ctx * n_slots
         self.n_batch = self.n_ubatch = n_batch
         self.n_swa = n_swa
         self.kv_unified = False
-        self.cells: list[dict[int, int]] = [{} for _ in range(n_seq_max)]
+        self.cells: list[dict[int, int]] = [{} for _ in range(n_slots)]
         self.refuse_states = False  # state_set answers False (a state llama.cpp rejects)
         self.events: list[tuple[str, int]] = []  # ("remove" | "load", seq): their order
         self.decoded = 0  # rows decoded
@@ -155,7 +155,7 @@ PROMPT = list(range(100, 160))
 
 
 def test_an_edited_prompt_reuses_the_cached_prefix() -> None:
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     slot, n_keep = memory.acquire(PROMPT, [], set(), cache_prompt=True)
     assert n_keep == 0
@@ -175,7 +175,7 @@ def test_an_edited_prompt_reuses_the_cached_prefix() -> None:
 
 
 def test_a_free_slot_copies_a_prefix_and_the_conversation_stays() -> None:
-    store = FakeStore(n_seq_max=2)
+    store = FakeStore(n_slots=2)
     memory = _memory(store)
     slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
     _read(memory, store, slot, PROMPT, len(PROMPT))
@@ -189,7 +189,7 @@ def test_a_free_slot_copies_a_prefix_and_the_conversation_stays() -> None:
 
 
 def test_the_slot_holding_the_longest_prefix_is_taken_and_busy_ones_are_not() -> None:
-    store = FakeStore(n_seq_max=2)
+    store = FakeStore(n_slots=2)
     memory = _memory(store)
     a, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
     _read(memory, store, a, PROMPT, len(PROMPT))
@@ -203,7 +203,7 @@ def test_the_slot_holding_the_longest_prefix_is_taken_and_busy_ones_are_not() ->
 
 
 def test_a_conversation_is_parked_in_host_ram_and_restored() -> None:
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
     _read(memory, store, slot, PROMPT, len(PROMPT))
@@ -228,7 +228,7 @@ def test_a_displaced_conversation_is_copied_out_once() -> None:
     """A request that keeps less than half of the only slot's conversation parks it
     before taking the slot: one copy of its state (each one a whole-state read from
     llama.cpp), and the conversation comes back from RAM whole."""
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     reads: list[int] = []
     state_get = store.state_get
 
@@ -256,7 +256,7 @@ def test_a_displaced_conversation_is_copied_out_once() -> None:
 
 @pytest.mark.parametrize("ram", [True, False])
 def test_idle_conversations_leave_the_unified_pool_while_one_decodes_alone(ram: bool) -> None:
-    store = FakeStore(n_seq_max=4)  # a slot each: nothing is pushed out
+    store = FakeStore(n_slots=4)  # a slot each: nothing is pushed out
     store.kv_unified = True
     memory = _memory(store, **({} if ram else {"prompt_cache_bytes": 0}))
     room = (100, 0)
@@ -288,7 +288,7 @@ def test_idle_conversations_leave_the_unified_pool_while_one_decodes_alone(ram: 
 def test_the_pool_is_emptied_before_a_conversation_comes_back_into_it() -> None:
     # llama.cpp puts a restored state in the first free cells: loaded beside an idle
     # conversation, it would sit above that one's cells for its whole turn
-    store = FakeStore(n_seq_max=2)
+    store = FakeStore(n_slots=2)
     store.kv_unified = True
     memory = _memory(store)
     room = (100, 0)
@@ -306,7 +306,7 @@ def test_the_pool_is_emptied_before_a_conversation_comes_back_into_it() -> None:
 
 
 def test_a_refused_state_leaves_the_slot_empty() -> None:
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
     _read(memory, store, slot, PROMPT, len(PROMPT))
@@ -330,7 +330,7 @@ def _read_with_checkpoints(
 
 
 def test_recurrent_memory_resumes_from_a_checkpoint() -> None:
-    store = FakeStore(MemoryKind.FULL_ONLY, n_seq_max=1, n_batch=16)
+    store = FakeStore(MemoryKind.FULL_ONLY, n_slots=1, n_batch=16)
     memory = _memory(store, checkpoint_min_step=16)
     prompt = list(range(200, 300))
     slot, _ = memory.acquire(prompt, [], set(), cache_prompt=True)
@@ -349,7 +349,7 @@ def test_recurrent_memory_resumes_from_a_checkpoint() -> None:
 
 
 def test_recurrent_memory_without_checkpoints_reads_the_prompt_again() -> None:
-    store = FakeStore(MemoryKind.FULL_ONLY, n_seq_max=1)
+    store = FakeStore(MemoryKind.FULL_ONLY, n_slots=1)
     memory = _memory(store, checkpoint_max_count=0)
     slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
     assert memory.checkpoint_targets(0, PROMPT, (), [], slot) == []
@@ -371,7 +371,7 @@ def test_attention_memory_is_trimmed_without_checkpoints() -> None:
 def test_a_sliding_window_is_trimmed_only_while_it_holds_what_the_prefix_needs(
     n_swa: int, kept: int
 ) -> None:
-    store = FakeStore(MemoryKind.SWA, n_seq_max=1, n_swa=n_swa)
+    store = FakeStore(MemoryKind.SWA, n_slots=1, n_swa=n_swa)
     memory = _memory(store, checkpoint_max_count=0)
     slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
     _read(memory, store, slot, PROMPT, len(PROMPT))

@@ -7,11 +7,15 @@ import pytest
 
 from langchain_llamacpp_local.chat.cache_report import (
     CAUSE_RULES,
+    MEDIA,
     MessageSpan,
     PromptLayout,
     Span,
+    explain_miss,
     likely_cause,
     locate,
+    media_kinds,
+    message_layout,
     miss_report,
     spans_from_renders,
 )
@@ -21,6 +25,23 @@ TOOLS = "<tools>[get_weather, search]</tools>"
 USER1 = "<|user|>Hello there<|end|>"
 ASSIST = "<|assistant|>Hi! <img>@@@@</img> How can I help?<|end|>"
 USER2 = "<|user|>Weather in Paris?<|end|><|assistant|>"
+
+
+#: a user message with an image and then an audio clip, as the template messages hold them
+MIXED = [
+    {"role": "system", "content": "Listen."},
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Look"},
+            {"type": "image", "image": "<png>"},
+            {"type": "audio", "audio": "<wav>"},
+            {"type": "text", "text": "and hear"},
+        ],
+    },
+    {"role": "user", "content": "Well?"},
+]
+MIXED_TEXT = f"<s>Listen.</s><u>Look\n{MEDIA}\n{MEDIA}\nand hear</u><u>Well?</u>"
 
 
 def _layout(kwargs_changed: bool = False) -> PromptLayout:
@@ -110,6 +131,8 @@ def test_every_rule_is_reachable(rule: object) -> None:
     ]
     bare = PromptLayout("<bos>" + USER1, (MessageSpan(0, "user", Span(5, 5 + len(USER1))),))
     cases.append((bare, 2))
+    mixed = message_layout(MIXED_TEXT, MIXED)
+    cases.append((mixed, MIXED_TEXT.rindex(MEDIA)))
     assert any(likely_cause(locate(lay, off), lay) == rule[1] for lay, off in cases)  # type: ignore[index]
 
 
@@ -144,3 +167,25 @@ def test_a_changed_developer_message_is_a_changed_system_prompt() -> None:
     point = locate(developer, developer.text.index("2026"))
     assert point.role == "developer"
     assert likely_cause(point, developer) == "system prompt changed"
+
+
+def test_each_media_placeholder_is_named_by_its_kind() -> None:
+    """Images and audio clips render as mtmd's one marker; the parts' order says which
+    marker is which, so a changed clip is not reported as a changed image."""
+    assert media_kinds(MIXED) == ["image", "audio"]
+    layout = message_layout(MIXED_TEXT, MIXED)
+    image, clip = MIXED_TEXT.index(MEDIA), MIXED_TEXT.rindex(MEDIA)
+    assert layout.messages[1].images == (Span(image, image + len(MEDIA)),)
+    assert layout.messages[1].audio == (Span(clip, clip + len(MEDIA)),)
+    assert likely_cause(locate(layout, image), layout) == "an image changed"
+    assert likely_cause(locate(layout, clip), layout) == "an audio clip changed"
+
+
+@pytest.mark.parametrize(("at", "cause"), [(1, "an image changed"), (4, "an audio clip changed")])
+def test_a_miss_at_a_media_position_names_its_kind(at: int, cause: str) -> None:
+    """At the token level the miss lands on a media item's first position; the items
+    before it, counted by their first positions, say which part it is."""
+    pieces = {1: b"<s>Listen.</s><u>Look\n", 2: b"\n", 3: b"\nand hear</u><u>Well?</u>"}
+    tokens = [1, ("media", "png", 0), ("media", "png", 1), 2, ("media", "wav", 0), 3]
+    miss = explain_miss(MIXED_TEXT, tokens, at, lambda t: pieces[t], MIXED)
+    assert (miss["cause"], miss["message_index"]) == (cause, 1)

@@ -31,7 +31,7 @@ def test_draft_config_follows_the_target() -> None:
         n_batch=256,
         n_threads=3,
         n_gpu_layers=-1,
-        n_seq_max=4,
+        n_slots=4,
         kv_unified=True,
         type_k="q8_0",
         flash_attn=True,
@@ -40,7 +40,7 @@ def test_draft_config_follows_the_target() -> None:
     )
     cfg = draft_config(target, "small.gguf", n_ctx=4352)
     assert cfg.model_path == "small.gguf"
-    assert (cfg.n_ctx, cfg.n_batch, cfg.n_threads, cfg.n_gpu_layers, cfg.n_seq_max) == (
+    assert (cfg.n_ctx, cfg.n_batch, cfg.n_threads, cfg.n_gpu_layers, cfg.n_slots) == (
         4352,
         256,
         3,

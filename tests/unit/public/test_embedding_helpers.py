@@ -88,7 +88,7 @@ def test_unknown_and_invalid_arguments_are_rejected() -> None:
 
 
 def test_model_key_ignores_context_settings_only() -> None:
-    a = LoadConfig(model_path="m.gguf", n_ctx=128, n_batch=64, n_seq_max=4, flash_attn=True)
+    a = LoadConfig(model_path="m.gguf", n_ctx=128, n_batch=64, n_slots=4, flash_attn=True)
     b = LoadConfig(model_path="m.gguf")
     assert a.model_key() == b.model_key()
     assert LoadConfig(model_path="m.gguf", n_gpu_layers=5).model_key() != b.model_key()

@@ -147,10 +147,41 @@ def test_layers_import_only_downwards() -> None:
     assert upward == []
 
 
-def test_the_worker_imports_nothing_of_the_front_end() -> None:
+#: the engine core's modules that run the worker's steps; each is checked by name, so a
+#: rename that drops one from the package fails here rather than going unchecked
+ENGINE_CORE = (
+    "worker",
+    "loop",
+    "active",
+    "admission",
+    "scheduler",
+    "output",
+    "verify",
+    "speculative",
+    "scoring",
+    "stats",
+    "step_cost",
+    "requests",
+    "channel",
+    "registry",
+)
+
+
+def _runtime_modules() -> list[str]:
+    return sorted(m for m in _modules() if m.startswith(f"{PKG}.runtime"))
+
+
+def test_every_engine_core_module_is_in_the_runtime_layer() -> None:
+    missing = [m for m in ENGINE_CORE if f"{PKG}.runtime.{m}" not in _modules()]
+    assert missing == []
+    assert all(_layer(m) == LAYERS.index("runtime") for m in _runtime_modules())
+
+
+@pytest.mark.parametrize("name", _runtime_modules())
+def test_the_worker_imports_nothing_of_the_front_end(name: str) -> None:
     """The engine core decodes token requests: no template, format or chat module, not
-    even for a type, is imported by the worker."""
-    name = f"{PKG}.runtime.worker"
+    even for a type, is imported by any module of ``runtime/`` (the worker, its step
+    loop, admission, the scheduler, the output pipeline, verify, stats...)."""
     path = _modules()[name]
     front = [
         f"{target} (line {line})"
@@ -242,6 +273,18 @@ def test_the_package_root_gives_every_public_name_and_module() -> None:
     assert langchain_llamacpp_local.rpc_server.__name__ == f"{PKG}.rpc_server"
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         _ = langchain_llamacpp_local.not_a_name  # type: ignore[attr-defined]
+
+
+def test_validation_imports_nothing_of_chat() -> None:
+    """The construction checks the three public classes share import no chat module,
+    not even inside a function: a call option's check lives with the call options."""
+    name = f"{PKG}.validation"
+    chat = [
+        f"{target} (line {line})"
+        for target, line in _imports(name, _modules()[name])
+        if target == f"{PKG}.chat" or target.startswith(f"{PKG}.chat.")
+    ]
+    assert chat == []
 
 
 def test_the_embeddings_load_no_chat_code() -> None:

@@ -18,7 +18,7 @@ from langchain_llamacpp_local.settings_base import ModelSettings, settings_from
 
 #: Fields whose public meaning differs from the config field of the same name.
 _DIFFERENT = {
-    "n_seq_max",
+    "n_slots",
     "kv_unified",
     "model_path",
     "pooling",
@@ -96,8 +96,8 @@ def test_settings_from_fills_a_dataclass_from_the_fields_of_its_names() -> None:
     llm = ChatLlamaCpp(
         model_path="m.gguf", n_ctx=64, n_batch=32, flash_attn=True, checkpoint_min_step=9
     )
-    load = settings_from(llm, LoadConfig, model_path="/m.gguf", n_seq_max=llm.n_slots)
-    assert (load.model_path, load.n_seq_max) == ("/m.gguf", llm.n_slots)  # overrides win
+    load = settings_from(llm, LoadConfig, model_path="/m.gguf", n_slots=1)
+    assert (load.model_path, load.n_slots, llm.n_slots) == ("/m.gguf", 1, 4)  # overrides win
     assert (load.n_ctx, load.n_batch, load.flash_attn) == (64, 32, True)
     assert settings_from(llm, CacheOptions).checkpoint_min_step == 9
     emb = LlamaCppEmbeddings(model_path="e.gguf", n_ctx=128, pooling="cls")

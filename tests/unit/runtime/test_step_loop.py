@@ -24,9 +24,9 @@ from langchain_llamacpp_local.cache.pool import cells_in_use
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
 from langchain_llamacpp_local.llama.probes import MemoryKind
 from langchain_llamacpp_local.llama.sampling import SamplingParams
+from langchain_llamacpp_local.runtime.loop import WorkerLoop
 from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed, Finished
 from langchain_llamacpp_local.runtime.scheduler import BACKGROUND_AGE_S, CallCost
-from langchain_llamacpp_local.runtime.worker import WorkerLoop
 from tests.unit.cache.test_slot_memory import FakeStore
 
 #: the simulated machine: about SmolLM2-135M on two CPU cores
@@ -38,7 +38,7 @@ class SimDecoder(FakeStore):
     """A unified pool whose decode calls append to the store and take simulated time."""
 
     def __init__(self, *, n_slots: int = 4, n_ctx: int = 8192, n_batch: int = 512) -> None:
-        super().__init__(MemoryKind.PARTIAL, n_seq_max=n_slots, n_ctx=n_ctx, n_batch=n_batch)
+        super().__init__(MemoryKind.PARTIAL, n_slots=n_slots, n_ctx=n_ctx, n_batch=n_batch)
         self.kv_unified = True
         self.n_ctx_total = n_ctx
         self.exact_rows = self.exact_verify_rows = 1

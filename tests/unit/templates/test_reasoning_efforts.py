@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from langchain_llamacpp_local.chat.prompts import EFFORTS, template_kwargs
+from langchain_llamacpp_local.chat.prompts import template_kwargs
+from langchain_llamacpp_local.chat.request_options import EFFORTS
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate
 from langchain_llamacpp_local.templates.efforts import (
     EFFORT_VARIABLES,
