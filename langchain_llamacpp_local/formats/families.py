@@ -308,9 +308,25 @@ _MMQ = re.escape(MM_MARKER)
 @reads(closers=(MM3.call_close,), stream=minimax_m3(MM3))
 def minimax_m3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``]<]minimax[>[<invoke name="X">]<]minimax[>[<k>v]<]minimax[>[</k>...`` (MiniMax M3)."""
-    out: list[ParsedCall] = []
     pat = rf'(?:{_MMQ})?{re.escape(MM3.call_open)}(?P<name>[^"]*)">(?P<body>.*?)(?P<close>(?:{_MMQ})?{re.escape(MM3.call_close)}|$)'
-    for m in re.finditer(pat, region, re.S):
+
+    def args_of(name: str, body: str) -> dict[str, object]:
+        return {
+            p.group("k"): mm_value(p.group("v"), opts.param_types(name, p.group("k")))
+            for p in MM_PARAM.finditer(body)
+        }
+
+    return invoke_calls(region, final, pat, args_of)
+
+
+def invoke_calls(
+    region: str, final: bool, pattern: str, args_of: Callable[[str, str], dict[str, object]]
+) -> list[ParsedCall]:
+    """The calls ``pattern`` (groups ``name``, ``body``, ``close``) finds in a region, a
+    closed one's arguments read from its body by ``args_of(name, body)``; one not closed
+    is incomplete while streaming and unterminated at the end."""
+    out: list[ParsedCall] = []
+    for m in re.finditer(pattern, region, re.S):
         name, closed = m.group("name"), bool(m.group("close"))
         if not closed:
             out.append(
@@ -323,20 +339,10 @@ def minimax_m3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]
                 )
             )
             continue
-        args = {
-            p.group("k"): mm_value(p.group("v"), opts.param_types(name, p.group("k")))
-            for p in MM_PARAM.finditer(m.group("body"))
-        }
-        out.append(ParsedCall(name, args, m.group(0)))
+        out.append(ParsedCall(name, args_of(name, m.group("body")), m.group(0)))
     if not out and final and region.strip():
         out.append(ParsedCall(None, None, region, error="cannot read the tool call"))
     return out
-
-
-_K3_ARG = re.compile(
-    r'<\|open\|>argument key="(?P<k>[^"]*)"(?: type="(?P<t>[^"]*)")?<\|sep\|>(?P<v>.*?)<\|close\|>argument<\|sep\|>',
-    re.S,
-)
 
 
 @reads("json", stream=objects())

@@ -12,7 +12,7 @@ import re
 
 from langchain_llamacpp_local.formats.arg_stream.markup import Tags, markup, pairs, sep_pairs
 from langchain_llamacpp_local.formats.base import Options, ParsedCall, typed_value
-from langchain_llamacpp_local.formats.families import split_calls
+from langchain_llamacpp_local.formats.families import invoke_calls, split_calls
 from langchain_llamacpp_local.formats.syntax import reads
 
 _e = re.escape
@@ -247,22 +247,10 @@ _K3_CALL = rf'{_e(K3.call_open)}(?P<name>[^"]*)"[^<]*{_e(K3.tail_end)}(?P<body>.
 @reads(closers=(K3.call_close,), stream=markup(K3))
 def kimi_k3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<|open|>call tool="X" index="1"<|sep|><|open|>argument key="k" type="number"<|sep|>v<|close|>argument<|sep|>``."""
-    out: list[ParsedCall] = []
-    for m in re.finditer(_K3_CALL, region, re.S):
-        name, closed = m.group("name"), bool(m.group("close"))
-        if not closed:
-            out.append(
-                ParsedCall(
-                    name,
-                    None,
-                    m.group(0),
-                    error="unterminated tool call" if final else None,
-                    complete=final,
-                )
-            )
-            continue
+
+    def args_of(name: str, body: str) -> dict[str, object]:
         args: dict[str, object] = {}
-        for a in _K3_ARG.finditer(m.group("body")):
+        for a in _K3_ARG.finditer(body):
             t = a.group("t")
             types = (
                 {"string"}
@@ -272,7 +260,6 @@ def kimi_k3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
                 else {t, "integer"}
             )
             args[a.group("k")] = typed_value(a.group("v"), types)
-        out.append(ParsedCall(name, args, m.group(0)))
-    if not out and final and region.strip():
-        out.append(ParsedCall(None, None, region, error="cannot read the tool call"))
-    return out
+        return args
+
+    return invoke_calls(region, final, _K3_CALL, args_of)

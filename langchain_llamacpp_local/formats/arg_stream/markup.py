@@ -241,13 +241,17 @@ class Markup(ArgStream):
         if self.decided == "str":
             self.emit(escaped(value[self.sent :]) + '"')
             return
-        text = value
-        if self.t.cdata and text.startswith(_CDATA) and text.endswith("]]>"):
-            text = text[len(_CDATA) : -len("]]>")]
-        typed = text if self.mode == "raw" else typed_value(text, self._types())
+        typed = self._typed(value)
         sep = "," if self.n_params else ""
         self.n_params += 1
         self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ":" + dumps(typed))
+
+    def _typed(self, value: str) -> Any:
+        """A closed value not sent as text, as the parse types it."""
+        text = value
+        if self.t.cdata and text.startswith(_CDATA) and text.endswith("]]>"):
+            text = text[len(_CDATA) : -len("]]>")]
+        return text if self.mode == "raw" else typed_value(text, self._types())
 
 
 def _mode(got: int | re.Match[str], modes: tuple[str, ...]) -> str:
@@ -427,16 +431,8 @@ class MiniMaxM3(Markup):
         types = self._types()
         return "str" if types is not None and "string" in types else "buf"
 
-    def _close(self, value: str) -> None:
-        if not self.streaming:
-            return
-        if self.decided == "str":
-            self.emit(escaped(value[self.sent :]) + '"')
-            return
-        typed = mm_value(value, self._types())
-        sep = "," if self.n_params else ""
-        self.n_params += 1
-        self.emit(sep + json.dumps(self.key, ensure_ascii=False) + ":" + dumps(typed))
+    def _typed(self, value: str) -> Any:
+        return mm_value(value, self._types())
 
 
 def markup(tags: Tags) -> StreamMaker:

@@ -296,6 +296,18 @@ def tools_probe(*msgs: dict[str, Any]) -> dict[str, Any]:
     return {"messages": [USER, *msgs], "tools": TOOLS}
 
 
+def compare_calls(
+    render: Renderer, a: list[dict[str, Any]] | str, b: list[dict[str, Any]] | str
+) -> Compared | None:
+    """An assistant turn making the calls ``a`` (or answering the text ``a``) against one
+    making ``b``, with the probe tools bound, rendered and diffed."""
+
+    def turn(x: list[dict[str, Any]] | str) -> dict[str, Any]:
+        return tools_probe(assistant(x) if isinstance(x, str) else assistant("", x))
+
+    return compare(render, turn(a), turn(b))
+
+
 @dataclass
 class State:
     """Mutable working copy of the analysis (frozen into TemplateAnalysis at the end)."""

@@ -41,6 +41,7 @@ from langchain_llamacpp_local.formats.auto.probes import (
     State,
     assistant,
     compare,
+    compare_calls,
     tools_probe,
 )
 
@@ -70,9 +71,7 @@ def _in_json(haystack: str, needle: str) -> bool:
 
 def _tool_calls(st: State, render: Renderer, parallel: bool) -> None:
     """T1: no call vs one call; classify JSON_NATIVE / TAG_WITH_JSON / TAG_WITH_TAGGED."""
-    cmp = compare(
-        render, tools_probe(assistant(ASSISTANT_MSG)), tools_probe(assistant("", [CALL_FIRST]))
-    )
+    cmp = compare_calls(render, ASSISTANT_MSG, [CALL_FIRST])
     if cmp is None or not cmp.diff.right:
         return
     haystack = cmp.diff.right
@@ -208,11 +207,7 @@ def _per_call_markers(st: State, render: Renderer, *, json_native: bool = False)
     A JSON-native format's are repeated when the second call's text holds them at all;
     a tag format's when that text starts with them, and an end marker written once
     whatever the number of calls ends the section instead."""
-    cmp = compare(
-        render,
-        tools_probe(assistant("", [CALL_FIRST])),
-        tools_probe(assistant("", [CALL_FIRST, CALL_SECOND])),
-    )
+    cmp = compare_calls(render, [CALL_FIRST], [CALL_FIRST, CALL_SECOND])
     if cmp is None:
         return
     if json_native:
@@ -297,9 +292,7 @@ def _function_markers(st: State, render: Renderer) -> None:
 
 def _argument_names(st: State, render: Renderer) -> None:
     """A1: ARG_FIRST vs ARG_SECOND: the tag around an argument name (chat-diff-analyzer.cpp:1270)."""
-    cmp = compare(
-        render, tools_probe(assistant("", [CALL_ONE])), tools_probe(assistant("", [CALL_OTHER_ARG]))
-    )
+    cmp = compare_calls(render, [CALL_ONE], [CALL_OTHER_ARG])
     if cmp is None:
         return
     d = cmp.diff
@@ -320,11 +313,7 @@ def _argument_names(st: State, render: Renderer) -> None:
 
 def _argument_values(st: State, render: Renderer) -> None:
     """A2: value XXXX vs YYYY: the tags around an argument value (chat-diff-analyzer.cpp:1327)."""
-    cmp = compare(
-        render,
-        tools_probe(assistant("", [CALL_ONE])),
-        tools_probe(assistant("", [CALL_ONE_OTHER_VAL])),
-    )
+    cmp = compare_calls(render, [CALL_ONE], [CALL_ONE_OTHER_VAL])
     if cmp is None:
         return
     d = cmp.diff
@@ -348,20 +337,14 @@ def _argument_values(st: State, render: Renderer) -> None:
 def _argument_separator(st: State, render: Renderer) -> None:
     """T5: one argument vs two (chat-diff-analyzer.cpp:1387); the sentinels share no
     prefix, so like llama.cpp this finds no separator and whitespace is tolerated."""
-    cmp = compare(
-        render, tools_probe(assistant("", [CALL_ONE])), tools_probe(assistant("", [CALL_FIRST]))
-    )
+    cmp = compare_calls(render, [CALL_ONE], [CALL_FIRST])
     if cmp is not None and cmp.diff.right:
         st.set(arg_separator=until_common_prefix(cmp.diff.right, ARG_FIRST, ARG_SECOND))
 
 
 def _call_ids(st: State, render: Renderer) -> None:
     """T7: call00001 vs call99999: where the call id goes (chat-diff-analyzer.cpp:1473)."""
-    cmp = compare(
-        render,
-        tools_probe(assistant("", [CALL_FIRST])),
-        tools_probe(assistant("", [CALL_FIRST_ALT_ID])),
-    )
+    cmp = compare_calls(render, [CALL_FIRST], [CALL_FIRST_ALT_ID])
     if cmp is None:
         return
     d = cmp.diff
