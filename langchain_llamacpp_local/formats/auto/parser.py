@@ -12,15 +12,14 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_llamacpp_local.formats.auto.call_scanner import (
-    CallScanner,
-    Incomplete,
-    Malformed,
+    bare_call_prefix,
     flex,
     get_path,
+    scan_tagged,
 )
 from langchain_llamacpp_local.formats.auto.probes import TemplateAnalysis
 from langchain_llamacpp_local.formats.base import (
@@ -182,122 +181,15 @@ def _scan_json_native(
     return calls, pos, True
 
 
-def _scan_tagged(
-    a: TemplateAnalysis, text: str, final: bool, tools: Sequence[Mapping[str, Any]] | None
-) -> tuple[list[ParsedCall], int, bool]:
-    """(calls, end of the tool region, complete) for tag formats starting at 0."""
-    sc = CallScanner(a, text, final, tools)
-    calls: list[ParsedCall] = []
-    pos = 0
-    bare = _bare_call_prefix(a)
-
-    def bare_call_at(p: int) -> bool:
-        return bool(bare) and re.compile(flex(bare)).match(text, sc._ws(p)) is not None
-
-    if a.section_start.strip():
-        end = sc._at(pos, a.section_start)
-        if end is None and not bare_call_at(pos):
-            return calls, 0, True
-        pos = end or 0
-    while True:
-        p = sc._ws(pos)
-        opener_skipped = False
-        if a.per_call_start.strip():
-            try:
-                end = sc._at(p, a.per_call_start)
-            except Incomplete:
-                return calls, pos, False
-            if end is None:
-                if not bare_call_at(p):
-                    break
-                end, opener_skipped = p, True
-            p = end
-        elif calls:
-            # calls without per-call markers follow each other (", " in llama.cpp)
-            q = p
-            if text.startswith(",", q):
-                q = sc._ws(q + 1)
-            try:
-                if sc._at(q, a.name_prefix) is None or not a.name_prefix.strip():
-                    break
-            except Incomplete:
-                return calls, pos, False
-            p = q
-        if p >= len(text) and not final:
-            return calls, pos, False
-        try:
-            call, end = sc.call(p)
-        except Incomplete as inc:
-            calls.append(ParsedCall(inc.name, None, text[p:].strip(), complete=False))
-            return calls, pos, False
-        except Malformed as exc:
-            stop = (
-                sc._find(p, a.per_call_end or a.section_end)
-                if (a.per_call_end or a.section_end).strip()
-                else None
-            )
-            raw_end = stop.start() if stop else len(text)
-            calls.append(ParsedCall(None, None, text[p:raw_end].strip(), error=str(exc)))
-            pos = stop.end() if stop else len(text)
-            if not stop:
-                return calls, pos, True
-            continue
-        if a.per_call_end.strip():
-            try:
-                e = sc._at(end, a.per_call_end)
-            except Incomplete:
-                calls.append(replace(call, complete=False))
-                return calls, pos, False
-            if e is not None:
-                end = e
-            elif not opener_skipped and sc._ws(end) >= len(text):
-                if not final:
-                    calls.append(replace(call, complete=False))
-                    return calls, pos, False
-                calls.append(
-                    replace(
-                        call,
-                        args=None,
-                        error=f"unterminated tool call (no {a.per_call_end.strip()})",
-                    )
-                )
-                return calls, len(text), True
-        calls.append(call)
-        pos = end
-    if a.section_end.strip():
-        try:
-            e = sc._at(pos, a.section_end)
-        except Incomplete:
-            return calls, pos, False
-        if e is not None:
-            pos = e
-        elif sc._ws(pos) >= len(text) and not final:
-            return calls, pos, False
-    return calls, pos, True
-
-
 def _tool_start(a: TemplateAnalysis, text: str, start: int = 0) -> int:
     """Where a tool-call region starts in ``text`` (-1 if nowhere)."""
     if a.tool_format == "none":
         return -1
-    pats = [p for p in (flex(a.trigger), flex(_bare_call_prefix(a))) if p]
+    pats = [p for p in (flex(a.trigger), flex(bare_call_prefix(a))) if p]
     if not pats:
         return -1
     m = re.compile("|".join(f"(?:{p})" for p in pats)).search(text, start)
     return m.start() if m else -1
-
-
-def _bare_call_prefix(a: TemplateAnalysis) -> str:
-    """A tag format's name prefix (``<function=``), accepted without the section or
-    per-call opener that models sometimes skip (llama.cpp's Qwen3-Coder handler does)."""
-    prefix = a.name_prefix.strip()
-    if (
-        a.tool_format in ("tag_json", "tag_tagged")
-        and prefix[:1] in ("<", "[")
-        and prefix != a.trigger
-    ):
-        return prefix
-    return ""
 
 
 def _split_reasoning(
@@ -358,7 +250,7 @@ def _parse(
     if r is not None and not r_done and not final:
         # the end marker, or a call the model writes straight from its thoughts
         r_held = held_suffix(
-            r, [m for m in (a.reasoning_end.strip(), a.trigger, _bare_call_prefix(a)) if m]
+            r, [m for m in (a.reasoning_end.strip(), a.trigger, bare_call_prefix(a)) if m]
         )
     if not r_done and not final:
         return AnalysisParse("", r, [], 0, r_held, settled=False)
@@ -369,7 +261,7 @@ def _parse(
     settled = True
     content = rest
     if a.tool_format != "none" and read_calls:
-        if trigger or _bare_call_prefix(a):
+        if trigger or bare_call_prefix(a):
             i = _tool_start(a, rest)
         else:
             opener = "[" if a.tools_array_wrapped else "{"
@@ -382,7 +274,7 @@ def _parse(
                 else:
                     calls, end, complete = _scan_json_native(a, region, final)
             else:
-                calls, end, complete = _scan_tagged(a, region, final, tools)
+                calls, end, complete = scan_tagged(a, region, final, tools)
             if not trigger and final and (not calls or any(c.name is None for c in calls)):
                 calls, end, complete = [], 0, True  # bare JSON that is not a call: plain content
                 content = rest
