@@ -12,36 +12,14 @@ import json
 import re
 from collections.abc import Callable, Sequence
 
-from langchain_llamacpp_local.formats.registry import FAMILIES
+from langchain_llamacpp_local.formats.registry import FAMILIES, budget_markers
 from langchain_llamacpp_local.runtime.thinking import ThinkPlan
-
-#: families whose thinking is not a marker pair of their spec: (start, end, forced end)
-_CHANNELS: dict[str, tuple[str, str, str]] = {
-    # gpt-oss: the analysis channel, closed and followed by the final channel
-    "gpt_oss": (
-        "<|channel|>analysis<|message|>",
-        "<|end|>",
-        "<|end|><|start|>assistant<|channel|>final<|message|>",
-    ),
-}
 
 
 def markers(fmt: str | None) -> tuple[str, str, str] | None:
     """(start, end, what to force to end it) of ``fmt``'s thinking block, or None when the
-    family has no thinking block we know."""
-    if fmt in _CHANNELS:
-        return _CHANNELS[fmt]
-    family = FAMILIES.get(fmt or "")
-    spec = family.spec if family is not None else None
-    think = ("<think>", "</think>") if spec is None else spec.think
-    if think is None or not think[1]:
-        return None
-    start, end = think
-    if not start:  # Apriel: the generation prompt's lead-in opens the block
-        if spec is None or not spec.reasoning_lead:
-            return None
-        start = spec.reasoning_lead
-    return start, end, end
+    family has no thinking block we know (its record says: :func:`budget_markers`)."""
+    return budget_markers(fmt)
 
 
 def plan(

@@ -17,6 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_llamacpp_local.formats.arg_stream.core import rewriting
+from langchain_llamacpp_local.formats.arg_stream.json_calls import objects, sep_json
+from langchain_llamacpp_local.formats.arg_stream.python_calls import py_calls
 from langchain_llamacpp_local.formats.base import (
     OpenRegion,
     Options,
@@ -30,14 +33,16 @@ from langchain_llamacpp_local.formats.base import (
     scan_regions,
     unfence,
 )
-from langchain_llamacpp_local.formats.families import py_literal, reads
+from langchain_llamacpp_local.formats.families import DS_CALL, DS_CALLS, DS_SEP
+from langchain_llamacpp_local.formats.syntax import NAMED_ARGUMENTS, reads
+from langchain_llamacpp_local.formats.values import py_literal
 
 _DS = {
-    "calls_begin": "<｜tool▁calls▁begin｜>",
-    "calls_end": "<｜tool▁calls▁end｜>",
-    "call_begin": "<｜tool▁call▁begin｜>",
-    "call_end": "<｜tool▁call▁end｜>",
-    "sep": "<｜tool▁sep｜>",
+    "calls_begin": DS_CALLS[0],
+    "calls_end": DS_CALLS[1],
+    "call_begin": DS_CALL[0],
+    "call_end": DS_CALL[1],
+    "sep": DS_SEP,
 }
 _DS_CALLS = "<｜tool▁calls｜>"
 
@@ -74,6 +79,10 @@ def _hermes_body(region: str, final: bool) -> list[ParsedCall]:
     return [call_from_obj(obj, region.strip())]
 
 
+_GRANITE_WRAP = (("<response>", ""), ("</response>", ""))
+
+
+@reads(stream=rewriting(objects(fenced=True), _GRANITE_WRAP))
 def _list_body(
     region: str, final: bool, keys: tuple[str, ...] = ("arguments", "parameters")
 ) -> list[ParsedCall]:
@@ -104,6 +113,7 @@ def _segment(lines: list[str], node: ast.expr) -> str:
     return head + "".join(lines[first + 1 : last]) + tail
 
 
+@reads(stream=py_calls)
 def _pythonic_calls(text: str) -> list[ParsedCall] | None:
     """``[f(a=1), g()]`` as calls, or None when the text is not such a list."""
     s = text.strip()
@@ -154,6 +164,7 @@ def _builtin_call(code: str) -> list[ParsedCall]:
     return [ParsedCall("python", {"code": s}, s)]
 
 
+@reads(stream=objects(lines=True, seps=";", args=("parameters", "arguments")))
 def _llama3_calls(text: str) -> list[ParsedCall] | None:
     s = text.strip()
     if s.startswith("<|python_tag|>"):
@@ -181,6 +192,7 @@ def _llama3_calls(text: str) -> list[ParsedCall] | None:
     return calls
 
 
+@reads(stream=objects(document=True, fenced=True))
 def _generic_calls(text: str) -> tuple[list[ParsedCall], str] | None:
     s = unfence(text)
     if not s.startswith("{"):
@@ -244,6 +256,21 @@ def _functionary_body(text: str, final: bool) -> tuple[list[str], list[ParsedCal
     return content, calls, len(text)
 
 
+def _r1_name(head: str) -> tuple[str, str | None] | None:
+    _, found, name = head.partition(_DS["sep"])
+    return (name.strip(), None) if found and name.strip() else None
+
+
+#: DeepSeek R1's reader rewrites its text before reading it: so does its stream
+_R1_REWRITE = ((_DS_CALLS, _DS["calls_begin"] + _DS["call_begin"]), (_DS["calls_end"], ""))
+
+
+@reads(
+    stream=rewriting(
+        sep_json(_r1_name, "\n", begin=DS_CALL[0], end=DS_CALL[1], fenced=True, begin_splits=False),
+        _R1_REWRITE,
+    )
+)
 def _deepseek_body(region: str, final: bool) -> list[ParsedCall]:
     out: list[ParsedCall] = []
     for m in re.finditer(
@@ -276,12 +303,21 @@ def _deepseek_body(region: str, final: bool) -> list[ParsedCall]:
 _HERMES_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
 
 
-@reads("json")
+@reads("json", stream=objects(fenced=True))
 def _hermes_json(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     return _hermes_body(region, final)
 
 
-@reads("json")
+_HERMES_FN = re.compile(r'=([^>\s]+)|\s+name="([^"]*)"')
+
+
+def _hermes_fn_name(head: str) -> tuple[str, str | None] | None:
+    m = _HERMES_FN.fullmatch(head)
+    name = m and (m.group(1) or m.group(2))
+    return (name, None) if name else None
+
+
+@reads("json", stream=sep_json(_hermes_fn_name, ">"))
 def _hermes_fn(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<function=NAME>{json}</function>`` or ``<function name="NAME">{json}</function>``."""
     m = re.match(r'^(?:=([^>\s]+)|\s+name="([^"]*)")>(.*)$', region, re.S)
@@ -310,6 +346,7 @@ _HERMES_REGIONS: tuple[tuple[str, str | None, Any], ...] = (
 )
 
 
+@reads(stream=objects(fenced=True))
 def _bare_call(text: str) -> list[ParsedCall] | None:
     """A whole output that is one ``{"name", "arguments"}`` object (maybe fenced)."""
     s = unfence(text)
@@ -336,7 +373,9 @@ _ALL = "all\n"
 
 def _granite_unwrap(text: str) -> str:
     """Granite's answer without its ``<response>`` wrapper (with or without tools)."""
-    return text.replace("<response>", "").replace("</response>", "")
+    for marker, by in _GRANITE_WRAP:
+        text = text.replace(marker, by)
+    return text
 
 
 # --------------------------------------------------------------------------- readers
@@ -362,7 +401,8 @@ class Reader:
     half-written and settles no text before one); ``held``: those it holds back in
     streamed content beyond the record's; ``wake``: the markers that end or complete
     an open call; ``whole_output``: a call may be the whole output, so content is not
-    streamed until it is clear it is not one.
+    streamed until it is clear it is not one; ``bodies``: the call syntaxes of the
+    regions it reports open (each names the stream of its arguments).
     """
 
     read: Read
@@ -371,6 +411,7 @@ class Reader:
     held: tuple[str, ...] = ()
     wake: tuple[str, ...] = ()
     whole_output: bool = False
+    bodies: tuple[Any, ...] = ()
 
 
 def hermes_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
@@ -442,7 +483,7 @@ def _functionary_read(rest: str, opts: Options, final: bool, ctx: ParseContext) 
         sc.wake = ((">>>",), frozenset())
         last = calls[-1] if calls else None
         if last is not None and not last.complete:  # its body runs to the end of the text
-            sc.open_region = OpenRegion(len(last.raw), "arguments", len(calls) - 1, last.name)
+            sc.open_region = OpenRegion(len(last.raw), NAMED_ARGUMENTS, len(calls) - 1, last.name)
     return sc
 
 
@@ -456,8 +497,9 @@ def _functionary_plain(rest: str, opts: Options, final: bool, ctx: ParseContext)
 
 def _deepseek_r1_read(rest: str, opts: Options, final: bool, ctx: ParseContext) -> RegionScan:
     # "<｜tool▁calls｜>" opens the calls and the first call at once (an R1 variant)
-    c = rest.replace(_DS_CALLS, _DS["calls_begin"] + _DS["call_begin"])
-    c = c.replace(_DS["calls_end"], "")
+    c = rest
+    for marker, by in _R1_REWRITE:
+        c = c.replace(marker, by)
     found_open: list[OpenRegion] | None = [] if c == rest else None  # (as written)
     pieces, calls, settled_at = scan_regions(
         c, _DS["calls_begin"], None, _deepseek_body, final, found_open
@@ -542,18 +584,32 @@ HERMES = Reader(
     markers=(*(m for start, end, _ in _HERMES_REGIONS for m in (start, end or "") if m), "```"),
     held=(*_HERMES_MARKERS, "```"),  # a fence may wrap a call
     wake=tuple(end for _, end, _ in _HERMES_REGIONS if end),
+    bodies=(*dict.fromkeys(body for _, _, body in _HERMES_REGIONS), _bare_call),
 )
-LLAMA3_JSON = Reader(_llama3_read, markers=("<|python_tag|>",), whole_output=True)
+LLAMA3_JSON = Reader(
+    _llama3_read, markers=("<|python_tag|>",), whole_output=True, bodies=(_llama3_calls,)
+)
 PYTHONIC = Reader(
     pythonic_read,
     markers=("<|tool_call_start|>", "<|tool_call_end|>"),
     wake=("<|tool_call_end|>",),
     whole_output=True,
+    bodies=(_pythonic_calls,),
 )
 GRANITE = Reader(
-    _granite_read, _granite_plain, markers=("<|tool_call|>", "<response>", "</response>")
+    _granite_read,
+    _granite_plain,
+    markers=("<|tool_call|>", *(marker for marker, _ in _GRANITE_WRAP)),
+    bodies=(_list_body,),
 )
-FUNCTIONARY_V3_2 = Reader(_functionary_read, _functionary_plain, markers=(">>>",))
-DEEPSEEK_R1 = Reader(_deepseek_r1_read, markers=(*_DS.values(), _DS_CALLS), wake=(_DS["call_end"],))
-GENERIC = Reader(_generic_read, whole_output=True)
+FUNCTIONARY_V3_2 = Reader(
+    _functionary_read, _functionary_plain, markers=(">>>",), bodies=(NAMED_ARGUMENTS,)
+)
+DEEPSEEK_R1 = Reader(
+    _deepseek_r1_read,
+    markers=(*_DS.values(), _DS_CALLS),
+    wake=(_DS["call_end"],),
+    bodies=(_deepseek_body,),
+)
+GENERIC = Reader(_generic_read, whole_output=True, bodies=(_generic_calls,))
 CONTENT = Reader(_as_text)

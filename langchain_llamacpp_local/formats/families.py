@@ -1,53 +1,39 @@
-"""Body readers of the tool-call syntaxes beyond the classic ones (GLM, Kimi, DeepSeek V3.x, ...).
+"""Body readers of the tool-call syntaxes beyond the classic ones (DeepSeek V3.x, Kimi K2,
+Gemma 4, Mistral, the JSON ones, ...); the markup ones are in :mod:`.markup_bodies`.
 
 Each body function reads the inside of one tool-call region (between the family's start
-and end markers) into call records; a :class:`Spec` says which markers open reasoning and
-tool calls and which wrapper markers are dropped from content. The specs themselves are
+and end markers) into call records, and its record (:func:`~.syntax.reads`) names the
+stream of its arguments; a :class:`Spec` says which markers open reasoning and tool
+calls and which wrapper markers are dropped from content. The specs themselves are
 part of each family's record (:mod:`.registry`). The syntaxes follow llama.cpp 0.3.36's
 parsers (``common/parsers/*.cpp`` and the auto-parser's tests).
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
+from langchain_llamacpp_local.formats.arg_stream.gemma import gemma_args
+from langchain_llamacpp_local.formats.arg_stream.json_calls import objects, plain_name, sep_json
+from langchain_llamacpp_local.formats.arg_stream.markup import Tags, minimax_m3
 from langchain_llamacpp_local.formats.base import (
     Options,
     ParsedCall,
     call_from_obj,
     json_prefix,
-    json_safe,
     loads_lenient,
-    typed_value,
     unfence,
 )
-
-#: body(region, final, opts) -> calls
-Body = Callable[[str, bool, Options], list[ParsedCall]]
-_B = TypeVar("_B", bound=Body)
-
-
-def reads(syntax: str | None = None, closers: tuple[str, ...] = ()) -> Callable[[_B], _B]:
-    """What a body reader's record says about its syntax.
-
-    ``syntax``: its values are quoted strings that may spell the region's closing marker
-    (``"json"``, Gemma 4's ``"gemma"``), so the region ends only at a marker outside them.
-    ``closers``: the markers whose writing completes one of its calls while the region is
-    still open (a stream reads an open region again only when one of them, or the
-    region's end, is written).
-    """
-
-    def mark(body: _B) -> _B:
-        body.string_syntax = syntax  # type: ignore[attr-defined]
-        body.closers = closers  # type: ignore[attr-defined]
-        return body
-
-    return mark
+from langchain_llamacpp_local.formats.syntax import Body, reads
+from langchain_llamacpp_local.formats.values import (
+    MM_MARKER,
+    MM_PARAM,
+    gemma_value,
+    mm_value,
+)
 
 
 @dataclass(frozen=True)
@@ -80,156 +66,10 @@ def _args_obj(text: str, name: str | None, raw: str) -> ParsedCall:
     return ParsedCall(name, obj, raw)
 
 
-def _tagged_args(
-    inner: str,
-    pattern: re.Pattern[str],
-    name: str | None,
-    opts: Options,
-    raw: str,
-    closed: bool,
-    final: bool,
-) -> ParsedCall:
-    """Arguments written as tagged key/value pairs, typed by the tool's schema."""
-    args: dict[str, object] = {}
-    for m in pattern.finditer(inner):
-        key, value = m.group("k").strip(), m.group("v")
-        if value.startswith("<![CDATA[") and value.endswith("]]>"):
-            value = value[len("<![CDATA[") : -len("]]>")]
-        if m.groupdict().get("s") is not None:  # DSML: string="true|false"
-            args[key] = value if m.group("s") == "true" else typed_value(value, None)
-        else:
-            args[key] = typed_value(value, opts.param_types(name, key))
-    if not closed:
-        if final:
-            return ParsedCall(name, None, raw, error="unterminated tool call")
-        return ParsedCall(name, None, raw, complete=False)
-    return ParsedCall(name, args, raw)
-
-
-# --------------------------------------------------------------------------- XML-ish bodies
-
-_GLM_ARG = re.compile(r"<arg_key>(?P<k>.*?)</arg_key>\s*<arg_value>(?P<v>.*?)</arg_value>", re.S)
-
-
-@reads()
-def glm_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """``NAME<arg_key>k</arg_key><arg_value>v</arg_value>...`` (GLM 4.5+, Ling, Laguna)."""
-    m = re.match(r"\s*([^<\n]+?)\s*(?=<arg_key>|\n|$)", region)
-    name = m.group(1) if m else None
-    named = m is not None and (final or m.end() < len(region))
-    if not final:
-        return [ParsedCall(name if named else None, None, region, complete=False)]
-    if not name:
-        return [ParsedCall(None, None, region, error="tool call has no name")]
-    return [_tagged_args(region, _GLM_ARG, name, opts, region, True, final)]
-
-
-def _xml_function_calls(
-    region: str,
-    final: bool,
-    opts: Options,
-    open_re: str,
-    close: str,
-    arg: re.Pattern[str],
-) -> list[ParsedCall]:
-    out: list[ParsedCall] = []
-    for m in re.finditer(
-        open_re + r"(?P<body>.*?)(?P<close>" + re.escape(close) + r"|$)", region, re.S
-    ):
-        name = m.group("name").strip()
-        closed = bool(m.group("close"))
-        if (
-            not closed
-            and not final
-            and not m.group("body").strip()
-            and not m.group(0).endswith(">")
-        ):
-            out.append(ParsedCall(None, None, m.group(0), complete=False))
-            continue
-        out.append(_tagged_args(m.group("body"), arg, name, opts, m.group(0), closed, final))
-    if not out and region.strip():
-        if final:
-            out.append(ParsedCall(None, None, region.strip(), error="cannot read the tool call"))
-        else:
-            out.append(ParsedCall(None, None, region, complete=False))
-    return out
-
-
-_QWEN_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>\n?(?P<v>.*?)\n?</parameter>", re.S)
-
-
-@reads(closers=("</function>",))
-def qwen3_coder_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """``<function=NAME>\\n<parameter=k>\\nv\\n</parameter>\\n</function>`` (Qwen3-Coder, Qwen3.5, Seed-OSS)."""
-    return _xml_function_calls(
-        region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _QWEN_PARAM
-    )
-
-
-_SEED_PARAM = re.compile(r"<parameter=(?P<k>[^>\n]+)>(?P<v>.*?)</parameter>", re.S)
-
-
-@reads(closers=("</function>",))
-def seed_oss_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """Seed-OSS: like Qwen3-Coder, but parameter values are verbatim (no newline framing)."""
-    return _xml_function_calls(
-        region, final, opts, r"<function=(?P<name>[^>\n]+)>", "</function>", _SEED_PARAM
-    )
-
-
-_MINIMAX_PARAM = re.compile(r'<parameter name="(?P<k>[^"]*)">(?P<v>.*?)</parameter>', re.S)
-
-
-@reads(closers=("</invoke>",))
-def minimax_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """``<invoke name="X"><parameter name="k">v</parameter></invoke>`` (MiniMax M2)."""
-    return _xml_function_calls(
-        region, final, opts, r'<invoke name="(?P<name>[^"]*)">', "</invoke>", _MINIMAX_PARAM
-    )
-
-
-DSML_MARKER = "｜DSML｜"
-_DSML_PARAM = re.compile(
-    rf'<{DSML_MARKER}parameter name="(?P<k>[^"]*)"(?: string="(?P<s>true|false)")?>(?P<v>.*?)</{DSML_MARKER}parameter>',
-    re.S,
-)
-
-
-@reads(closers=(f"</{DSML_MARKER}invoke>",))
-def dsml_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """DeepSeek V3.2/V4 DSML: ``<｜DSML｜invoke name="X"><｜DSML｜parameter name="k" string="true">v...``."""
-    return _xml_function_calls(
-        region,
-        final,
-        opts,
-        rf'<{DSML_MARKER}invoke name="(?P<name>[^"]*)">',
-        f"</{DSML_MARKER}invoke>",
-        _DSML_PARAM,
-    )
-
-
-_MINICPM_PARAM = re.compile(
-    r'<param name="(?P<k>[^"]*)">(?P<v><!\[CDATA\[.*?\]\]>|.*?)</param>', re.S
-)
-
-
-@reads(closers=("</function>",))
-def minicpm5_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """``<function name="X"><param name="k">v</param></function>`` (MiniCPM5)."""
-    return _xml_function_calls(
-        "<function" + region,
-        final,
-        opts,
-        r'<function name="(?P<name>[^"]*)">',
-        "</function>",
-        _MINICPM_PARAM,
-    )
-
-
 # --------------------------------------------------------------------------- JSON bodies
 
 
-@reads("json")
+@reads("json", stream=objects(fenced=True))
 def json_list_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """A JSON list (or object) of ``{"name", "arguments"}`` calls."""
     if not final:
@@ -243,7 +83,7 @@ def json_list_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     return [call_from_obj(o, json.dumps(o, ensure_ascii=False)) for o in items]
 
 
-@reads("json")
+@reads("json", stream=objects(lines=True))
 def json_lines_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """One ``{"name", "arguments"}`` object per line (MiniMax M1)."""
     if not final:
@@ -264,7 +104,7 @@ def json_lines_body(region: str, final: bool, opts: Options) -> list[ParsedCall]
     return out
 
 
-@reads("json")
+@reads("json", stream=objects(name_key=True))
 def apertus_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``[{"name": {args}}, ...]`` (Apertus)."""
     if not final:
@@ -286,7 +126,13 @@ def apertus_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     return out
 
 
-_DS_SEP = "<｜tool▁sep｜>"
+#: DeepSeek's markers (R1 and V3.1 write the same): calls begin/end, a call begin/end, the
+#: separator after the name
+DS_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+DS_CALL = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
+DS_SEP = "<｜tool▁sep｜>"
+KIMI_CALL = ("<|tool_call_begin|>", "<|tool_call_end|>")
+_KIMI_ARGS = "<|tool_call_argument_begin|>"
 
 
 def _name_sep_json(region: str, final: bool, sep: str, name_prefix: str = "") -> list[ParsedCall]:
@@ -303,7 +149,7 @@ def _name_sep_json(region: str, final: bool, sep: str, name_prefix: str = "") ->
     return [_args_obj(unfence(body), name or None, body.strip())]
 
 
-def _split_calls(
+def split_calls(
     region: str, begin: str, end: str, final: bool, one: Callable[[str, bool], list[ParsedCall]]
 ) -> list[ParsedCall]:
     out: list[ParsedCall] = []
@@ -329,36 +175,50 @@ def _split_calls(
     return out
 
 
-@reads("json", ("<｜tool▁call▁end｜>", "<｜tool▁call▁begin｜>"))
+@reads(
+    "json",
+    (DS_CALL[1], DS_CALL[0]),
+    stream=sep_json(plain_name, DS_SEP, begin=DS_CALL[0], end=DS_CALL[1]),
+)
 def deepseek_v3_1_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`` (DeepSeek V3.1)."""
-    return _split_calls(
-        region,
-        "<｜tool▁call▁begin｜>",
-        "<｜tool▁call▁end｜>",
-        final,
-        lambda s, f: _name_sep_json(s, f, _DS_SEP),
+    return split_calls(
+        region, DS_CALL[0], DS_CALL[1], final, lambda s, f: _name_sep_json(s, f, DS_SEP)
     )
 
 
-@reads("json", ("<|tool_call_end|>", "<|tool_call_begin|>"))
+def _kimi_short(full: str) -> str:
+    """Kimi K2's call name from its id (``functions.NAME:IDX``)."""
+    name = full.split(":", 1)[0]
+    return name[len("functions.") :] if name.startswith("functions.") else name
+
+
+def _kimi_name(head: str) -> tuple[str, str | None] | None:
+    full = head.strip()
+    name = _kimi_short(full)
+    return (name, full) if name else None
+
+
+@reads(
+    "json",
+    (KIMI_CALL[1], KIMI_CALL[0]),
+    stream=sep_json(_kimi_name, _KIMI_ARGS, begin=KIMI_CALL[0], end=KIMI_CALL[1]),
+)
 def kimi_k2_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{json}<|tool_call_end|>``."""
 
     def one(s: str, fin: bool) -> list[ParsedCall]:
-        calls = _name_sep_json(s, fin, "<|tool_call_argument_begin|>")
+        calls = _name_sep_json(s, fin, _KIMI_ARGS)
         for c in calls:
             if c.name:
                 full = c.name
-                name = full.split(":", 1)[0]
-                c.name = name[len("functions.") :] if name.startswith("functions.") else name
-                c.id = full
+                c.name, c.id = _kimi_short(full), full
         return calls
 
-    return _split_calls(region, "<|tool_call_begin|>", "<|tool_call_end|>", final, one)
+    return split_calls(region, KIMI_CALL[0], KIMI_CALL[1], final, one)
 
 
-@reads("json")
+@reads("json", stream=sep_json(plain_name, ">"))
 def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``NAME>{json}`` after ``<function=`` (Functionary v3.1)."""
     name, found, body = region.partition(">")
@@ -373,7 +233,10 @@ def functionary_v3_1_body(region: str, final: bool, opts: Options) -> list[Parse
     return [_args_obj(body, name.strip(), body.strip())]
 
 
-@reads("json")
+@reads(
+    "json",
+    stream=objects(names=("tool_name",), args=("parameters",), ids=("tool_call_id",), fenced=True),
+)
 def command_r_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``[{"tool_call_id", "tool_name", "parameters"}]`` (Command R7B / R+ / Cohere2)."""
     if not final:
@@ -408,32 +271,11 @@ def command_r_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
 # --------------------------------------------------------------------------- Gemma 4
 
 
-_GEMMA_STR = '<|"|>'
+#: the end of Gemma 4's call region
+GEMMA_END = "<tool_call|>"
 
 
-def _gemma_value(text: str) -> object:
-    """Gemma 4's argument notation: ``{key:<|"|>str<|"|>, n:1, l:[...]}`` -> Python data."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        if text.startswith(_GEMMA_STR, i):
-            j = text.find(_GEMMA_STR, i + len(_GEMMA_STR))
-            if j < 0:
-                raise ValueError("unterminated string")
-            out.append(json.dumps(text[i + len(_GEMMA_STR) : j], ensure_ascii=False))
-            i = j + len(_GEMMA_STR)
-            continue
-        m = re.match(r"([A-Za-z_][\w.\-]*)\s*:", text[i:])
-        if m and (not out or out[-1].rstrip().endswith(("{", ","))):
-            out.append(json.dumps(m.group(1)) + ":")
-            i += m.end()
-            continue
-        out.append(text[i])
-        i += 1
-    return json.loads("".join(out))
-
-
-@reads("gemma")
+@reads("gemma", stream=gemma_args(GEMMA_END))
 def gemma4_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``call:NAME{key:<|"|>value<|"|>,...}`` (Gemma 4)."""
     s = region.strip()
@@ -447,7 +289,7 @@ def gemma4_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
         named = m.end() < len(s) and s[m.end()] == "{"
         return [ParsedCall(name if named else None, None, region, complete=False)]
     try:
-        args = _gemma_value(s[m.end() :].strip() or "{}")
+        args = gemma_value(s[m.end() :].strip() or "{}")
     except ValueError as exc:
         return [ParsedCall(name, None, s, error=f"cannot read the arguments: {exc}")]
     if not isinstance(args, dict):
@@ -455,85 +297,36 @@ def gemma4_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     return [ParsedCall(name, args, s)]
 
 
-# --------------------------------------------------------------------------- pythonic
-
-
-def py_literal(node: ast.AST) -> object:
-    """``ast.literal_eval`` that also reads JSON's ``true``/``false``/``null``."""
-    if isinstance(node, ast.Name) and node.id in ("true", "false", "null"):
-        return {"true": True, "false": False, "null": None}[node.id]
-    if isinstance(node, ast.List):
-        return [py_literal(e) for e in node.elts]
-    if isinstance(node, ast.Tuple):
-        return [py_literal(e) for e in node.elts]
-    if isinstance(node, ast.Dict):
-        if any(k is None for k in node.keys):
-            raise ValueError("dict unpacking")
-        return {py_literal(k): py_literal(v) for k, v in zip(node.keys, node.values, strict=False)}  # type: ignore[arg-type]
-    return json_safe(ast.literal_eval(node))
-
-
 # --------------------------------------------------------------------------- more families
 
-MM_MARKER = "]<]minimax[>["
+
+#: MiniMax M3's call tags (each maybe after its marker); a parameter is ``<k>v</k>``
+MM3 = Tags.quoted('<invoke name="', "</invoke>", "<", "", strip_name=False)
 _MMQ = re.escape(MM_MARKER)
-_MM_PARAM = re.compile(rf"(?:{_MMQ})?<(?P<k>[\w.\-]+)>(?P<v>.*?)(?:{_MMQ})?</(?P=k)>", re.S)
 
 
-def mm_value(text: str, types: set[str] | None) -> object:
-    """A MiniMax M3 value: text, or nested ``<k>v</k>`` tags (``<item>`` ones make a list)."""
-    if types is not None and "string" in types:
-        return text  # a string-typed value stays text even when it looks structured
-    children = list(_MM_PARAM.finditer(text)) if "<" in text else []  # (a tag needs "<")
-    if not children:
-        return typed_value(text.strip(), types)
-    if all(c.group("k") == "item" for c in children):
-        return [mm_value(c.group("v"), None) for c in children]
-    return {c.group("k"): mm_value(c.group("v"), None) for c in children}
-
-
-@reads(closers=("</invoke>",))
+@reads(closers=(MM3.call_close,), stream=minimax_m3(MM3))
 def minimax_m3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``]<]minimax[>[<invoke name="X">]<]minimax[>[<k>v]<]minimax[>[</k>...`` (MiniMax M3)."""
-    out: list[ParsedCall] = []
-    pat = (
-        rf'(?:{_MMQ})?<invoke name="(?P<name>[^"]*)">(?P<body>.*?)(?P<close>(?:{_MMQ})?</invoke>|$)'
-    )
-    for m in re.finditer(pat, region, re.S):
-        name, closed = m.group("name"), bool(m.group("close"))
-        if not closed:
-            out.append(
-                ParsedCall(
-                    name,
-                    None,
-                    m.group(0),
-                    error="unterminated tool call" if final else None,
-                    complete=final,
-                )
-            )
-            continue
-        args = {
+    pat = rf'(?:{_MMQ})?{re.escape(MM3.call_open)}(?P<name>[^"]*)">(?P<body>.*?)(?P<close>(?:{_MMQ})?{re.escape(MM3.call_close)}|$)'
+
+    def args_of(name: str, body: str) -> dict[str, object]:
+        return {
             p.group("k"): mm_value(p.group("v"), opts.param_types(name, p.group("k")))
-            for p in _MM_PARAM.finditer(m.group("body"))
+            for p in MM_PARAM.finditer(body)
         }
-        out.append(ParsedCall(name, args, m.group(0)))
-    if not out and final and region.strip():
-        out.append(ParsedCall(None, None, region, error="cannot read the tool call"))
-    return out
+
+    return invoke_calls(region, final, pat, args_of)
 
 
-_K3_ARG = re.compile(
-    r'<\|open\|>argument key="(?P<k>[^"]*)"(?: type="(?P<t>[^"]*)")?<\|sep\|>(?P<v>.*?)<\|close\|>argument<\|sep\|>',
-    re.S,
-)
-
-
-@reads(closers=("<|close|>call<|sep|>",))
-def kimi_k3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """``<|open|>call tool="X" index="1"<|sep|><|open|>argument key="k" type="number"<|sep|>v<|close|>argument<|sep|>``."""
+def invoke_calls(
+    region: str, final: bool, pattern: str, args_of: Callable[[str, str], dict[str, object]]
+) -> list[ParsedCall]:
+    """The calls ``pattern`` (groups ``name``, ``body``, ``close``) finds in a region, a
+    closed one's arguments read from its body by ``args_of(name, body)``; one not closed
+    is incomplete while streaming and unterminated at the end."""
     out: list[ParsedCall] = []
-    pat = r'<\|open\|>call tool="(?P<name>[^"]*)"[^<]*<\|sep\|>(?P<body>.*?)(?P<close><\|close\|>call<\|sep\|>|$)'
-    for m in re.finditer(pat, region, re.S):
+    for m in re.finditer(pattern, region, re.S):
         name, closed = m.group("name"), bool(m.group("close"))
         if not closed:
             out.append(
@@ -546,24 +339,13 @@ def kimi_k3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
                 )
             )
             continue
-        args: dict[str, object] = {}
-        for a in _K3_ARG.finditer(m.group("body")):
-            t = a.group("t")
-            types = (
-                {"string"}
-                if t == "string"
-                else opts.param_types(name, a.group("k"))
-                if t is None
-                else {t, "integer"}
-            )
-            args[a.group("k")] = typed_value(a.group("v"), types)
-        out.append(ParsedCall(name, args, m.group(0)))
+        out.append(ParsedCall(name, args_of(name, m.group("body")), m.group(0)))
     if not out and final and region.strip():
         out.append(ParsedCall(None, None, region, error="cannot read the tool call"))
     return out
 
 
-@reads("json")
+@reads("json", stream=objects())
 def json_call_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """One ``{"name", "arguments"}`` object (GigaChat)."""
     if not final:
@@ -579,42 +361,20 @@ def json_call_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     return [call_from_obj(parsed[0], region.strip())]
 
 
-_ATEM_PARAM = re.compile(r'<atem:parameter name="(?P<k>[^"]*)">(?P<v>.*?)</atem:parameter>', re.S)
+SOLAR_NAME, SOLAR_ARGS = "<|tool_call:name|>", "<|tool_call:args|>"
 
 
-@reads(closers=("</atem:invoke>",))
-def muse_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """``<atem:invoke name="X"><atem:parameter name="k">v</atem:parameter></atem:invoke>`` (Muse Glimmer)."""
-    return _xml_function_calls(
-        region, final, opts, r'<atem:invoke name="(?P<name>[^"]*)">', "</atem:invoke>", _ATEM_PARAM
-    )
+def _solar_name(head: str) -> tuple[str, str | None] | None:
+    cid, found, rest = head.partition(SOLAR_NAME)
+    name = rest.strip()
+    return (name, cid.strip() or None) if found and name else None
 
 
-HY_MARKER = ":opensource"
-_HY_ARG = re.compile(
-    rf"<arg_key{HY_MARKER}>(?P<k>.*?)</arg_key{HY_MARKER}>\s*<arg_value{HY_MARKER}>(?P<v>.*?)</arg_value{HY_MARKER}>",
-    re.S,
-)
-
-
-@reads(closers=(f"</tool_call{HY_MARKER}>", f"<tool_call{HY_MARKER}>"))
-def hy3_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-    """``<tool_call:opensource>NAME<tool_sep:opensource><arg_key:...>k</arg_key:...><arg_value:...>v...``."""
-
-    def one(s: str, fin: bool) -> list[ParsedCall]:
-        head, found, body = s.partition(f"<tool_sep{HY_MARKER}>")
-        if not found:
-            return [ParsedCall(None, None, s, error="no tool name" if fin else None, complete=fin)]
-        return [_tagged_args(body, _HY_ARG, head.strip(), opts, s, fin, fin)]
-
-    return _split_calls(region, f"<tool_call{HY_MARKER}>", f"</tool_call{HY_MARKER}>", final, one)
-
-
-@reads("json")
+@reads("json", stream=sep_json(_solar_name, SOLAR_ARGS))
 def solar_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """``ID<|tool_call:name|>NAME<|tool_call:args|>{json}`` (Solar Open)."""
-    cid, _, rest = region.partition("<|tool_call:name|>")
-    calls = _name_sep_json(rest, final, "<|tool_call:args|>")
+    cid, _, rest = region.partition(SOLAR_NAME)
+    calls = _name_sep_json(rest, final, SOLAR_ARGS)
     for c in calls:
         c.id = cid.strip() or None
     return calls
@@ -644,11 +404,20 @@ def _mistral_segment(region: str, final: bool) -> list[ParsedCall]:
     return [ParsedCall(m.group(1), args, s, id=m.group(2) or None)]
 
 
-@reads()
+MISTRAL_CALLS = "[TOOL_CALLS]"
+_MISTRAL_HEAD = re.compile(r"\s*([\w.\-]+)(?:\[CALL_ID\]([^\[]*))?")
+
+
+def _mistral_name(head: str) -> tuple[str, str | None] | None:
+    m = _MISTRAL_HEAD.fullmatch(head)
+    return (m.group(1), m.group(2) or None) if m else None
+
+
+@reads(stream=sep_json(_mistral_name, "[ARGS]", begin=MISTRAL_CALLS, first=True))
 def mistral_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
     """Everything after the first ``[TOOL_CALLS]``: a JSON list, or ``name[CALL_ID]id[ARGS]{...}`` segments."""
     calls: list[ParsedCall] = []
-    for seg in region.split("[TOOL_CALLS]"):
+    for seg in region.split(MISTRAL_CALLS):
         if final:
             calls.extend(_mistral_segment(seg, True))
             continue
@@ -659,20 +428,3 @@ def mistral_body(region: str, final: bool, opts: Options) -> list[ParsedCall]:
             )
         )
     return calls
-
-
-# --------------------------------------------------------------------------- specs
-
-
-def rewrap(prefix: str, suffix: str, body: Body) -> Body:
-    """A body that gets its region back with the start (and, once closed, end) marker.
-
-    It completes calls at the same markers; its region ends at the first closing marker.
-    """
-
-    def wrapped(region: str, final: bool, opts: Options) -> list[ParsedCall]:
-        return body(prefix + region + (suffix if final else ""), final, opts)
-
-    wrapped.inner = body  # type: ignore[attr-defined]  # (a stream of arguments reads
-    wrapped.prefix = prefix  # type: ignore[attr-defined]  # the region as the body does)
-    return reads(None, body.closers)(wrapped)  # type: ignore[attr-defined]

@@ -27,14 +27,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from langchain_llamacpp_local.formats.base import schema_types
-from langchain_llamacpp_local.formats.registry import (
-    FAMILIES,
+from langchain_llamacpp_local.formats.grammar_shapes import (
     Calls,
     JsonCalls,
     Markup,
     gbnf_literal,
     more_calls,
 )
+from langchain_llamacpp_local.formats.registry import FAMILIES
 from langchain_llamacpp_local.llama.json_grammar import (
     SchemaConverter as _Converter,
 )

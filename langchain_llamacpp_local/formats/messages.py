@@ -23,6 +23,7 @@ from langchain_llamacpp_local.formats.base import (
     scan_multi,
 )
 from langchain_llamacpp_local.formats.families import Spec
+from langchain_llamacpp_local.formats.syntax import NAMED_ARGUMENTS
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def harmony(
             if recipient.startswith("functions."):
                 name = recipient[len("functions.") :]
                 if not m and not final:
-                    opened = OpenRegion(len(body), "arguments", len(calls), name)
+                    opened = OpenRegion(len(body), NAMED_ARGUMENTS, len(calls), name)
                     calls.append(ParsedCall(name, None, body, complete=False))
                     settled = False
                 else:

@@ -4,116 +4,62 @@ A :class:`Family` says how llama.cpp picks the syntax for a chat template (its
 specialized handlers, or the markers its auto-parser route recognises), which markers
 are held back while streaming, how a call is read (a :class:`~.families.Spec` of
 markers and body readers, a classic :class:`~.classic.Reader`, or a message scanner
-from :mod:`.messages`), how
-a forced call is written (:class:`JsonCalls` or :class:`Markup`, built by
-:mod:`.grammars`), which markers switch a lazy grammar on, and whether plain chat
-output carries channel markup. :mod:`.detect`, :mod:`.parsers`, :mod:`.grammars` and
-the prompt preparation read these records; adding a family is adding one record here.
+from :mod:`.messages`), how its calls' arguments stream (each body reader names its
+stream, :mod:`.syntax`; a family with no calls to stream says ``streams=False``), how
+a forced call is written (:class:`~.grammar_shapes.JsonCalls` or
+:class:`~.grammar_shapes.Markup`, built by :mod:`.grammars`), which markers switch a
+lazy grammar on, where a reasoning budget's thinking block starts and ends, and whether
+plain chat output carries channel markup. :mod:`.detect`, :mod:`.parsers`,
+:mod:`.grammars`, the stream parser and the prompt preparation read these records;
+adding a family is adding one record here (with its body reader and stream).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from langchain_llamacpp_local.formats import classic, messages
 from langchain_llamacpp_local.formats.classic import Reader
 from langchain_llamacpp_local.formats.families import (
-    DSML_MARKER,
-    HY_MARKER,
+    DS_CALL,
+    DS_CALLS,
+    GEMMA_END,
+    KIMI_CALL,
+    MISTRAL_CALLS,
     MM_MARKER,
     Spec,
     apertus_body,
     command_r_body,
     deepseek_v3_1_body,
-    dsml_body,
     functionary_v3_1_body,
     gemma4_body,
-    glm_body,
-    hy3_body,
     json_call_body,
     json_lines_body,
     json_list_body,
     kimi_k2_body,
+    minimax_m3_body,
+    mistral_body,
+    solar_body,
+)
+from langchain_llamacpp_local.formats.grammar_shapes import JsonCalls, Markup, gbnf_literal, repeat
+from langchain_llamacpp_local.formats.markup_bodies import (
+    DSML_MARKER,
+    HY_MARKER,
+    dsml_body,
+    glm_body,
+    hy3_body,
     kimi_k3_body,
     minicpm5_body,
     minimax_body,
-    minimax_m3_body,
-    mistral_body,
     muse_body,
     qwen3_coder_body,
-    rewrap,
     seed_oss_body,
-    solar_body,
 )
 from langchain_llamacpp_local.formats.messages import Scanner
-
-# --------------------------------------------------------------------------- grammar shapes
-
-
-@dataclass(frozen=True)
-class JsonCalls:
-    """Forced calls written as JSON after an ``opening`` marker.
-
-    ``shape``: ``list``, one JSON list of calls; ``object``, one call object per opening
-    marker; ``lines``, call objects one per line; ``each``, every call wrapped in
-    ``opening``/``closing``, ``sep`` between them; ``document``, the generic
-    ``{"tool_calls": [...]}``. ``call``: ``named`` is ``{"name", args_key}``, ``name_key``
-    ``{"NAME": {arguments}}``, ``cohere`` ``{"tool_call_id", "tool_name", "parameters"}``.
-    The opening text is also where a lazy grammar starts.
-    """
-
-    opening: str = ""
-    closing: str = ""
-    shape: Literal["list", "object", "lines", "each", "document"] = "list"
-    sep: str = ""
-    call: Literal["named", "name_key", "cohere"] = "named"
-    args_key: str = "arguments"
-
-
-def gbnf_literal(text: str) -> str:
-    """A GBNF string literal (UTF-8 kept raw: GBNF reads ``\\u`` escapes one code point
-    at a time, so JSON's surrogate pairs would be wrong)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-#: How many calls a grammar allows: ``True`` any number, ``False`` one, an int ``n`` at
-#: most ``n`` (one allowed, one more written only to be reported, never cut off unseen).
-Calls = bool | int
-
-
-def more_calls(item: str, parallel: Calls) -> str:
-    """GBNF for the calls after the first (``item``: a separator and one call)."""
-    if parallel is True:
-        return f" ({item})*"
-    if parallel is False or parallel <= 1:
-        return ""
-    return f" ({item}){{0,{parallel - 1}}}"
-
-
-def _repeat(one: str, parallel: Calls, sep: str = "") -> str:
-    glue = f"{gbnf_literal(sep)} " if sep else ""
-    return f"{one}{more_calls(glue + one, parallel)}"
-
-
-@dataclass(frozen=True)
-class Markup:
-    """Forced calls in the family's own markup; ``arg`` gets (key, value rule, is raw string)."""
-
-    #: whole output for the calls (rule of one call, how many: :data:`Calls`) -> GBNF
-    block: Callable[[str, Calls], str]
-    #: (name literal, args expression) -> one call
-    call: Callable[[str, str], str]
-    arg: Callable[[str, str, bool], str] | None = None  # None: arguments are one JSON object
-    closer: str = ""  # what ends a raw string value
-    quote: str = ""  # around a raw string value (Gemma 4's <|"|>)
-    sep: str = ""  # between arguments
-    sorted_keys: bool = False  # the template writes arguments in key order
-    #: a union with ``string`` is written as raw text (DSML marks JSON ones instead)
-    raw_unions: bool = True
-
+from langchain_llamacpp_local.formats.syntax import NAMED_ARGUMENTS, rewrap, streams
+from langchain_llamacpp_local.formats.values import GEMMA_QUOTE
 
 # --------------------------------------------------------------------------- the record
 
@@ -151,6 +97,45 @@ class Family:
     #: plain chat output carries turn or wrapper markup outside the spec's ``strip``
     #: (Granite's ``<response>``, Functionary's ``all`` recipient)
     turn_markup: bool = False
+    #: call syntaxes its scanner reads beyond the spec's regions (gpt-oss: a message to
+    #: ``functions.NAME`` is the call's arguments)
+    message_calls: tuple[Any, ...] = ()
+    #: its calls' arguments stream while written (``stream_tool_args``): every call
+    #: syntax it reads names its stream; False: it reads no calls to stream
+    streams: bool = True
+    #: a reasoning budget's (start, end, forced end) where the thinking block is not the
+    #: spec's marker pair (gpt-oss's analysis channel)
+    budget: tuple[str, str, str] | None = None
+
+    @property
+    def call_syntaxes(self) -> tuple[Any, ...]:
+        """Every call syntax (body reader) the family reads, each naming its stream."""
+        spec, reader = self.spec, self.reader
+        bodies = [body for _start, _end, body in spec.regions] if spec is not None else []
+        return (*bodies, *(reader.bodies if reader is not None else ()), *self.message_calls)
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the record holds a stream for every call syntax it reads."""
+        syntaxes = self.call_syntaxes
+        return bool(syntaxes) and all(streams(body) for body in syntaxes)
+
+    @property
+    def budget_markers(self) -> tuple[str, str, str] | None:
+        """(start, end, what to force to end it) of the thinking block a reasoning budget
+        counts, or None when the family has no thinking block we know."""
+        if self.budget is not None:
+            return self.budget
+        spec = self.spec
+        think = ("<think>", "</think>") if spec is None else spec.think
+        if think is None or not think[1]:
+            return None
+        start, end = think
+        if not start:  # Apriel: the generation prompt's lead-in opens the block
+            if spec is None or not spec.reasoning_lead:
+                return None
+            start = spec.reasoning_lead
+        return start, end, end
 
     @property
     def plain_markup(self) -> bool:
@@ -185,7 +170,6 @@ def _markup(*triggers: str, **kw: object) -> dict[str, object]:
 
 _lit = gbnf_literal
 _CMD = ("<|START_THINKING|>", "<|END_THINKING|>")
-_DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 _QWEN_XML = dict(
     call=lambda name, args: f'"<function=" {name} ">\\n" {args} "</function>"',
     closer="</parameter>",
@@ -219,9 +203,7 @@ _RECORDS: tuple[Family, ...] = (
         ),
         **_markup(
             "<tool_call>",
-            block=lambda call, par: _repeat(
-                f'"<tool_call>\\n" {call} "\\n</tool_call>"', par, "\n"
-            ),
+            block=lambda call, par: repeat(f'"<tool_call>\\n" {call} "\\n</tool_call>"', par, "\n"),
             arg=lambda k, v, raw: f'"<parameter=" {_lit(k)} ">\\n" {v} "\\n</parameter>\\n"',
             **_QWEN_XML,
         ),
@@ -240,10 +222,10 @@ _RECORDS: tuple[Family, ...] = (
     Family(
         "mistral",
         clues=((220, ("[TOOL_CALLS]",)),),
-        markers=("[TOOL_CALLS]",),
-        spec=Spec(think=None, regions=(("[TOOL_CALLS]", None, mistral_body),)),
-        grammar=JsonCalls("[TOOL_CALLS]"),
-        triggers=("[TOOL_CALLS]",),
+        markers=(MISTRAL_CALLS,),
+        spec=Spec(think=None, regions=((MISTRAL_CALLS, None, mistral_body),)),
+        grammar=JsonCalls(MISTRAL_CALLS),
+        triggers=(MISTRAL_CALLS,),
     ),
     Family(
         "pythonic",
@@ -275,9 +257,9 @@ _RECORDS: tuple[Family, ...] = (
         "deepseek_r1",
         clues=((20, ("tool▁calls▁begin",)),),
         markers=(
-            _DS_CALLS_BEGIN,
-            "<｜tool▁call▁begin｜>",
-            "<｜tool▁calls▁end｜>",
+            DS_CALLS[0],
+            DS_CALL[0],
+            DS_CALLS[1],
             "<｜tool▁calls｜>",
         ),
         reader=classic.DEEPSEEK_R1,
@@ -305,6 +287,13 @@ _RECORDS: tuple[Family, ...] = (
         "gpt_oss",
         handlers=("gpt_oss",),
         scanner=messages.harmony,
+        message_calls=(NAMED_ARGUMENTS,),
+        # the analysis channel, closed and followed by the final channel
+        budget=(
+            "<|channel|>analysis<|message|>",
+            "<|end|>",
+            "<|end|><|start|>assistant<|channel|>final<|message|>",
+        ),
         markers=(
             "<|channel|>",
             "<|start|>",
@@ -317,15 +306,15 @@ _RECORDS: tuple[Family, ...] = (
         channel_markup=True,
     ),
     Family("generic", reader=classic.GENERIC, grammar=JsonCalls(shape="document")),
-    Family("content", reader=classic.CONTENT),
+    Family("content", reader=classic.CONTENT, streams=False),  # (no calls)
     Family(
         "ministral_3",
         handlers=("ministral_3",),
         clues=((210, ("[THINK]",)),),
-        spec=Spec(think=("[THINK]", "[/THINK]"), regions=(("[TOOL_CALLS]", None, mistral_body),)),
+        spec=Spec(think=("[THINK]", "[/THINK]"), regions=((MISTRAL_CALLS, None, mistral_body),)),
         **_markup(
-            "[TOOL_CALLS]",
-            block=lambda call, par: _repeat(call, par),
+            MISTRAL_CALLS,
+            block=lambda call, par: repeat(call, par),
             call=lambda name, args: f'"[TOOL_CALLS]" {name} "[ARGS]" {args}',
         ),
         channel_markup=True,
@@ -339,7 +328,7 @@ _RECORDS: tuple[Family, ...] = (
         ),
         **_markup(
             "<seed:tool_call>",
-            block=lambda call, par: _repeat(
+            block=lambda call, par: repeat(
                 f'"<seed:tool_call>\\n" {call} "\\n</seed:tool_call>"', par, "\n"
             ),
             arg=lambda k, v, raw: f'"<parameter=" {_lit(k)} ">" {v} "</parameter>\\n"',
@@ -360,7 +349,7 @@ _RECORDS: tuple[Family, ...] = (
         **_markup(
             "<tool_call>",
             # GLM 4.5/4.6 put a newline before each tag, GLM 4.7 none: both are read
-            block=lambda call, par: _repeat(f'"<tool_call>" {call} "</tool_call>"', par, "\n"),
+            block=lambda call, par: repeat(f'"<tool_call>" {call} "</tool_call>"', par, "\n"),
             call=lambda name, args: f'{name} "\\n"? {args}',
             arg=lambda k, v, raw: (
                 f'"<arg_key>" {_lit(k)} "</arg_key>" "\\n"? "<arg_value>" {v} "</arg_value>" "\\n"?'
@@ -375,7 +364,7 @@ _RECORDS: tuple[Family, ...] = (
         **_markup(
             "<minimax:tool_call>",
             block=lambda call, par: (
-                f'"<minimax:tool_call>\\n" {_repeat(call, par)} "</minimax:tool_call>"'
+                f'"<minimax:tool_call>\\n" {repeat(call, par)} "</minimax:tool_call>"'
             ),
             call=lambda name, args: f'"<invoke name=\\"" {name} "\\">\\n" {args} "</invoke>\\n"',
             arg=lambda k, v, raw: f'"<parameter name=\\"" {_lit(k)} "\\">" {v} "</parameter>\\n"',
@@ -394,13 +383,13 @@ _RECORDS: tuple[Family, ...] = (
             ),
         ),
         spec=Spec(
-            regions=((_DS_CALLS_BEGIN, "<｜tool▁calls▁end｜>", deepseek_v3_1_body),),
-            held=(_DS_CALLS_BEGIN,),
+            regions=((DS_CALLS[0], DS_CALLS[1], deepseek_v3_1_body),),
+            held=(DS_CALLS[0],),
         ),
         **_markup(
-            _DS_CALLS_BEGIN,
+            DS_CALLS[0],
             block=lambda call, par: (
-                f'"<｜tool▁calls▁begin｜>" {_repeat(call, par)} "<｜tool▁calls▁end｜>"'
+                f'"<｜tool▁calls▁begin｜>" {repeat(call, par)} "<｜tool▁calls▁end｜>"'
             ),
             call=lambda name, args: (
                 f'"<｜tool▁call▁begin｜>" {name} "<｜tool▁sep｜>" {args} "<｜tool▁call▁end｜>"'
@@ -422,7 +411,7 @@ _RECORDS: tuple[Family, ...] = (
             f"<{DSML_MARKER}tool_calls>",
             # V3.2 writes function_calls, V4 tool_calls (same invoke syntax)
             block=lambda call, par: " | ".join(
-                f"({_lit(f'<{DSML_MARKER}{tag}>' + chr(10))} {_repeat(call, par)} {_lit(f'</{DSML_MARKER}{tag}>')})"
+                f"({_lit(f'<{DSML_MARKER}{tag}>' + chr(10))} {repeat(call, par)} {_lit(f'</{DSML_MARKER}{tag}>')})"
                 for tag in ("function_calls", "tool_calls")
             ),
             call=lambda name, args: (
@@ -444,15 +433,15 @@ _RECORDS: tuple[Family, ...] = (
         spec=Spec(
             regions=(
                 ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", kimi_k2_body),
-                ("<|tool_call_begin|>", None, rewrap("<|tool_call_begin|>", "", kimi_k2_body)),
+                (KIMI_CALL[0], None, rewrap(KIMI_CALL[0], "", kimi_k2_body)),
             ),
             strip=("<|tool_calls_section_end|>",),
-            think_stops=("<|tool_calls_section_begin|>", "<|tool_call_begin|>"),
+            think_stops=("<|tool_calls_section_begin|>", KIMI_CALL[0]),
         ),
         **_markup(
             "<|tool_calls_section_begin|>",
             block=lambda call, par: (
-                f'"<|tool_calls_section_begin|>" {_repeat(call, par)} "<|tool_calls_section_end|>"'
+                f'"<|tool_calls_section_begin|>" {repeat(call, par)} "<|tool_calls_section_end|>"'
             ),
             call=lambda name, args: (
                 f'"<|tool_call_begin|>functions." {name} ":" [0-9] [0-9]? '
@@ -535,7 +524,7 @@ _RECORDS: tuple[Family, ...] = (
         handlers=("gemma4",),
         spec=Spec(
             think=("<|channel>thought", "<channel|>"),
-            regions=(("<|tool_call>", "<tool_call|>", gemma4_body),),
+            regions=(("<|tool_call>", GEMMA_END, gemma4_body),),
             # stray channel markup a model writes around its answer never reaches content
             strip=(
                 "<|channel>thought\n<channel|>",
@@ -546,11 +535,11 @@ _RECORDS: tuple[Family, ...] = (
         ),
         **_markup(
             "<|tool_call>",
-            block=lambda call, par: _repeat(call, par),
+            block=lambda call, par: repeat(call, par),
             call=lambda name, args: f'"<|tool_call>call:" {name} "{{" {args} "}}<tool_call|>"',
             arg=lambda k, v, raw: f'{_lit(k)} ":" {v}',
-            closer='<|"|>',
-            quote='<|"|>',
+            closer=GEMMA_QUOTE,
+            quote=GEMMA_QUOTE,
             sep=",",
             sorted_keys=True,
         ),
@@ -618,7 +607,7 @@ _RECORDS: tuple[Family, ...] = (
         **_markup(
             "<tool_calls:opensource>",
             block=lambda call, par: (
-                f'"<tool_calls:opensource>\\n" {_repeat(call, par)} "</tool_calls:opensource>"'
+                f'"<tool_calls:opensource>\\n" {repeat(call, par)} "</tool_calls:opensource>"'
             ),
             call=lambda name, args: (
                 f'"<tool_call:opensource>" {name} "<tool_sep:opensource>\\n" {args} '
@@ -642,7 +631,7 @@ _RECORDS: tuple[Family, ...] = (
         ),
         **_markup(
             "<|tool_call:begin|>",
-            block=lambda call, par: _repeat(call, par),
+            block=lambda call, par: repeat(call, par),
             call=lambda name, args: (
                 f'"<|tool_call:begin|>" [a-zA-Z0-9]{{1,12}} "<|tool_call:name|>" {name} '
                 f'"<|tool_call:args|>" {args} "<|tool_call:end|>"'
@@ -658,7 +647,7 @@ _RECORDS: tuple[Family, ...] = (
         ),
         **_markup(
             '<function name="',
-            block=lambda call, par: _repeat(call, par, "\n"),
+            block=lambda call, par: repeat(call, par, "\n"),
             call=lambda name, args: f'"<function name=\\"" {name} "\\">" {args} "</function>"',
             arg=lambda k, v, raw: f'"<param name=\\"" {_lit(k)} "\\">" {v} "</param>"',
             closer="</param>",
@@ -668,3 +657,9 @@ _RECORDS: tuple[Family, ...] = (
 
 #: Every family by name, in the order :data:`~.parsers.FORMATS` lists them.
 FAMILIES: dict[str, Family] = {f.name: f for f in _RECORDS}
+
+
+def budget_markers(fmt: str | None) -> tuple[str, str, str] | None:
+    """:attr:`Family.budget_markers` of ``fmt`` (a format with no record, a learned
+    one, thinks in ``<think>``)."""
+    return FAMILIES.get(fmt or "", Family(fmt or "")).budget_markers

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call
 
-from langchain_llamacpp_local.formats.arg_stream import Fragment, Tracked, arg_stream, spoiler
+from langchain_llamacpp_local.formats.arg_stream import Fragment, Tracked, spoiler
 from langchain_llamacpp_local.formats.base import (
     THINK,
     Options,
@@ -43,6 +43,7 @@ from langchain_llamacpp_local.formats.parsers import (
     think_markers,
 )
 from langchain_llamacpp_local.formats.registry import FAMILIES
+from langchain_llamacpp_local.formats.syntax import stream_for
 
 if TYPE_CHECKING:
     from langchain_llamacpp_local.formats.auto.analyzer import TemplateAnalysis
@@ -349,7 +350,7 @@ class StreamParser:
         start = self._n - region.tail
         if self._track is not None and self._track.start == start:
             return []  # the same region, read on
-        made = arg_stream(region, self._opts)
+        made = stream_for(region, self._opts)
         if made is None:
             self._track = None
             return []

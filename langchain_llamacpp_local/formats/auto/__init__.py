@@ -17,15 +17,13 @@ Everything here is pure (no model): rendering goes through
 teaches nothing from that probe, as in llama.cpp. Parsing never raises on model
 output: malformed calls come back with an ``error`` and their raw text.
 
-The package: ``diff`` (render diffing), ``analyzer`` (the probes and
-:class:`TemplateAnalysis`), ``parser`` (:func:`parse_with_analysis`).
+The package: ``diff`` (render diffing), ``probes`` (:class:`TemplateAnalysis`, the
+probe renders and their diffs), ``analyzer`` (the steps, :func:`analyze_template`),
+``tool_probes`` (its tool-call steps), ``parser`` (:func:`parse_with_analysis`) with
+``call_scanner`` (the calls of one tool region).
 """
 
-from langchain_llamacpp_local.formats.auto.analyzer import (
-    TemplateAnalysis,
-    analyze_template,
-    analyze_template_full,
-)
+from langchain_llamacpp_local.formats.auto.analyzer import analyze_template, analyze_template_full
 from langchain_llamacpp_local.formats.auto.diff import (
     DiffSplit,
     after_common_suffix,
@@ -37,6 +35,7 @@ from langchain_llamacpp_local.formats.auto.parser import (
     AnalysisParse,
     parse_with_analysis,
 )
+from langchain_llamacpp_local.formats.auto.probes import TemplateAnalysis
 
 __all__ = [
     "AnalysisParse",

@@ -25,9 +25,10 @@ from benchmarks.bench_parsers import CALLS, make_stream
 from langchain_llamacpp_local.chat.messages import delta_message
 from langchain_llamacpp_local.formats import StreamParser, parse
 from langchain_llamacpp_local.formats.arg_stream import ArgStream, spoiler
-from langchain_llamacpp_local.formats.base import read_as_arguments
+from langchain_llamacpp_local.formats.base import OpenRegion, Options, read_as_arguments
 from langchain_llamacpp_local.formats.registry import FAMILIES
 from langchain_llamacpp_local.formats.stream_parser import stream_markers
+from langchain_llamacpp_local.formats.syntax import stream_for
 
 #: the families whose arguments stream (the others' calls are sent whole, as by default)
 JSON_FAMILIES = [
@@ -394,6 +395,31 @@ def test_calls_the_stream_does_not_follow_are_sent_whole() -> None:
         deltas = head + sp.feed(text[-12:]) + sp.finish()
         _check(sp, deltas, text, {})
         assert [c["args"] for c in _merge(deltas).tool_calls] == [{"a": 1}]
+
+
+def test_every_family_streams_its_arguments_or_says_it_does_not() -> None:
+    """Each record names the stream of every call syntax it reads (the streams tested
+    above are those records'), or says ``streams=False``: no family's calls are sent
+    whole because a table left it out."""
+    assert {name for name, f in FAMILIES.items() if f.streams} == set(STREAMED)
+    opts = Options.make(None, False, None, "")
+    for name, family in FAMILIES.items():
+        assert family.streamed is family.streams, name
+        for body in family.call_syntaxes:
+            region = OpenRegion(0, body, 0, name="f", end=None)
+            made = stream_for(region, opts)
+            assert made is not None and isinstance(made[0], ArgStream), (name, body)
+
+
+def test_a_body_that_names_no_stream_is_an_error_not_a_call_sent_whole() -> None:
+    """A body reader without its record's stream fails the stream loudly (the stream
+    parser logs it) rather than sending its calls whole unnoticed."""
+
+    def unread(region: str, final: bool, opts: Options) -> list[Any]:
+        return []
+
+    with pytest.raises(LookupError, match="does not say how its arguments stream"):
+        stream_for(OpenRegion(0, unread, 0), Options.make(None, False, None, ""))
 
 
 def test_the_spoiler_makes_every_prefix_unreadable() -> None:

@@ -28,8 +28,8 @@ from langchain_llamacpp_local.formats.auto import (
     segmentize_markers,
     until_common_prefix,
 )
-from langchain_llamacpp_local.formats.auto import analyzer as ta
 from langchain_llamacpp_local.formats.auto import parser as ta_parser
+from langchain_llamacpp_local.formats.auto import probes as ta
 from langchain_llamacpp_local.templates.chat_template import ChatTemplate
 from tests.llama_cpp_cases import template_file
 
@@ -222,27 +222,27 @@ def test_after_common_suffix() -> None:
     )
 
 
-def _render(src: str) -> ta._Renderer:
-    return ta._Renderer(ChatTemplate(src))
+def _render(src: str) -> ta.Renderer:
+    return ta.Renderer(ChatTemplate(src))
 
 
 def test_compare_variants() -> None:
     """test-chat-auto-parser.cpp:1106-1213: renders diffed; a failing template gives None."""
     loop = "{% for message in messages %}{{ message['role'] }}:{{ message['content'] }}{% endfor %}"
-    cmp = ta._compare(
+    cmp = ta.compare(
         _render(loop),
         {"messages": [{"role": "user", "content": "A"}]},
         {"messages": [{"role": "user", "content": "B"}]},
     )
     assert cmp is not None and (cmp.diff.left, cmp.diff.right) == ("A", "B")
-    cmp = ta._compare(
+    cmp = ta.compare(
         _render(loop),
         {"messages": [{"role": "user", "content": "A"}]},
         {"messages": [{"role": "newuser", "content": "B"}]},
     )
     assert cmp is not None and (cmp.diff.left, cmp.diff.right) == ("user:A", "newuser:B")
     tools_tpl = "{% for tool in tools %}{{ tool['name'] }}{% endfor %}"
-    cmp = ta._compare(
+    cmp = ta.compare(
         _render(tools_tpl),
         {"messages": [], "tools": [{"name": "foo"}]},
         {"messages": [], "tools": [{"name": "bar"}]},
@@ -250,8 +250,8 @@ def test_compare_variants() -> None:
     assert cmp is not None and (cmp.diff.left, cmp.diff.right) == ("foo", "bar")
     failing = "{{ messages.cahoot()[0]['nonexistent_field'] }}"
     msgs = {"messages": [{"role": "user", "content": "Hello"}]}
-    assert ta._compare(_render(failing), msgs, msgs) is None
-    same = ta._compare(_render("{{ messages[0]['content'] }}"), msgs, msgs)
+    assert ta.compare(_render(failing), msgs, msgs) is None
+    same = ta.compare(_render("{{ messages[0]['content'] }}"), msgs, msgs)
     assert same is not None and same.diff == ta.DiffSplit(prefix="Hello")
 
 
@@ -260,7 +260,7 @@ def test_compare_variants() -> None:
 
 def test_seed_oss_tool_presence_diff() -> None:
     """test-chat-auto-parser.cpp:1282-1343 (T1 on Seed-OSS: the call is the whole diff)."""
-    render = ta._Renderer(compiled("ByteDance-Seed-OSS.jinja"))
+    render = ta.Renderer(compiled("ByteDance-Seed-OSS.jinja"))
     tools = [
         {
             "type": "function",
@@ -279,11 +279,11 @@ def test_seed_oss_tool_presence_diff() -> None:
         }
     ]
     user = {"role": "user", "content": "Hello, please help me."}
-    call = ta._call("test_function_name", {"param1": "value1", "param2": "value2"}, "call_001")
-    cmp = ta._compare(
+    call = ta.probe_call("test_function_name", {"param1": "value1", "param2": "value2"}, "call_001")
+    cmp = ta.compare(
         render,
         {"messages": [user, {"role": "assistant", "content": "Let me help you."}], "tools": tools},
-        {"messages": [user, ta._asst(None, [call])], "tools": tools},
+        {"messages": [user, ta.assistant(None, [call])], "tools": tools},
     )
     assert cmp is not None
     d = cmp.diff
@@ -718,11 +718,11 @@ def _assistant_part(
 ) -> tuple[str, bool]:
     """What the model would generate for ``calls``: the rendered assistant turn after
     the generation prompt, without the end-of-turn tokens (generation stops there)."""
-    render = ta._Renderer(compiled(name), a.arguments_as_string, a.content_none_with_calls)
+    render = ta.Renderer(compiled(name), a.arguments_as_string, a.content_none_with_calls)
     user = {"role": "user", "content": "What is the weather?"}
-    full = render([user, ta._asst("", calls)], RT_TOOLS)
+    full = render([user, ta.assistant("", calls)], RT_TOOLS)
     prompt = render([user], RT_TOOLS, add_generation_prompt=True)
-    plain = render([user, ta._asst("ZZZ_PLAIN")], RT_TOOLS)
+    plain = render([user, ta.assistant("ZZZ_PLAIN")], RT_TOOLS)
     assert full is not None and prompt is not None and plain is not None
     after_prompt = full.startswith(prompt)
     part = full[len(prompt) :] if after_prompt else calculate_diff_split(prompt, full).right
@@ -1052,10 +1052,10 @@ AUTOPARSER_CASES = _CASES_DATA["cases"] + _CASES_DATA["extra_cases"]
 @functools.cache
 def _generation_prompt(name: str, tools_json: str, thinking: bool) -> str:
     """What the template appends for ``add_generation_prompt`` (llama.cpp's suffix diff)."""
-    render = ta._Renderer(compiled(name))
+    render = ta.Renderer(compiled(name))
     tools = [{"type": "function", "function": t} for t in json.loads(tools_json)] or None
     msgs = [{"role": "user", "content": "Hey there!"}]
-    cmp = ta._compare(
+    cmp = ta.compare(
         render,
         {
             "messages": msgs,

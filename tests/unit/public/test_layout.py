@@ -239,12 +239,7 @@ def _private_imports(path: Path, importer: str) -> Iterator[str]:
             continue
         for alias in node.names:
             private = alias.name.startswith("_") and not alias.name.startswith("__")
-            # formats/ shares its scanners among its own modules
-            inside_formats = all(
-                m.startswith(f"{PKG}.formats.") or m == f"{PKG}.formats"
-                for m in (node.module, importer)
-            )
-            if private and not inside_formats:
+            if private:
                 yield f"{importer}:{node.lineno} imports {node.module}.{alias.name}"
 
 
