@@ -58,6 +58,10 @@ class Slot:
     #: them are cells of this slot's own ``group``
     shared: tuple[tuple[int, int, int], ...] = ()
     group: int = field(default_factory=new_group)
+    #: the conversation whose request last filled it (the front end's key; None: not
+    #: known, as after a restore): only its own entries are moved to new positions,
+    #: since a moved entry carries what it attended to before
+    owner: str | None = None
 
     @property
     def n_past(self) -> int:
@@ -83,7 +87,7 @@ class Slot:
         if n < self.n_past:
             # positions decoded from ``n`` on are new cells, not the ones another
             # sequence may still share from before the trim
-            self.shared = tuple(r for r in self.runs() if r[0] < n)
+            self.shared = tuple((a, min(b, n), g) for a, b, g in self.runs() if a < n)
             self.group = new_group()
         del self.entries[n:]
         self.exact = min(self.exact, n)
@@ -98,3 +102,4 @@ class Slot:
         self.checkpoints.clear()
         self.shared = ()
         self.group = new_group()
+        self.owner = None
