@@ -272,6 +272,7 @@ def check_chat_settings(model: Any) -> None:
             "logprobs": model.logprobs,
             "priority": model.priority,
             "stall_budget_ms": model.stall_budget_ms,
+            "cache_reuse": model.cache_reuse,
         }
     )
     check_speculative(
