@@ -284,13 +284,27 @@ class SlotMemory:
         slot.last_used = self._clock
         return slot
 
-    def _states(self, tokens: Sequence[Hashable]) -> list[SlotState]:
+    def _states(
+        self, tokens: Sequence[Hashable], owner: str | None = None, reuse: int = 0
+    ) -> list[SlotState]:
         return [
             SlotState(
-                s.seq_id, s.n_past, s.last_used, min(common_prefix_len(s.entries, tokens), s.exact)
+                s.seq_id,
+                s.n_past,
+                s.last_used,
+                min(
+                    common_prefix_len(s.entries, tokens),
+                    s.reusable_exact(self._own(s, owner, reuse)),
+                ),
             )
             for s in self.slots
         ]
+
+    @staticmethod
+    def _own(slot: Slot, owner: str | None, reuse: int) -> bool:
+        """Whether a request (``owner``, ``reuse``) may keep the entries chunk reuse
+        moved in ``slot``: its owner's, asking for reuse itself."""
+        return reuse > 0 and owner is not None and slot.owner == owner
 
     def _choose(
         self,
@@ -308,7 +322,7 @@ class SlotMemory:
         the idle conversations beside a request that decodes alone are parked once:
         before a restore, after any other fill (a copy's source must stay until then)."""
         can_copy = self.engine.memory_kind is MemoryKind.PARTIAL
-        states = self._states(tokens)
+        states = self._states(tokens, owner, reuse)
         pick = self._reuse_pick(tokens, busy, media, marks, reuse, owner, states)
         if pick is not None:  # moving its chunks keeps more than any prefix would
             choice = SlotChoice(pick[0], park_first=False)
@@ -329,7 +343,7 @@ class SlotMemory:
                 raise AssertionError("acquire(room=...) of a request that does not fit")
             states = [  # parked slots hold nothing to copy now
                 replace(s, reusable=pick[1].n_past) if pick and s.seq_id == pick[0] else s
-                for s in self._states(tokens)
+                for s in self._states(tokens, owner, reuse)
             ]
         best_slot = max(s.reusable for s in states)
         cached, n_cached = self.ram.best(tokens)
@@ -412,7 +426,7 @@ class SlotMemory:
     ) -> ReusePlan:
         """:func:`~.reuse.plan_reuse` for ``slot``: from where the request resumes, its
         cells shared with another sequence pinned."""
-        limit = min(common_prefix_len(slot.entries, tokens), slot.exact)
+        limit = min(common_prefix_len(slot.entries, tokens), slot.exact)  # its owner's
         n_keep = self._resume(limit, len(tokens), media, marks)
         pinned = 0
         if self.engine.kv_unified:
@@ -525,7 +539,7 @@ class SlotMemory:
                 tuple(slot.entries),
                 data,
                 list(slot.checkpoints.items),
-                slot.exact,
+                slot.reusable_exact(own=False),  # never entries moved for its owner
                 n_prompt=slot.n_prompt,
             )
         finally:
@@ -575,7 +589,7 @@ class SlotMemory:
                 tuple(slot.entries),
                 data,
                 list(slot.checkpoints.items),
-                slot.exact,
+                slot.reusable_exact(own=False),  # never entries moved for its owner
                 n_prompt=slot.n_prompt,
             )
         )
@@ -659,7 +673,8 @@ class SlotMemory:
         newest checkpoint at or before that point; without one the sequence is cleared.
         """
         off = self.reuse_blocker if reuse > 0 else None
-        limit = min(common_prefix_len(slot.entries, tokens), slot.exact)
+        exact = slot.reusable_exact(self._own(slot, owner, reuse))
+        limit = min(common_prefix_len(slot.entries, tokens), exact)
         n_keep = self._resume(limit, len(tokens), media, marks)
         if n_keep >= slot.n_past:  # pure extension: nothing to trim
             return slot.n_past, 0, off
@@ -691,6 +706,8 @@ class SlotMemory:
         slot.truncate(n_keep)
         slot.entries.extend(tokens[n_keep : plan.n_past])
         slot.exact = slot.n_past  # default mode only: every entry counts as reusable
+        first = plan.moves[0].dst_start
+        slot.moved_at = first if slot.moved_at is None else min(slot.moved_at, first)
         logger.debug(
             "cache reuse: kept %d entries, moved %d in %d chunks",
             n_keep,

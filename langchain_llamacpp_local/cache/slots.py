@@ -62,6 +62,17 @@ class Slot:
     #: known, as after a restore): only its own entries are moved to new positions,
     #: since a moved entry carries what it attended to before
     owner: str | None = None
+    #: the first position holding an entry moved by chunk reuse (None: none): it was
+    #: computed attending to another history, so only its ``owner``'s requests that
+    #: asked for reuse may keep it; others, and parked copies, stop before it
+    moved_at: int | None = None
+
+    def reusable_exact(self, own: bool) -> int:
+        """Leading entries a request may keep as they are: :attr:`exact`, capped before
+        the first moved entry unless the request is ``own`` (its owner's, reuse on)."""
+        if own or self.moved_at is None:
+            return self.exact
+        return min(self.exact, self.moved_at)
 
     @property
     def n_past(self) -> int:
@@ -90,6 +101,8 @@ class Slot:
             self.shared = tuple((a, min(b, n), g) for a, b, g in self.runs() if a < n)
             self.group = new_group()
         del self.entries[n:]
+        if self.moved_at is not None and self.moved_at >= n:
+            self.moved_at = None
         self.exact = min(self.exact, n)
         self.n_prompt = min(self.n_prompt, n)
         self.checkpoints.drop_after(n)
@@ -103,3 +116,4 @@ class Slot:
         self.shared = ()
         self.group = new_group()
         self.owner = None
+        self.moved_at = None

@@ -136,3 +136,14 @@ def test_another_instance_never_moves_this_ones_entries(smollm2: str) -> None:
     msg = second.invoke([*_history(1, 6), HumanMessage("Which topic came last?")])
     assert _cache(msg)["moved_tokens"] == 0
     assert _cache(msg)["reuse_off"] == "other_conversation"
+
+
+def test_a_call_without_reuse_reads_the_moved_entries_again(smollm2: str) -> None:
+    """Moved entries are kept only by requests of their instance that ask for reuse: the
+    same prompt with reuse off is read from the edit on, as a fresh read."""
+    llm = ChatLlamaCpp(model_path=smollm2, n_ctx=2048, max_tokens=8, cache_reuse=16, **GREEDY)
+    msg, trimmed = _trimmed_turn(llm)
+    at = _cache(msg)["miss"]["token"]
+    again = llm.invoke(trimmed, cache_reuse=0)
+    assert cached_tokens(again) <= at
+    assert_same_greedy(again, llm.invoke(trimmed, cache_prompt=False))

@@ -139,3 +139,36 @@ def test_moved_cells_count_once_in_the_pool() -> None:
     # a: 10 cells shared with b, 63 moved and 1 read, its own; b: the 40 TURN1 cells
     # (now its alone) beside the 10 shared, and 20 of its own
     assert cells_in_use([a.runs(), b.runs()]) == 10 + 63 + 1 + 40 + 20
+
+
+def test_moved_entries_are_kept_only_by_their_owner_asking_for_reuse() -> None:
+    """Moved entries attended to the old history: a request that did not ask for reuse,
+    another conversation's, and a parked copy stop before them."""
+    store = FakeStore(n_seq_max=1)
+    memory = _memory(store)
+    slot = _conversation(memory, store)
+    edited = SYSTEM + TURN2 + REPLY + [5]
+    got = memory.acquire(edited, [], set(), cache_prompt=True, reuse=16, owner="a")
+    assert got.moved == 63 and slot.moved_at == 10
+    _read(memory, store, slot, edited, len(edited))
+    nxt = [*edited, 6]
+    # the owner's next turn keeps everything
+    assert memory._states(nxt, "a", 16)[0].reusable == len(edited)
+    # reuse off, or another conversation: only what was never moved
+    assert memory._states(nxt, "a", 0)[0].reusable == 10
+    assert memory._states(nxt, "b", 16)[0].reusable == 10
+    got = memory.acquire(nxt, [], set(), cache_prompt=True, owner="a")  # reuse off now
+    assert got.n_keep == 10 and slot.moved_at is None
+    memory.check()
+
+
+def test_a_parked_copy_never_offers_moved_entries() -> None:
+    store = FakeStore(n_seq_max=1)
+    memory = _memory(store)
+    slot = _conversation(memory, store)
+    edited = SYSTEM + TURN2 + REPLY + [5]
+    memory.acquire(edited, [], set(), cache_prompt=True, reuse=16, owner="a")
+    _read(memory, store, slot, edited, len(edited))
+    assert memory.park(slot)
+    cached, _ = memory.ram.best(edited)
+    assert cached is not None and cached.exact == 10
