@@ -10,13 +10,19 @@ report what differs. The decision itself: tests/unit/cache/test_reuse.py.
 
 from __future__ import annotations
 
+import base64
+import io
+from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages.content import create_image_block
+from PIL import Image
 
 from langchain_llamacpp_local import ChatLlamaCpp
 from tests.compare import GREEDY, assert_same_greedy, entries, ids
+from tests.gguf_models import write_tiny_mmproj
 from tests.helpers import cached_tokens
 
 TOPICS = ("the moon", "volcanoes", "bread baking", "chess openings", "rivers", "honey bees")
@@ -147,3 +153,39 @@ def test_a_call_without_reuse_reads_the_moved_entries_again(smollm2: str) -> Non
     again = llm.invoke(trimmed, cache_reuse=0)
     assert cached_tokens(again) <= at
     assert_same_greedy(again, llm.invoke(trimmed, cache_prompt=False))
+
+
+def _image_turns(color: tuple[int, int, int]) -> tuple[list[BaseMessage], list[BaseMessage]]:
+    """A conversation whose second turn shows an image, and it with the first dropped."""
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), color).save(buf, format="PNG")
+    data = base64.b64encode(buf.getvalue()).decode()
+    image = create_image_block(base64=data, mime_type="image/png")
+    seen = HumanMessage(content_blocks=[{"type": "text", "text": "Look at this: "}, image])
+    old = [HumanMessage("an old question to drop"), AIMessage("an old answer to drop")]
+    kept = [seen, AIMessage("red"), HumanMessage("and now?")]
+    return [*old, *kept], [*kept, AIMessage("x"), HumanMessage("ok")]
+
+
+def test_an_image_after_the_edit_is_read_and_the_report_says_why(
+    tiny_llama: str, models_dir: Path
+) -> None:
+    """A chunk never holds an image: the text before it is moved, the image and what
+    follows are read; ``reuse_off`` names the image when nothing could move."""
+    mmproj = str(write_tiny_mmproj(models_dir / "tiny-mmproj-reuse.gguf", text_n_embd=64))
+    llm = ChatLlamaCpp(model_path=tiny_llama, mmproj_path=mmproj, n_slots=1, max_tokens=4, **GREEDY)
+    before, after = _image_turns((255, 0, 0))
+    llm.invoke(before, cache_reuse=8)
+    msg = llm.invoke(after, cache_reuse=8)
+    cache = _cache(msg)
+    usage = msg.usage_metadata
+    assert usage is not None
+    n_text = len("Look at this: ")  # byte vocabulary: a token a byte
+    assert n_text <= cache["moved_tokens"] < n_text + 16 and cache["reuse_off"] is None
+    assert usage["input_tokens"] - cached_tokens(msg) > 16  # the image's positions, read
+    assert _agrees_in_tokens(msg, llm.invoke(after, cache_prompt=False)) < 0.5
+    # chunks of at least 64: the text before the image is too short, the image stops it
+    before, after = _image_turns((0, 0, 255))
+    llm.invoke(before, cache_reuse=64)
+    cache = _cache(llm.invoke(after, cache_reuse=64))
+    assert cache["moved_tokens"] == 0 and cache["reuse_off"] == "media"
