@@ -110,9 +110,10 @@ def test_greedy_answers_on_the_tiny_model(tiny_llama: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fixture", "reason"), [("tiny_mamba", "recurrent"), ("tiny_hybrid", "hybrid")]
+    ("fixture", "reason"),
+    [("tiny_mamba", "recurrent"), ("tiny_hybrid", "hybrid"), ("gemma", "sliding_window")],
 )
-def test_recurrent_and_hybrid_memory_say_why_it_is_off(
+def test_memory_that_cannot_shift_says_why_it_is_off(
     request: pytest.FixtureRequest, fixture: str, reason: str
 ) -> None:
     path = request.getfixturevalue(fixture)
@@ -189,3 +190,13 @@ def test_an_image_after_the_edit_is_read_and_the_report_says_why(
     llm.invoke(before, cache_reuse=64)
     cache = _cache(llm.invoke(after, cache_reuse=64))
     assert cache["moved_tokens"] == 0 and cache["reuse_off"] == "media"
+
+
+def test_a_sliding_window_model_with_a_full_cache_moves(gemma: str) -> None:
+    """``swa_full=True`` keeps every position of the sliding-window layers: llama.cpp can
+    shift it, and reuse applies (Gemma 3)."""
+    llm = ChatLlamaCpp(
+        model_path=gemma, n_ctx=2048, max_tokens=4, cache_reuse=16, swa_full=True, **GREEDY
+    )
+    msg, _ = _trimmed_turn(llm)
+    assert _cache(msg)["moved_tokens"] > 100 and _cache(msg)["reuse_off"] is None
