@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import secrets
 import threading
 import time
 import weakref
@@ -23,7 +24,15 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    StrictInt,
+    model_validator,
+)
 from typing_extensions import Self
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
@@ -344,6 +353,14 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     API to authenticate to."""
     streaming: bool = False
     """Kept for compatibility with langchain-community: ``invoke`` always streams internally."""
+    cache_reuse: StrictInt = ChatJob.cache_reuse
+    """llama.cpp's ``--cache-reuse``: after a history edit (oldest turns trimmed or
+    summarised, a tool result cleared), move cached chunks of at least this many tokens
+    that match the prompt to their new positions instead of reading them again. 0 (the
+    default): off. The moved entries were computed attending to the old history, so
+    answers can differ from a fresh read; never applied to recurrent, hybrid,
+    sliding-window or M-RoPE models, nor with ``deterministic=True``
+    (``response_metadata["cache"]["reuse_off"]`` says why). Per call too; docs/cache.md."""
     cache_miss_warning_tokens: int | None = None
     """Log a warning (``logging``, logger ``langchain_llamacpp_local.chat.cache_report``)
     when a call left the cached prompt and re-read more than this many prompt tokens,
@@ -355,6 +372,14 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     _worker: ModelWorker | None = PrivateAttr(default=None)
     _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
     _miss_warnings: MissWarnings = PrivateAttr(default_factory=MissWarnings)
+    _reuse_scope: str = PrivateAttr(default_factory=lambda: secrets.token_hex(16))
+
+    @property
+    def reuse_scope(self) -> str:
+        """Whose cached entries ``cache_reuse`` may move: this instance's requests only
+        (a moved entry carries what it attended to; another instance's history, maybe
+        another caller's, must not reach this one's answers)."""
+        return self._reuse_scope
 
     # ------------------------------------------------------------------ setup
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from langchain_llamacpp_local.cache import checkpoints, host_ram
 from langchain_llamacpp_local.cache import disk as disk_cache
@@ -39,9 +39,17 @@ from langchain_llamacpp_local.cache.chunking import (
 )
 from langchain_llamacpp_local.cache.host_ram import CachedPrompt, PromptCache
 from langchain_llamacpp_local.cache.pool import Footprint, Run, admits, idle_to_park
+from langchain_llamacpp_local.cache.reuse import (
+    ReuseOff,
+    ReusePlan,
+    memory_blocker,
+    pinned_end,
+    plan_reuse,
+)
 from langchain_llamacpp_local.cache.slot_plan import (
     DISK_MIN_ENTRIES,
     FillPlan,
+    SlotChoice,
     SlotState,
     choose_slot,
     disk_beats,
@@ -120,6 +128,29 @@ class Room:
     share_runs: tuple[Run, ...] = ()
 
 
+@dataclass(frozen=True)
+class Acquired:
+    """What :meth:`SlotMemory.acquire` gave a request, for its cache report: positions
+    and counts only, nothing of the candidate's entries (they may be another caller's
+    conversation, and the report goes into the caller's reply)."""
+
+    slot: Slot
+    n_keep: int
+    """Entries the request keeps (moved ones included); it reads the rest."""
+    source: str | None = None
+    """Where the kept prefix came from: "slot", "host_ram", "disk"; None: nothing cached."""
+    missed: bool = False
+    """The prompt left the candidate's cached *prompt* (leaving its reply is no miss: a
+    re-rendered reply may differ from the tokens the model wrote)."""
+    mismatch_at: int = 0
+    """The prompt position where it left the candidate."""
+    moved: int = 0
+    """Entries moved to new positions rather than read (``cache_reuse``)."""
+    reuse_off: ReuseOff | None = None
+    """Why ``cache_reuse`` was asked for but could not apply (None: it applied, or
+    nothing was left to move)."""
+
+
 @dataclass
 class Verify:
     """A verify step in flight (:meth:`SlotMemory.begin_verify`): the rows decoded in
@@ -167,13 +198,15 @@ class SlotMemory:
         self._clock = 0
         #: the file the slot being acquired was restored from (its checkpoints are next)
         self._restored_file: disk_cache.DiskEntry | None = None
-        #: where the last acquired slot's kept prefix came from ("slot", "host_ram",
-        #: "disk"; None: nothing cached), whether the prompt left the candidate's cached
-        #: *prompt* (a miss), and where. Never the candidate's own entries: they may be
-        #: another caller's conversation, and the report goes into the caller's reply
-        self.last_source: str | None = None
-        self.last_missed = False
-        self.last_mismatch_at = 0  # the position where the prompt left the candidate
+        #: why this memory never moves cached chunks (None: it can, ``cache_reuse``)
+        self.reuse_blocker: ReuseOff | None = memory_blocker(
+            memory_kind=engine.memory_kind,
+            is_recurrent=engine.is_recurrent,
+            is_hybrid=engine.is_hybrid,
+            mrope=engine.mrope,
+            can_shift=engine.can_shift,
+            deterministic=self.deterministic,
+        )
         #: each sequence's state size while empty (the memory is empty now): what
         #: :meth:`reset` checks it left
         self._empty_size = [engine.state_size(s.seq_id) for s in self.slots]
@@ -207,8 +240,16 @@ class SlotMemory:
         marks: Sequence[int] = (),
         room: Room | tuple[int, int] | None = None,
         waiting: int = 0,
-    ) -> tuple[Slot, int]:
+        reuse: int = 0,
+        owner: str | None = None,
+    ) -> Acquired:
         """A free slot for ``tokens`` and how many of its entries the request keeps.
+
+        ``reuse`` (``cache_reuse``, 0: off): after the common prefix, move cached chunks
+        of at least that many entries that match the prompt's next ones
+        (:func:`~.reuse.plan_reuse`) instead of reading them; only entries the same
+        conversation (``owner``, the front end's key) wrote are moved, and a slot it
+        holds is chosen when moving keeps more than any prefix would.
 
         ``room`` (unified cache): what admission counted (:meth:`room`; or the request's
         ``needed`` positions and the ``reserved`` positions of the running requests,
@@ -224,26 +265,46 @@ class SlotMemory:
         self._restored_file = None
         if isinstance(room, tuple):
             room = Room((Footprint((), room[1]),), room[0])
-        slot = self._choose(tokens, busy, room, waiting, media, marks)
+        if not cache_prompt:
+            reuse = 0
+        slot, (source, missed, at) = self._choose(
+            tokens, busy, room, waiting, media, marks, reuse, owner
+        )
         if not cache_prompt:
             self.reset(slot)
         try:
-            return slot, self._rewind(slot, tokens, media, marks)
+            n_keep, moved, off = self._rewind(slot, tokens, media, marks, reuse, owner)
         finally:
             self._restored_file = None
+        slot.owner = owner
+        return Acquired(slot, n_keep, source, missed, at, moved, off)
 
     def _touch(self, slot: Slot) -> Slot:
         self._clock += 1
         slot.last_used = self._clock
         return slot
 
-    def _states(self, tokens: Sequence[Hashable]) -> list[SlotState]:
+    def _states(
+        self, tokens: Sequence[Hashable], owner: str | None = None, reuse: int = 0
+    ) -> list[SlotState]:
         return [
             SlotState(
-                s.seq_id, s.n_past, s.last_used, min(common_prefix_len(s.entries, tokens), s.exact)
+                s.seq_id,
+                s.n_past,
+                s.last_used,
+                min(
+                    common_prefix_len(s.entries, tokens),
+                    s.reusable_exact(self._own(s, owner, reuse)),
+                ),
             )
             for s in self.slots
         ]
+
+    @staticmethod
+    def _own(slot: Slot, owner: str | None, reuse: int) -> bool:
+        """Whether a request (``owner``, ``reuse``) may keep the entries chunk reuse
+        moved in ``slot``: its owner's, asking for reuse itself."""
+        return reuse > 0 and owner is not None and slot.owner == owner
 
     def _choose(
         self,
@@ -253,14 +314,23 @@ class SlotMemory:
         waiting: int = 0,
         media: Sequence[tuple[int, int]] = (),
         marks: Sequence[int] = (),
-    ) -> Slot:
+        reuse: int = 0,
+        owner: str | None = None,
+    ) -> tuple[Slot, tuple[str | None, bool, int]]:
         """Take the free slot :func:`~.slot_plan.choose_slot` picks for ``tokens`` and fill
         it as :func:`~.slot_plan.plan_fill` says (park, restore, copy). With ``room``,
         the idle conversations beside a request that decodes alone are parked once:
         before a restore, after any other fill (a copy's source must stay until then)."""
         can_copy = self.engine.memory_kind is MemoryKind.PARTIAL
-        states = self._states(tokens)
-        choice = choose_slot(states, busy, len(tokens), can_copy=can_copy)
+        states = self._states(tokens, owner, reuse)
+        pick = self._reuse_pick(tokens, busy, media, marks, reuse, owner, states)
+        if pick is not None:  # moving its chunks keeps more than any prefix would
+            choice = SlotChoice(pick[0], park_first=False)
+            states = [
+                replace(s, reusable=pick[1].n_past) if s.seq_id == pick[0] else s for s in states
+            ]
+        else:
+            choice = choose_slot(states, busy, len(tokens), can_copy=can_copy)
         target = self.slots[choice.target]
         # a conversation is saved once: parking copies its whole state out of llama.cpp
         # (milliseconds when its cells are interleaved with other sequences')
@@ -271,7 +341,10 @@ class SlotMemory:
             counted = Footprint(room.share_runs, room.needed)
             if not self._park_for(room.running, counted, busy, {target.seq_id}):
                 raise AssertionError("acquire(room=...) of a request that does not fit")
-            states = self._states(tokens)  # parked slots hold nothing to copy now
+            states = [  # parked slots hold nothing to copy now
+                replace(s, reusable=pick[1].n_past) if pick and s.seq_id == pick[0] else s
+                for s in self._states(tokens, owner, reuse)
+            ]
         best_slot = max(s.reusable for s in states)
         cached, n_cached = self.ram.best(tokens)
         if cached is not None:
@@ -286,11 +359,13 @@ class SlotMemory:
             if on_disk is not None:
                 cached, n_cached, from_disk = on_disk
         plan = plan_fill(states, choice.target, n_cached, can_copy=can_copy)
+        if pick is not None and plan.action == "park":  # the edited-away history goes
+            plan = FillPlan("keep")
         if room is not None and room.share_from is not None:
             plan, cached, from_disk = self._within_room(
                 plan, room, states, target, busy, len(tokens), media, marks, cached, from_disk
             )
-        self._note_source(plan.action, plan.source, choice.target, cached, from_disk, tokens)
+        note = self._note_source(plan.action, plan.source, choice.target, cached, from_disk, tokens)
         if plan.action == "restore":
             assert cached is not None
             # Take it out first: parking the target, or the idle conversations beside a
@@ -314,7 +389,50 @@ class SlotMemory:
             self.park(target)
         if room is not None and plan.action != "restore":
             self.park_beside(target, busy, waiting)
-        return self._touch(target)
+        return self._touch(target), note
+
+    def _reuse_pick(
+        self,
+        tokens: Sequence[Hashable],
+        busy: set[int],
+        media: Sequence[tuple[int, int]],
+        marks: Sequence[int],
+        reuse: int,
+        owner: str | None,
+        states: Sequence[SlotState],
+    ) -> tuple[int, ReusePlan] | None:
+        """The free slot of this conversation (``owner``) whose chunk reuse keeps the
+        most entries, when that beats every slot's plain prefix; None otherwise."""
+        if reuse <= 0 or owner is None or self.reuse_blocker is not None:
+            return None
+        best: tuple[int, ReusePlan] | None = None
+        for slot in self.slots:
+            if slot.seq_id in busy or slot.owner != owner or not slot.n_past:
+                continue
+            plan = self._reuse_plan(slot, tokens, media, marks, reuse)
+            if plan.moves and (best is None or plan.n_past > best[1].n_past):
+                best = (slot.seq_id, plan)
+        if best is None or best[1].n_past <= max(s.reusable for s in states):
+            return None
+        return best
+
+    def _reuse_plan(
+        self,
+        slot: Slot,
+        tokens: Sequence[Hashable],
+        media: Sequence[tuple[int, int]],
+        marks: Sequence[int],
+        reuse: int,
+    ) -> ReusePlan:
+        """:func:`~.reuse.plan_reuse` for ``slot``: from where the request resumes, its
+        cells shared with another sequence pinned."""
+        limit = min(common_prefix_len(slot.entries, tokens), slot.exact)  # its owner's
+        n_keep = self._resume(limit, len(tokens), media, marks)
+        pinned = 0
+        if self.engine.kv_unified:
+            others = [o.runs() for o in self.slots if o is not slot and o.n_past]
+            pinned = pinned_end(slot.runs(), others)
+        return plan_reuse(slot.entries, tokens, n_keep, reuse, media=media, pinned=pinned)
 
     def _within_room(
         self,
@@ -356,25 +474,24 @@ class SlotMemory:
         cached: CachedPrompt | None,
         from_disk: disk_cache.DiskEntry | None,
         tokens: Sequence[Hashable],
-    ) -> None:
-        """Record :attr:`last_source`, :attr:`last_missed` and where the prompt left the
-        candidate, for the cache report: positions only, nothing of the candidate's
-        entries (no cost on a hit)."""
+    ) -> tuple[str | None, bool, int]:
+        """Where the kept prefix comes from, whether the prompt left the candidate's
+        prompt and where, for the cache report (:class:`Acquired`): positions only,
+        nothing of the candidate's entries (no cost on a hit)."""
         entries: Sequence[Hashable] = ()
         n_prompt = 0
         if action == "restore" and cached is not None:
-            self.last_source = "disk" if from_disk is not None else "host_ram"
+            source = "disk" if from_disk is not None else "host_ram"
             entries = cached.entries
             n_prompt = len(entries) if cached.n_prompt is None else cached.n_prompt
         else:
             slot = self.slots[source if action == "copy" and source is not None else target]
             entries, n_prompt = slot.entries, slot.n_prompt
-            self.last_source = "slot" if entries else None
+            source = "slot" if entries else None
         n = common_prefix_len(entries, tokens)
         # leaving the cached reply is no miss: a re-rendered reply may differ from the
         # tokens the model wrote; leaving the cached prompt is one
-        self.last_missed = n < n_prompt
-        self.last_mismatch_at = n
+        return source, n < n_prompt, n
 
     def _from_disk(
         self, tokens: Sequence[Hashable], beat: int
@@ -422,7 +539,7 @@ class SlotMemory:
                 tuple(slot.entries),
                 data,
                 list(slot.checkpoints.items),
-                slot.exact,
+                slot.reusable_exact(own=False),  # never entries moved for its owner
                 n_prompt=slot.n_prompt,
             )
         finally:
@@ -472,7 +589,7 @@ class SlotMemory:
                 tuple(slot.entries),
                 data,
                 list(slot.checkpoints.items),
-                slot.exact,
+                slot.reusable_exact(own=False),  # never entries moved for its owner
                 n_prompt=slot.n_prompt,
             )
         )
@@ -544,20 +661,64 @@ class SlotMemory:
         tokens: Sequence[Hashable],
         media: Sequence[tuple[int, int]],
         marks: Sequence[int] = (),
-    ) -> int:
-        """Trim ``slot`` to the grid cut point a request for ``tokens`` resumes from.
+        reuse: int = 0,
+        owner: str | None = None,
+    ) -> tuple[int, int, ReuseOff | None]:
+        """Trim ``slot`` to the grid cut point a request for ``tokens`` resumes from;
+        returns the entries kept, those of them moved, and why ``reuse`` did not apply.
 
-        Attention KV is trimmed in place. Memory that cannot be trimmed (recurrent,
-        hybrid) or whose sliding window already dropped the positions needed is
-        rolled back to the newest checkpoint at or before that point; without one
-        the sequence is cleared.
+        Attention KV is trimmed in place, after the chunks :meth:`_reuse_plan` finds
+        were moved (``reuse`` > 0). Memory that cannot be trimmed (recurrent, hybrid) or
+        whose sliding window already dropped the positions needed is rolled back to the
+        newest checkpoint at or before that point; without one the sequence is cleared.
         """
-        eng = self.engine
-        n_prompt = len(tokens)
-        limit = min(common_prefix_len(slot.entries, tokens), slot.exact)
-        n_keep = self._resume(limit, n_prompt, media, marks)
+        off = self.reuse_blocker if reuse > 0 else None
+        exact = slot.reusable_exact(self._own(slot, owner, reuse))
+        limit = min(common_prefix_len(slot.entries, tokens), exact)
+        n_keep = self._resume(limit, len(tokens), media, marks)
         if n_keep >= slot.n_past:  # pure extension: nothing to trim
-            return slot.n_past
+            return slot.n_past, 0, off
+        if reuse > 0 and off is None:
+            if owner is None or slot.owner != owner:
+                off = "other_conversation"
+            else:
+                plan = self._reuse_plan(slot, tokens, media, marks, reuse)
+                if plan.moves:
+                    return self._move(slot, tokens, n_keep, plan), plan.moved, None
+                off = "media" if plan.media_blocked else None
+        return self._cut(slot, n_keep), 0, off
+
+    def _move(self, slot: Slot, tokens: Sequence[Hashable], n_keep: int, plan: ReusePlan) -> int:
+        """Apply a :class:`~.reuse.ReusePlan` after the kept prefix ``n_keep``: each
+        chunk's gap removed, the chunk shifted into it (llama.cpp server's
+        ``seq_rm`` + ``seq_add``), the rest trimmed; the slot then tracks the prompt's
+        first ``plan.n_past`` entries. The moved cells were this sequence's alone
+        (``pinned``): from ``n_keep`` on they count as cells of a new group."""
+        eng = self.engine
+        seq = slot.seq_id
+        for move in plan.moves:
+            if move.shift:
+                eng.seq_rm(seq, move.dst_start, move.src_start)
+                eng.seq_add(seq, move.src_start, move.src_end, move.shift)
+        if not eng.seq_rm(seq, plan.n_past, -1):
+            self.reset(slot)
+            return 0
+        slot.truncate(n_keep)
+        slot.entries.extend(tokens[n_keep : plan.n_past])
+        slot.exact = slot.n_past  # default mode only: every entry counts as reusable
+        first = plan.moves[0].dst_start
+        slot.moved_at = first if slot.moved_at is None else min(slot.moved_at, first)
+        logger.debug(
+            "cache reuse: kept %d entries, moved %d in %d chunks",
+            n_keep,
+            plan.moved,
+            len(plan.moves),
+        )
+        return plan.n_past
+
+    def _cut(self, slot: Slot, n_keep: int) -> int:
+        """Trim ``slot`` to ``n_keep`` entries (see :meth:`_rewind`); the entries kept."""
+        eng = self.engine
         kind = eng.memory_kind
         seq = slot.seq_id
         if kind is MemoryKind.PARTIAL or (

@@ -58,6 +58,21 @@ class Slot:
     #: them are cells of this slot's own ``group``
     shared: tuple[tuple[int, int, int], ...] = ()
     group: int = field(default_factory=new_group)
+    #: the conversation whose request last filled it (the front end's key; None: not
+    #: known, as after a restore): only its own entries are moved to new positions,
+    #: since a moved entry carries what it attended to before
+    owner: str | None = None
+    #: the first position holding an entry moved by chunk reuse (None: none): it was
+    #: computed attending to another history, so only its ``owner``'s requests that
+    #: asked for reuse may keep it; others, and parked copies, stop before it
+    moved_at: int | None = None
+
+    def reusable_exact(self, own: bool) -> int:
+        """Leading entries a request may keep as they are: :attr:`exact`, capped before
+        the first moved entry unless the request is ``own`` (its owner's, reuse on)."""
+        if own or self.moved_at is None:
+            return self.exact
+        return min(self.exact, self.moved_at)
 
     @property
     def n_past(self) -> int:
@@ -83,9 +98,11 @@ class Slot:
         if n < self.n_past:
             # positions decoded from ``n`` on are new cells, not the ones another
             # sequence may still share from before the trim
-            self.shared = tuple(r for r in self.runs() if r[0] < n)
+            self.shared = tuple((a, min(b, n), g) for a, b, g in self.runs() if a < n)
             self.group = new_group()
         del self.entries[n:]
+        if self.moved_at is not None and self.moved_at >= n:
+            self.moved_at = None
         self.exact = min(self.exact, n)
         self.n_prompt = min(self.n_prompt, n)
         self.checkpoints.drop_after(n)
@@ -98,3 +115,5 @@ class Slot:
         self.checkpoints.clear()
         self.shared = ()
         self.group = new_group()
+        self.owner = None
+        self.moved_at = None

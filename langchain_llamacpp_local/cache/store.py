@@ -32,6 +32,12 @@ class SequenceStore(Protocol):
     n_ubatch: int
     n_swa: int
     kv_unified: bool
+    is_recurrent: bool
+    is_hybrid: bool
+    can_shift: bool
+    """Whether positions can be moved (``seq_add``): chunk reuse after a history edit."""
+    mrope: bool
+    """Whether positions are several numbers per entry (never shifted)."""
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (-1: open end); False when this
@@ -40,6 +46,10 @@ class SequenceStore(Protocol):
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Give ``dst`` the positions [p0, p1) of ``src``."""
+        ...
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Move ``seq_id``'s positions [p0, p1) by ``delta``."""
         ...
 
     def seq_pos_min(self, seq_id: int) -> int:

@@ -179,6 +179,8 @@ class Frontend:
             lora=lora,
             lora_start=lora_start,
             cache_prompt=job.cache_prompt,
+            cache_reuse=job.cache_reuse if job.cache_prompt else 0,
+            reuse_owner=job.reuse_owner,
             speculative=job.speculative,
             speculative_max_draft=job.speculative_max_draft,
             logprobs=job.logprobs,

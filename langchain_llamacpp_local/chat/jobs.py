@@ -44,6 +44,12 @@ class ChatJob:
     logprobs: bool = EngineRequest.logprobs
     top_logprobs: int = EngineRequest.top_logprobs
     cache_prompt: bool = EngineRequest.cache_prompt
+    #: llama.cpp's ``n_cache_reuse``: cached chunks of at least this many tokens that
+    #: match the prompt after an edit are moved, not read (0: off)
+    cache_reuse: int = EngineRequest.cache_reuse
+    #: whose cached entries chunk reuse may move: the model instance's scope (a moved
+    #: entry carries what it attended to, so never another instance's history)
+    reuse_owner: str | None = None
     #: "ngram" (prompt lookup) or "draft" (the worker's draft model); None: off
     speculative: str | None = None
     speculative_max_draft: int = EngineRequest.speculative_max_draft

@@ -48,6 +48,9 @@ def chunk_of(kind: str, value: Any, name: str | None = None) -> ChatGenerationCh
             "cached_tokens": done.usage["input_token_details"]["cache_read"],
             "missed": bool(done.cache["missed"]),
         }
+        if "moved" in done.cache:  # cache_reuse on: moved rather than read
+            meta["cache"]["moved_tokens"] = done.cache["moved"]
+            meta["cache"]["reuse_off"] = done.cache["reuse_off"]
         if "miss" in done.cache:
             meta["cache"]["miss"] = done.cache["miss"]
     msg = AIMessageChunk(

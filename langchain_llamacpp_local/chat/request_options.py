@@ -43,7 +43,9 @@ SAMPLING_OPTIONS: tuple[str, ...] = tuple(
 
 #: ChatJob fields that are no call option: the conversation itself, what the job
 #: derives from other options, and the request's own state.
-_JOB_STATE = frozenset({"messages", "sampling", "max_tokens_default", "stop", "deadline", "cancel"})
+_JOB_STATE = frozenset(
+    {"messages", "sampling", "max_tokens_default", "stop", "deadline", "cancel", "reuse_owner"}
+)
 
 #: Call options that fill no job field: ``timeout`` becomes the deadline, ``model``
 #: and ``keep_alive`` choose and hold the model, ``strict`` and
@@ -82,6 +84,10 @@ class ChatDefaults(Protocol):
     allow_remote_image_urls: bool
     priority: str
     stall_budget_ms: float | None
+    cache_reuse: int
+
+    @property
+    def reuse_scope(self) -> str: ...
 
     @property
     def model_fields_set(self) -> set[str]: ...
@@ -252,6 +258,18 @@ def check_call_options(kwargs: Mapping[str, Any]) -> None:
         check_priority(kwargs["priority"])
     if "stall_budget_ms" in kwargs:
         check_stall_budget(kwargs["stall_budget_ms"])
+    if "cache_reuse" in kwargs:
+        check_cache_reuse(kwargs["cache_reuse"])
+
+
+#: Largest ``cache_reuse``: a chunk longer than any context window never matches.
+MAX_CACHE_REUSE = 2**31 - 1
+
+
+def check_cache_reuse(value: Any) -> None:
+    """``cache_reuse``: an integer number of tokens >= 0 (0: off); not a bool (True
+    would silently mean chunks of 1 token)."""
+    check_int("cache_reuse", value, lo=0, hi=MAX_CACHE_REUSE)
 
 
 def check_grammar_alone(grammar: Any, options: Mapping[str, Any]) -> None:
@@ -284,7 +302,8 @@ def check_logprobs_flag(value: Any) -> None:
 def check_call_defaults(defaults: ChatDefaults) -> None:
     """The model's fields that are a call's defaults, checked as call options when the
     model is built (a bad default fails at construction, not at the first call):
-    limits, logprobs, priority, speculation, ``lora``, sampling and ``grammar``."""
+    limits, logprobs, priority, the stall budget, ``cache_reuse``, speculation, ``lora``,
+    sampling and ``grammar``."""
     check_max_tokens(defaults.max_tokens)
     check_timeout(defaults.timeout)
     check_call_options(
@@ -293,6 +312,7 @@ def check_call_defaults(defaults: ChatDefaults) -> None:
             "logprobs": defaults.logprobs,
             "priority": defaults.priority,
             "stall_budget_ms": defaults.stall_budget_ms,
+            "cache_reuse": defaults.cache_reuse,
         }
     )
     check_speculative(
@@ -473,6 +493,8 @@ def build_job(defaults: ChatDefaults, messages: list[BaseMessage], call: Checked
         logprobs=bool(options.get("logprobs", defaults.logprobs)),
         top_logprobs=int(options.get("top_logprobs", defaults.top_logprobs) or 0),
         cache_prompt=bool(options.get("cache_prompt", ChatJob.cache_prompt)),
+        cache_reuse=options.get("cache_reuse", defaults.cache_reuse),
+        reuse_owner=defaults.reuse_scope,
         speculative=call.speculative,
         speculative_max_draft=call.speculative_max_draft,
         lora=call.lora,

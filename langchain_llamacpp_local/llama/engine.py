@@ -61,6 +61,12 @@ logger = logging.getLogger(__name__)
 #: (what a checkpoint of recurrent or sliding-window memory saves).
 PARTIAL_ONLY = 1
 
+#: Rope types whose positions are several numbers per entry (M-RoPE, interleaved
+#: M-RoPE, vision): llama.cpp's K-shift does not support them.
+_MULTI_POS_ROPE = frozenset(
+    {C.LLAMA_ROPE_TYPE_MROPE, C.LLAMA_ROPE_TYPE_IMROPE, C.LLAMA_ROPE_TYPE_VISION}
+)
+
 
 class Engine(vocab.VocabMethods):
     """A loaded model with one persistent context (see module docstring)."""
@@ -157,6 +163,11 @@ class Engine(vocab.VocabMethods):
             self.bos_id = int(C.llama_vocab_bos(self.vocab))
             self.eos_id = int(C.llama_vocab_eos(self.vocab))
             self.memory_kind = probe_memory(self)
+            #: whether cached entries can be moved to other positions (llama.cpp's
+            #: ``llama_memory_can_shift``), and whether positions are several numbers
+            #: per entry (M-RoPE), which llama.cpp never shifts
+            self.can_shift = bool(C.llama_memory_can_shift(self.mem))
+            self.mrope = int(C.llama_model_rope_type(model)) in _MULTI_POS_ROPE
             # 0: not probed (only deterministic mode needs them)
             self.exact_rows = 0
             self.exact_verify_rows = 0
@@ -400,6 +411,11 @@ class Engine(vocab.VocabMethods):
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         C.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Move ``seq_id``'s positions [p0, p1) by ``delta`` (keys re-rotated on the next
+        decode); the caller checked :attr:`can_shift`."""
+        C.llama_memory_seq_add(self.mem, seq_id, p0, p1, delta)
 
     def seq_pos_min(self, seq_id: int) -> int:
         return int(C.llama_memory_seq_pos_min(self.mem, seq_id))

@@ -337,7 +337,7 @@ class WorkerLoop:
                         f"{eng.n_ctx_total}-position unified cache"
                     )
                 return None
-        slot, n_keep = memory.acquire(
+        got = memory.acquire(
             tokens,
             spans,
             busy,
@@ -345,7 +345,10 @@ class WorkerLoop:
             marks=marks,
             room=room,
             waiting=len(self.pending) - 1 + self.preparing,
+            reuse=job.cache_reuse,
+            owner=job.reuse_owner,
         )
+        slot, n_keep = got.slot, got.n_keep
         targets = memory.checkpoint_targets(n_keep, tokens, job.boundaries, spans, slot, marks)
         sampler = None
         if labels is None:
@@ -357,11 +360,10 @@ class WorkerLoop:
             if sampler is not None:
                 sampler.close()
             raise
-        cache = {
-            "source": memory.last_source,
-            "missed": memory.last_missed,
-            "at": memory.last_mismatch_at,
-        }
+        cache: dict[str, Any] = {"source": got.source, "missed": got.missed, "at": got.mismatch_at}
+        if job.cache_reuse > 0 and job.cache_prompt:
+            cache["moved"] = got.moved
+            cache["reuse_off"] = got.reuse_off
         if n_keep == 0:
             for proposer in self.proposers.values():
                 proposer.forget(slot.seq_id)

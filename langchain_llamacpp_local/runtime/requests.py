@@ -41,6 +41,12 @@ class EngineRequest:
     lora: tuple[tuple[str, float], ...] | None = None
     lora_start: int = 0  # where the adapters take effect (an activated LoRA's invocation)
     cache_prompt: bool = True
+    #: llama.cpp's ``n_cache_reuse``: after the common prefix, cached chunks of at least
+    #: this many tokens that match the prompt are moved, not read (0: off)
+    cache_reuse: int = 0
+    #: the conversation the request belongs to (the front end's key): chunks are moved
+    #: only within one conversation; None: none are
+    reuse_owner: str | None = None
     #: "ngram" (prompt lookup) or "draft" (the worker's draft model); None: off
     speculative: str | None = None
     speculative_max_draft: int = 16

@@ -1176,3 +1176,46 @@ def test_hostile_audio_gets_clear_errors_and_the_worker_serves(
     # the worker keeps serving audio after every refusal
     reply = model.invoke(ask(audio_block(wav)))
     assert reply.usage_metadata["output_tokens"] > 0  # type: ignore[index]
+
+
+def test_cache_reuse_refuses_bad_values_and_survives_repetitive_histories(
+    tiny_llama: str,
+) -> None:
+    """``cache_reuse``: a negative, bool, text or float value is refused naming it (at
+    construction and per call) and the worker keeps serving; histories built to make the
+    chunk walk work hard (one token repeated, runs that fall one token short of the
+    minimum) and the smallest and largest minimums keep the KV bookkeeping exact (checked
+    after every step) and answer."""
+    from langchain_core.exceptions import ModelInvalidRequestError
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+    for value in (-1, True, "256", 2.5, None, 2**31):
+        with pytest.raises((TypeError, ValueError), match="cache_reuse"):
+            ChatLlamaCpp(model_path=tiny_llama, cache_reuse=value)
+    llm = ChatLlamaCpp(model_path=tiny_llama, temperature=0, max_tokens=3, n_slots=1)
+    ok = llm.invoke("hi").content
+    for value in (-1, True, "256", 2.5, None):
+        with pytest.raises(ModelInvalidRequestError, match="cache_reuse"):
+            llm.invoke("hi", cache_reuse=value)
+    assert llm.invoke("hi").content == ok
+    n_min = 16
+    histories = {
+        "one token": ["a" * 200, "a" * 200, "a" * 200],
+        "one short": [("b" * (n_min - 1) + "c") * 8 for _ in range(3)],
+    }
+    for name, turns in histories.items():
+        for reuse in (1, n_min, 2**31 - 1):
+            msgs: list[Any] = [SystemMessage("s")]
+            for t in turns:
+                msgs += [HumanMessage(t), AIMessage(t[::-1])]
+            llm.invoke([*msgs, HumanMessage("q")], cache_reuse=reuse)
+            trimmed = [msgs[0], *msgs[3:], HumanMessage("q")]
+            reply = llm.invoke(trimmed, cache_reuse=reuse)
+            cache = reply.response_metadata["cache"]
+            assert cache["moved_tokens"] >= 0 and cache["reuse_off"] in (None, "media"), name
+            if reuse == 2**31 - 1:
+                assert cache["moved_tokens"] == 0, name
+            else:  # the turns after the dropped one are kept or moved, not read
+                read = reply.usage_metadata["input_tokens"] - cache["cached_tokens"]  # type: ignore[index]
+                assert cache["moved_tokens"] > 0 and read < 60, (name, reuse, cache)
+    assert llm.invoke("hi").content == ok

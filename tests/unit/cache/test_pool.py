@@ -16,7 +16,7 @@ from langchain_llamacpp_local.cache.pool import (
     pool_need,
 )
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
-from tests.unit.cache.test_slot_memory import FakeStore
+from tests.unit.cache.test_slot_memory import FakeStore, fill
 
 QUESTION, REPLY = 17, 48
 
@@ -119,7 +119,7 @@ def test_slot_memory_admits_agents_that_share_a_running_prefix() -> None:
         room = memory.room(tokens, needed, [memory.footprint(s, needed) for s in slots], busy)
         assert room is not None, f"agent {i} should fit: {200 + 3 * 13} <= 256"
         assert room.n_share == (200 if i else 0)
-        slot, n_keep = memory.acquire(tokens, [], busy, cache_prompt=True, room=room)
+        slot, n_keep = fill(memory.acquire(tokens, [], busy, cache_prompt=True, room=room))
         assert n_keep == (200 if i else 0)
         _read(memory, store, slot, tokens)
         slots.append(slot)
@@ -133,11 +133,11 @@ def test_a_copy_of_the_running_prefix_wins_over_a_private_restore_when_the_pool_
     store, memory = _unified(3, 256)
     system = list(range(1000, 1200))
     a_tokens = [*system, 1]
-    a, _ = memory.acquire(a_tokens, [], set(), cache_prompt=True)
+    a, _ = fill(memory.acquire(a_tokens, [], set(), cache_prompt=True))
     _read(memory, store, a, a_tokens)
     # an idle conversation with the same prefix, parked in host RAM (its cells left)
     b_tokens = [*system, 2, 2]
-    b, _ = memory.acquire(b_tokens, [], {a.seq_id}, cache_prompt=True)
+    b, _ = fill(memory.acquire(b_tokens, [], {a.seq_id}, cache_prompt=True))
     _read(memory, store, b, b_tokens)
     assert memory.park(b)
     memory.reset(b)
@@ -146,7 +146,7 @@ def test_a_copy_of_the_running_prefix_wins_over_a_private_restore_when_the_pool_
     running = [memory.footprint(a, len(a_tokens) + 20)]
     room = memory.room(c_tokens, needed, running, {a.seq_id})
     assert room is not None and room.share_from == a.seq_id
-    c, n_keep = memory.acquire(c_tokens, [], {a.seq_id}, cache_prompt=True, room=room)
+    c, n_keep = fill(memory.acquire(c_tokens, [], {a.seq_id}, cache_prompt=True, room=room))
     assert n_keep == 200  # copied from the running slot, not restored (202 private)
     assert cells_in_use([a.runs(), c.runs()]) == 201
     memory.check()

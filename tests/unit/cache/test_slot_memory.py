@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
+from langchain_llamacpp_local.cache.slot_memory import Acquired, CacheOptions, SlotMemory
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.cache.store import SequenceStore
 from langchain_llamacpp_local.errors import DecodeError
@@ -27,6 +27,11 @@ from langchain_llamacpp_local.llama.loading import LoadConfig
 from langchain_llamacpp_local.llama.probes import MemoryKind
 
 _END = 2**31 - 1
+
+
+def fill(got: Acquired) -> tuple[Slot, int]:
+    """The slot :meth:`SlotMemory.acquire` gave and the entries it keeps."""
+    return got.slot, got.n_keep
 
 
 class FakeStore:
@@ -52,6 +57,10 @@ class FakeStore:
         self.n_batch = self.n_ubatch = n_batch
         self.n_swa = n_swa
         self.kv_unified = False
+        self.is_recurrent = kind is MemoryKind.FULL_ONLY
+        self.is_hybrid = False
+        self.can_shift = kind is not MemoryKind.SWA
+        self.mrope = False
         self.cells: list[dict[int, int]] = [{} for _ in range(n_slots)]
         self.refuse_states = False  # state_set answers False (a state llama.cpp rejects)
         self.events: list[tuple[str, int]] = []  # ("remove" | "load", seq): their order
@@ -100,6 +109,22 @@ class FakeStore:
         p0 = max(p0, 0)
         p1 = _END if p1 < 0 else p1
         self.cells[dst].update({p: t for p, t in self.cells[src].items() if p0 <= p < p1})
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """llama.cpp's rule: positions in [p0, p1) move by ``delta``; one landing below 0
+        is removed. A cell already at the new position would be two in one: refused."""
+        p0 = max(p0, 0)
+        p1 = _END if p1 < 0 else p1
+        cells = self.cells[seq_id]
+        moving = {p: t for p, t in cells.items() if p0 <= p < p1}
+        for p in moving:
+            del cells[p]
+        for p, t in moving.items():
+            if p + delta >= 0:
+                if p + delta in cells:
+                    raise AssertionError(f"seq {seq_id}: two cells at position {p + delta}")
+                cells[p + delta] = t
+        self.events.append(("shift", seq_id))
 
     def seq_pos_min(self, seq_id: int) -> int:
         cells = self.cells[seq_id]
@@ -157,31 +182,31 @@ PROMPT = list(range(100, 160))
 def test_an_edited_prompt_reuses_the_cached_prefix() -> None:
     store = FakeStore(n_slots=1)
     memory = _memory(store)
-    slot, n_keep = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     assert n_keep == 0
     _read(memory, store, slot, PROMPT, len(PROMPT))
     _generate(memory, store, slot, [7, 8, 9])
     memory.check()
 
     edited = PROMPT[:40] + [1, 2, 3] + PROMPT[40:]
-    again, n_keep = memory.acquire(edited, [], set(), cache_prompt=True)
+    again, n_keep = fill(memory.acquire(edited, [], set(), cache_prompt=True))
     assert again is slot and n_keep == 40  # the same slot, trimmed to the common prefix
     assert _held(store, slot) == PROMPT[:40] and slot.entries == PROMPT[:40]
     memory.check()
 
     # cache_prompt=False: nothing is reused
-    fresh, n_keep = memory.acquire(edited, [], set(), cache_prompt=False)
+    fresh, n_keep = fill(memory.acquire(edited, [], set(), cache_prompt=False))
     assert n_keep == 0 and _held(store, fresh) == []
 
 
 def test_a_free_slot_copies_a_prefix_and_the_conversation_stays() -> None:
     store = FakeStore(n_slots=2)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
     _generate(memory, store, slot, [7, 8, 9])
     edited = PROMPT[:40] + [1, 2, 3] + PROMPT[40:]
-    other, n_keep = memory.acquire(edited, [], set(), cache_prompt=True)
+    other, n_keep = fill(memory.acquire(edited, [], set(), cache_prompt=True))
     assert other is not slot and n_keep == 40
     assert _held(store, other) == PROMPT[:40] and other.entries == PROMPT[:40]
     assert _held(store, slot) == [*PROMPT, 7, 8, 9]
@@ -191,13 +216,13 @@ def test_a_free_slot_copies_a_prefix_and_the_conversation_stays() -> None:
 def test_the_slot_holding_the_longest_prefix_is_taken_and_busy_ones_are_not() -> None:
     store = FakeStore(n_slots=2)
     memory = _memory(store)
-    a, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    a, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, a, PROMPT, len(PROMPT))
     other = [5] * 30
-    b, _ = memory.acquire(other, [], {a.seq_id}, cache_prompt=True)
+    b, _ = fill(memory.acquire(other, [], {a.seq_id}, cache_prompt=True))
     assert b is not a
     _read(memory, store, b, other, len(other))
-    slot, n_keep = memory.acquire(PROMPT + [1], [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire(PROMPT + [1], [], set(), cache_prompt=True))
     assert slot is a and n_keep == len(PROMPT)
     memory.check()
 
@@ -205,18 +230,18 @@ def test_the_slot_holding_the_longest_prefix_is_taken_and_busy_ones_are_not() ->
 def test_a_conversation_is_parked_in_host_ram_and_restored() -> None:
     store = FakeStore(n_slots=1)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
     _generate(memory, store, slot, [7, 8])
     conversation = PROMPT + [7, 8]
 
     other = [9] * 20
-    slot, n_keep = memory.acquire(other, [], set(), cache_prompt=True)  # the only slot
+    slot, n_keep = fill(memory.acquire(other, [], set(), cache_prompt=True))  # the only slot
     assert n_keep == 0 and _held(store, slot) == [] and len(memory.ram.items) == 1
     _read(memory, store, slot, other, len(other))
 
     follow_up = [*conversation, 11, 12]
-    slot, n_keep = memory.acquire(follow_up, [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire(follow_up, [], set(), cache_prompt=True))
     assert n_keep == len(conversation)  # restored from RAM, not decoded again
     assert _held(store, slot) == conversation and slot.entries == conversation
     # the conversation it replaced went to RAM in its turn
@@ -239,17 +264,17 @@ def test_a_displaced_conversation_is_copied_out_once() -> None:
     store.state_get = counted  # type: ignore[method-assign]
     store.state_size = lambda seq_id, flags=0: len(state_get(seq_id, flags))  # type: ignore[method-assign]
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
     _generate(memory, store, slot, [7, 8])
     conversation = PROMPT + [7, 8]
 
     other = PROMPT[:10] + [9] * 20  # shares 10 of the 62 entries: park, then trim
-    slot, n_keep = memory.acquire(other, [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire(other, [], set(), cache_prompt=True))
     assert n_keep == 10 and reads == [0]
     assert [list(c.entries) for c in memory.ram.items] == [conversation]
     _read(memory, store, slot, other, len(other))
-    slot, n_keep = memory.acquire([*conversation, 11], [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire([*conversation, 11], [], set(), cache_prompt=True))
     assert n_keep == len(conversation) and _held(store, slot) == conversation
     memory.check()
 
@@ -260,25 +285,25 @@ def test_idle_conversations_leave_the_unified_pool_while_one_decodes_alone(ram: 
     store.kv_unified = True
     memory = _memory(store, **({} if ram else {"prompt_cache_bytes": 0}))
     room = (100, 0)
-    a, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True, room=room)
+    a, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True, room=room))
     _read(memory, store, a, PROMPT, len(PROMPT))
     b_tokens = [5] * 30
-    b, _ = memory.acquire(b_tokens, [], set(), cache_prompt=True, room=room)
+    b, _ = fill(memory.acquire(b_tokens, [], set(), cache_prompt=True, room=room))
     assert b is not a
     assert _held(store, a) == ([] if ram else PROMPT)  # parked while b decodes alone
     _read(memory, store, b, b_tokens, len(b_tokens))
     # beside a running request, or with another waiting, nothing is parked
     c_tokens = [6] * 20
-    c, _ = memory.acquire(c_tokens, [], {b.seq_id}, cache_prompt=True, room=room)
+    c, _ = fill(memory.acquire(c_tokens, [], {b.seq_id}, cache_prompt=True, room=room))
     _read(memory, store, c, c_tokens, len(c_tokens))
     d_tokens = [7] * 20
-    d, _ = memory.acquire(d_tokens, [], set(), cache_prompt=True, room=room, waiting=1)
+    d, _ = fill(memory.acquire(d_tokens, [], set(), cache_prompt=True, room=room, waiting=1))
     assert _held(store, b) == b_tokens and _held(store, c) == c_tokens
     _read(memory, store, d, d_tokens, len(d_tokens))
     memory.check()
 
     # the first conversation comes back: restored (or still in its slot), not decoded
-    back, n_keep = memory.acquire([*PROMPT, 1], [], set(), cache_prompt=True, room=room)
+    back, n_keep = fill(memory.acquire([*PROMPT, 1], [], set(), cache_prompt=True, room=room))
     assert n_keep == len(PROMPT) and _held(store, back) == PROMPT
     others = [_held(store, s) for s in memory.slots if s is not back]
     assert all(h == [] for h in others) if ram else sorted(map(len, others)) == [20, 20, 30]
@@ -292,13 +317,13 @@ def test_the_pool_is_emptied_before_a_conversation_comes_back_into_it() -> None:
     store.kv_unified = True
     memory = _memory(store)
     room = (100, 0)
-    a, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True, room=room)
+    a, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True, room=room))
     _read(memory, store, a, PROMPT, len(PROMPT))
     b_tokens = [5] * 30
-    b, _ = memory.acquire(b_tokens, [], set(), cache_prompt=True, room=room)
+    b, _ = fill(memory.acquire(b_tokens, [], set(), cache_prompt=True, room=room))
     _read(memory, store, b, b_tokens, len(b_tokens))
     store.events.clear()
-    back, n_keep = memory.acquire([*PROMPT, 1], [], set(), cache_prompt=True, room=room)
+    back, n_keep = fill(memory.acquire([*PROMPT, 1], [], set(), cache_prompt=True, room=room))
     assert n_keep == len(PROMPT) and _held(store, back) == PROMPT
     assert store.events.index(("remove", b.seq_id)) < store.events.index(("load", back.seq_id))
     assert _held(store, b) == []
@@ -308,11 +333,11 @@ def test_the_pool_is_emptied_before_a_conversation_comes_back_into_it() -> None:
 def test_a_refused_state_leaves_the_slot_empty() -> None:
     store = FakeStore(n_slots=1)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
-    slot, _ = memory.acquire([9] * 20, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire([9] * 20, [], set(), cache_prompt=True))
     store.refuse_states = True
-    slot, n_keep = memory.acquire(PROMPT + [1], [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire(PROMPT + [1], [], set(), cache_prompt=True))
     assert n_keep == 0 and _held(store, slot) == [] and slot.n_past == 0
     memory.check()
 
@@ -333,7 +358,7 @@ def test_recurrent_memory_resumes_from_a_checkpoint() -> None:
     store = FakeStore(MemoryKind.FULL_ONLY, n_slots=1, n_batch=16)
     memory = _memory(store, checkpoint_min_step=16)
     prompt = list(range(200, 300))
-    slot, _ = memory.acquire(prompt, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(prompt, [], set(), cache_prompt=True))
     targets = _read_with_checkpoints(memory, store, slot, prompt, 0)
     assert targets and [c.n_tokens for c in slot.checkpoints.items] == targets
     _generate(memory, store, slot, [1, 2])
@@ -342,7 +367,7 @@ def test_recurrent_memory_resumes_from_a_checkpoint() -> None:
     # an edit at 70: the state cannot be trimmed, the newest checkpoint before it returns
     edited = prompt[:70] + [3, 4] + prompt[70:]
     before = max(t for t in targets if t <= 70)
-    slot, n_keep = memory.acquire(edited, [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire(edited, [], set(), cache_prompt=True))
     assert n_keep == before
     assert _held(store, slot) == prompt[:before] and slot.entries == prompt[:before]
     memory.check()
@@ -351,10 +376,10 @@ def test_recurrent_memory_resumes_from_a_checkpoint() -> None:
 def test_recurrent_memory_without_checkpoints_reads_the_prompt_again() -> None:
     store = FakeStore(MemoryKind.FULL_ONLY, n_slots=1)
     memory = _memory(store, checkpoint_max_count=0)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     assert memory.checkpoint_targets(0, PROMPT, (), [], slot) == []
     _read(memory, store, slot, PROMPT, len(PROMPT))
-    slot, n_keep = memory.acquire(PROMPT[:30] + [1], [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire(PROMPT[:30] + [1], [], set(), cache_prompt=True))
     assert n_keep == 0 and _held(store, slot) == []
     memory.check()
 
@@ -362,7 +387,7 @@ def test_recurrent_memory_without_checkpoints_reads_the_prompt_again() -> None:
 def test_attention_memory_is_trimmed_without_checkpoints() -> None:
     store = FakeStore(MemoryKind.PARTIAL)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     assert memory.checkpoint_targets(0, PROMPT, (), [], slot) == []
     assert not memory.uses_checkpoints
 
@@ -373,9 +398,9 @@ def test_a_sliding_window_is_trimmed_only_while_it_holds_what_the_prefix_needs(
 ) -> None:
     store = FakeStore(MemoryKind.SWA, n_slots=1, n_swa=n_swa)
     memory = _memory(store, checkpoint_max_count=0)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
-    slot, n_keep = memory.acquire(PROMPT[:50] + [1], [], set(), cache_prompt=True)
+    slot, n_keep = fill(memory.acquire(PROMPT[:50] + [1], [], set(), cache_prompt=True))
     assert n_keep == kept and _held(store, slot) == PROMPT[:kept]
     memory.check()
 
@@ -403,7 +428,7 @@ def _verify(
 def test_rejected_draft_rows_are_trimmed_from_attention_memory(used: int) -> None:
     store = FakeStore(MemoryKind.PARTIAL)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
     assert not memory.rollback_mode(slot, 5)
     rows = [1, 2, 3, 4, 5]
@@ -416,7 +441,7 @@ def test_rejected_draft_rows_are_trimmed_from_attention_memory(used: int) -> Non
 def test_rejected_draft_rows_roll_recurrent_memory_back(used: int) -> None:
     store = FakeStore(MemoryKind.FULL_ONLY)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
     assert memory.rollback_mode(slot, 5)
     rows = [1, 2, 3, 4, 5]
@@ -430,7 +455,7 @@ def test_rejected_draft_rows_roll_recurrent_memory_back(used: int) -> None:
 def test_a_failed_rollback_empties_the_slot() -> None:
     store = FakeStore(MemoryKind.FULL_ONLY)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
     step = memory.begin_verify(slot, [1, 2, 3])
     store.decode(slot.seq_id, [1, 2, 3], step.n_past)
@@ -444,7 +469,7 @@ def test_a_failed_rollback_empties_the_slot() -> None:
 def test_a_failed_redecode_leaves_what_the_memory_holds() -> None:
     store = FakeStore(MemoryKind.FULL_ONLY)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
     step = memory.begin_verify(slot, [1, 2, 3])
     store.decode(slot.seq_id, [1, 2, 3], step.n_past)
@@ -461,7 +486,7 @@ def test_a_failed_redecode_leaves_what_the_memory_holds() -> None:
 def test_an_aborted_verify_puts_the_saved_state_back() -> None:
     store = FakeStore(MemoryKind.FULL_ONLY)
     memory = _memory(store)
-    slot, _ = memory.acquire(PROMPT, [], set(), cache_prompt=True)
+    slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
     step = memory.begin_verify(slot, [1, 2, 3])
     store.decode(slot.seq_id, [1, 2], step.n_past)  # the call broke off half way
@@ -490,7 +515,7 @@ def test_sliding_window_rollback_mode() -> None:
 def test_the_engine_and_the_fake_offer_what_the_protocol_asks() -> None:
     methods = {n for n in vars(SequenceStore) if not n.startswith("_")}
     assert methods == {
-        "seq_rm", "seq_cp", "seq_pos_min", "seq_pos_max",
+        "seq_rm", "seq_cp", "seq_add", "seq_pos_min", "seq_pos_max",
         "state_size", "state_get", "state_set", "wipe_memory",
     }  # fmt: skip
     for name in methods:

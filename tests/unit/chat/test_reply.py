@@ -88,7 +88,7 @@ def test_stream_tool_args_reaches_the_parser_from_the_model_and_the_call() -> No
     from langchain_llamacpp_local.chat.request_options import build_job, check_call
 
     fields = {k: f.default for k, f in ChatLlamaCpp.model_fields.items()}
-    model = SimpleNamespace(**fields, model_fields_set=set())
+    model = SimpleNamespace(**fields, model_fields_set=set(), reuse_scope="scope")
     assert model.stream_tool_args is False
     msgs = [HumanMessage("hi")]
     assert build_job(model, msgs, check_call({}, None, model)).stream_tool_args is False

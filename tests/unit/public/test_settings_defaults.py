@@ -78,6 +78,7 @@ def test_call_options_are_named_by_the_settings_they_fill() -> None:
     assert set(SAMPLING_OPTIONS) == sampling
     assert sampling <= set(ChatLlamaCpp.model_fields)
     job_state = {"messages", "sampling", "max_tokens_default", "stop", "deadline", "cancel"}
+    job_state |= {"reuse_owner"}  # the model instance's, never a call's
     job_options = {f.name for f in dataclasses.fields(ChatJob)} - job_state
     assert sampling | job_options <= CALL_OPTIONS
     # identifying params carry the sampling fields, whatever their order

@@ -106,6 +106,11 @@ def test_bad_timeouts_name_the_parameter(value: Any) -> None:
         ({"stall_budget_ms": 0}, "stall_budget_ms"),
         ({"stall_budget_ms": math.inf}, "stall_budget_ms"),
         ({"stall_budget_ms": "150"}, "stall_budget_ms"),
+        ({"cache_reuse": -1}, "cache_reuse"),
+        ({"cache_reuse": True}, "cache_reuse"),
+        ({"cache_reuse": "256"}, "cache_reuse"),
+        ({"cache_reuse": 2.0}, "cache_reuse"),
+        ({"cache_reuse": None}, "cache_reuse"),
     ],
 )
 def test_wrong_call_options_name_the_parameter(
@@ -333,3 +338,25 @@ def test_community_parameters_get_what_replaces_them_not_a_lookalike_field() -> 
     # unrelated names get no suggestion; typos still get theirs
     assert closest_name("model_kwargs", ["model_path", "models_dir"]) is None
     assert closest_name("kv_unify", ["kv_unified"]) == "kv_unified"
+
+
+@pytest.mark.parametrize("value", [-1, True, False, "256", 2.0, None, 2**40])
+def test_a_wrong_cache_reuse_is_refused_at_construction(tmp_path: Path, value: Any) -> None:
+    with pytest.raises((TypeError, ValueError), match="cache_reuse"):
+        ChatLlamaCpp(model_path=str(tmp_path / "missing.gguf"), cache_reuse=value)
+
+
+def test_cache_reuse_is_off_by_default_and_a_call_may_set_it(tmp_path: Path) -> None:
+    from langchain_core.messages import HumanMessage
+
+    from langchain_llamacpp_local.chat.request_options import build_job, check_call
+
+    llm = ChatLlamaCpp(model_path=str(tmp_path / "missing.gguf"))
+    msgs = [HumanMessage("hi")]
+    assert llm.cache_reuse == 0
+    assert build_job(llm, msgs, check_call({}, None, llm)).cache_reuse == 0
+    job = build_job(llm, msgs, check_call({"cache_reuse": 256}, None, llm))
+    assert job.cache_reuse == 256 and job.reuse_owner == llm.reuse_scope
+    other = ChatLlamaCpp(model_path=str(tmp_path / "missing.gguf"), cache_reuse=64)
+    assert build_job(other, msgs, check_call({}, None, other)).cache_reuse == 64
+    assert other.reuse_scope != llm.reuse_scope  # one instance's entries stay its own
