@@ -23,7 +23,7 @@ def _conversation(memory, store, owner="a", busy=frozenset()):  # type: ignore[n
 
 
 def test_dropping_the_oldest_turn_moves_the_rest() -> None:
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     slot = _conversation(memory, store)
     edited = SYSTEM + TURN2 + REPLY + [5, 6]
@@ -39,20 +39,20 @@ def test_dropping_the_oldest_turn_moves_the_rest() -> None:
 
 
 def test_off_by_default_and_below_n() -> None:
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     _conversation(memory, store)
     edited = SYSTEM + TURN2 + REPLY + [5]
     got = memory.acquire(edited, [], set(), cache_prompt=True, owner="a")
     assert got.moved == 0 and got.n_keep == 10 and got.reuse_off is None
-    memory = _memory(store := FakeStore(n_seq_max=1))
+    memory = _memory(store := FakeStore(n_slots=1))
     _conversation(memory, store)
     got = memory.acquire(edited, [], set(), cache_prompt=True, reuse=100, owner="a")
     assert got.moved == 0 and got.n_keep == 10 and got.reuse_off is None
 
 
 def test_only_the_same_conversation_is_moved() -> None:
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     _conversation(memory, store, owner="a")
     edited = SYSTEM + TURN2 + REPLY + [5]
@@ -64,7 +64,7 @@ def test_only_the_same_conversation_is_moved() -> None:
 def test_the_owned_slot_wins_over_a_fork() -> None:
     # with a free empty slot, a prompt leaving a conversation early forks (copies the
     # prefix); moving the chunks keeps more, so the conversation's own slot is taken
-    store = FakeStore(n_seq_max=3)
+    store = FakeStore(n_slots=3)
     memory = _memory(store)
     slot = _conversation(memory, store)
     edited = SYSTEM + TURN2 + REPLY + [5]
@@ -75,7 +75,7 @@ def test_the_owned_slot_wins_over_a_fork() -> None:
 
 def test_memory_that_cannot_shift_says_why() -> None:
     for kind, reason in ((MemoryKind.FULL_ONLY, "recurrent"), (MemoryKind.SWA, "sliding_window")):
-        store = FakeStore(kind, n_seq_max=1, n_swa=4096)
+        store = FakeStore(kind, n_slots=1, n_swa=4096)
         memory = _memory(store)
         _conversation(memory, store)
         edited = SYSTEM + TURN2 + REPLY + [5]
@@ -83,7 +83,7 @@ def test_memory_that_cannot_shift_says_why() -> None:
         assert got.moved == 0 and got.reuse_off == reason
         assert ("shift", 0) not in store.events
         memory.check()
-    store = FakeStore(n_seq_max=1, deterministic=True)
+    store = FakeStore(n_slots=1, deterministic=True)
     memory = _memory(store)
     _conversation(memory, store)
     got = memory.acquire(SYSTEM + TURN2 + [5], [], set(), cache_prompt=True, reuse=16, owner="a")
@@ -91,7 +91,7 @@ def test_memory_that_cannot_shift_says_why() -> None:
 
 
 def test_media_chunks_stay_and_say_why() -> None:
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     image = [("media", "d", k) for k in range(4)]
     prompt = SYSTEM + TURN1 + image + TURN2
@@ -107,7 +107,7 @@ def test_media_chunks_stay_and_say_why() -> None:
 def _forked(share: int):  # type: ignore[no-untyped-def]
     """Slot a holds the conversation; slot b copied its first ``share`` entries (the
     same cells in a unified pool) and read 20 of its own."""
-    store = FakeStore(n_seq_max=2)
+    store = FakeStore(n_slots=2)
     store.kv_unified = True
     memory = _memory(store)
     a = _conversation(memory, store)
@@ -144,7 +144,7 @@ def test_moved_cells_count_once_in_the_pool() -> None:
 def test_moved_entries_are_kept_only_by_their_owner_asking_for_reuse() -> None:
     """Moved entries attended to the old history: a request that did not ask for reuse,
     another conversation's, and a parked copy stop before them."""
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     slot = _conversation(memory, store)
     edited = SYSTEM + TURN2 + REPLY + [5]
@@ -163,7 +163,7 @@ def test_moved_entries_are_kept_only_by_their_owner_asking_for_reuse() -> None:
 
 
 def test_a_parked_copy_never_offers_moved_entries() -> None:
-    store = FakeStore(n_seq_max=1)
+    store = FakeStore(n_slots=1)
     memory = _memory(store)
     slot = _conversation(memory, store)
     edited = SYSTEM + TURN2 + REPLY + [5]
