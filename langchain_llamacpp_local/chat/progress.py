@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextvars
 import copy
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from langchain_core.callbacks import (
@@ -38,23 +38,12 @@ CURRENT_RUN: contextvars.ContextVar[Any] = contextvars.ContextVar(
 PROGRESS_EVENT = "llamacpp_prompt_progress"
 
 
-def emit_progress(run_manager: CallbackManagerForLLMRun, data: dict[str, int]) -> None:
-    """Send one progress event to the run's handlers."""
-    handle_event(
-        run_manager.handlers,
-        "on_custom_event",
-        "ignore_custom_event",
-        PROGRESS_EVENT,
-        data,
-        run_id=run_manager.run_id,
-        tags=run_manager.tags,
-        metadata=run_manager.metadata,
-    )
-
-
-async def aemit_progress(run_manager: AsyncCallbackManagerForLLMRun, data: dict[str, Any]) -> None:
-    """:func:`emit_progress` for async handlers."""
-    await ahandle_event(
+def emit_progress(
+    run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun, data: dict[str, int]
+) -> Awaitable[None] | None:
+    """Send one progress event to the run's handlers (an async run's: awaitable)."""
+    send = ahandle_event if isinstance(run_manager, AsyncCallbackManagerForLLMRun) else handle_event
+    return send(  # type: ignore[no-any-return]
         run_manager.handlers,
         "on_custom_event",
         "ignore_custom_event",
@@ -67,11 +56,7 @@ async def aemit_progress(run_manager: AsyncCallbackManagerForLLMRun, data: dict[
 
 
 def _no_token(*_args: Any, **_kwargs: Any) -> None:
-    return None
-
-
-async def _ano_token(*_args: Any, **_kwargs: Any) -> None:
-    return None
+    return None  # a call's callback steps await an async run's answer only if it has one
 
 
 def progress_only(run_manager: Any) -> Any:
@@ -82,8 +67,7 @@ def progress_only(run_manager: Any) -> Any:
     if run_manager is None:
         return None
     quiet = copy.copy(run_manager)
-    is_async = isinstance(run_manager, AsyncCallbackManagerForLLMRun)
-    quiet.on_llm_new_token = _ano_token if is_async else _no_token
+    quiet.on_llm_new_token = _no_token
     return quiet
 
 

@@ -41,6 +41,7 @@ from langchain_llamacpp_local.runtime.admission import speculation, waits_for_re
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.output import OutputPipeline
 from langchain_llamacpp_local.runtime.requests import (
+    CacheReport,
     EngineRequest,
     Failed,
     Finished,
@@ -203,9 +204,9 @@ class WorkerLoop:
                 elif isinstance(item, tuple):
                     fn, ch = item
                     try:
-                        ch.put(("ok", fn(self)))
+                        ch.put(fn(self))
                     except Exception as exc:
-                        ch.put(("error", exc))
+                        ch.put(Failed(exc))
                 else:
                     self.enqueue(item)
                 try:
@@ -357,11 +358,7 @@ class WorkerLoop:
             if sampler is not None:
                 sampler.close()
             raise
-        cache = {
-            "source": memory.last_source,
-            "missed": memory.last_missed,
-            "at": memory.last_mismatch_at,
-        }
+        cache = CacheReport(memory.last_source, memory.last_missed, memory.last_mismatch_at)
         if n_keep == 0:
             for proposer in self.proposers.values():
                 proposer.forget(slot.seq_id)
