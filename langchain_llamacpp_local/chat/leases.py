@@ -27,6 +27,7 @@ from langchain_core.messages import BaseMessage
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
 from langchain_llamacpp_local.chat.frontend import Frontend, frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
+from langchain_llamacpp_local.chat.prompts import PreparedPrompt
 from langchain_llamacpp_local.chat.reply import Reply, receive
 from langchain_llamacpp_local.chat.steps import OffLoop, Steps
 from langchain_llamacpp_local.llama.loading import LoadConfig
@@ -118,13 +119,19 @@ def submitting(
         )
         request.prompt_progress = progress
         request.channel.wake_for_text(not whole)
-        reply = Reply(request, prepared, frontend.info.model_name)
-        reply.explain_miss = frontend.explain_miss
-        # the model is free for others (keep-alive, max_loaded_models) once the reply is
-        # complete, even if the caller never reads it to the end
-        request.channel.on_final(lease.release)
-        lease.worker.submit(request)
-        return reply
+        return _queue(request, prepared, frontend.info.model_name, lease)
+
+
+def _queue(
+    request: EngineRequest, prepared: PreparedPrompt, model_name: str, lease: registry.Lease
+) -> Reply:
+    reply = Reply(request, prepared, model_name)
+    reply.explain_miss = frontend_for(lease.worker).explain_miss
+    # the model is free for others (keep-alive, max_loaded_models) once the reply is
+    # complete, even if the caller never reads it to the end
+    request.channel.on_final(lease.release)
+    lease.worker.submit(request)
+    return reply
 
 
 def submitting_as(
