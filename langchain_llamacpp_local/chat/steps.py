@@ -123,6 +123,8 @@ class Notify(Step):
     def wait(self) -> None:
         got = self.fn()
         if inspect.isawaitable(got):
+            if inspect.iscoroutine(got):
+                got.close()  # never run: no "never awaited" warning
             raise TypeError("an async callback in a sync call")
 
     async def await_(self) -> None:
@@ -136,50 +138,68 @@ def seconds_left(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0)
 
 
-def run(steps: Steps[R]) -> Generator[Any, None, R]:
+class _Running(Generic[R]):
+    """A call being run: iterating it gives what the call yields (outputs and steps);
+    a step's outcome goes back in as :attr:`sent` or :attr:`error` (raised in the call,
+    where it waits); :attr:`value` is what the call returned. Leaving the ``with``
+    closes the call (its ``finally`` blocks run)."""
+
+    def __init__(self, steps: Steps[R]) -> None:
+        self.steps = steps
+        self.sent: Any = None
+        self.error: BaseException | None = None
+        self.value: R | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        sent, error = self.sent, self.error
+        self.sent = self.error = None
+        try:
+            return self.steps.throw(error) if error is not None else self.steps.send(sent)
+        except StopIteration as stop:
+            self.value = stop.value
+            raise StopIteration from None
+
+    def settle(self, wait: Callable[[], Any]) -> None:
+        """Do a step on this thread: its result or its error goes back in."""
+        try:
+            self.sent = wait()
+        except BaseException as exc:
+            self.error = exc
+
+    def __enter__(self) -> _Running[R]:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.steps.close()
+
+
+def run(steps: Steps[R]) -> Generator[Any, None, R | None]:
     """The call's outputs, its steps done on this thread; returns what the call returns."""
-    send: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                out = steps.throw(error) if error is not None else steps.send(send)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            send = error = None
-            if not isinstance(out, Step):
+    with _Running(steps) as call:
+        for out in call:
+            if isinstance(out, Step):
+                call.settle(out.wait)
+            else:
                 yield out
-                continue
-            try:
-                send = out.wait()
-            except BaseException as exc:  # raised in the call, where it waits
-                error = exc
-    finally:
-        steps.close()
+        return call.value
 
 
-async def arun(steps: Steps[R], returned: list[R] | None = None) -> AsyncIterator[Any]:
+async def arun(steps: Steps[R], returned: list[R | None] | None = None) -> AsyncIterator[Any]:
     """:func:`run` for an event loop; what the call returns goes into ``returned``."""
-    send: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                out = steps.throw(error) if error is not None else steps.send(send)
-            except StopIteration as stop:
-                if returned is not None:
-                    returned.append(stop.value)
-                return
-            send = error = None
+    with _Running(steps) as call:
+        for out in call:
             if not isinstance(out, Step):
                 yield out
                 continue
             try:
-                send = await out.await_()
+                call.sent = await out.await_()
             except BaseException as exc:  # a cancelled task's too: the call cleans up
-                error = exc
-    finally:
-        steps.close()
+                call.error = exc
+        if returned is not None:
+            returned.append(call.value)
 
 
 def result(steps: Steps[R]) -> R:
@@ -195,11 +215,11 @@ def result(steps: Steps[R]) -> R:
 
 async def aresult(steps: Steps[R]) -> R:
     """:func:`result` for an event loop."""
-    returned: list[R] = []
+    returned: list[R | None] = []
     async with aclosing(arun(steps, returned)) as outputs:  # type: ignore[type-var]
         async for out in outputs:
             raise TypeError(f"unexpected output {out!r}")
-    return returned[0]
+    return returned[0]  # type: ignore[return-value]
 
 
 class Call(Generic[T]):
