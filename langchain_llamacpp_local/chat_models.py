@@ -721,11 +721,8 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        token = progress.CURRENT_RUN.set(run_manager)
-        try:
+        with progress.run_set(run_manager):
             return super()._generate_with_cache(messages, stop, run_manager, **kwargs)
-        finally:
-            progress.CURRENT_RUN.reset(token)
 
     async def _agenerate_with_cache(
         self,
@@ -734,11 +731,8 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        token = progress.CURRENT_RUN.set(run_manager)
-        try:
+        with progress.run_set(run_manager):
             return await super()._agenerate_with_cache(messages, stop, run_manager, **kwargs)
-        finally:
-            progress.CURRENT_RUN.reset(token)
 
     def _generate(
         self,

@@ -13,6 +13,7 @@ context variable set only while LangChain starts the run and first steps ``_stre
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import uuid
@@ -113,18 +114,25 @@ def stream_run(
     return config, run
 
 
+@contextlib.contextmanager
+def run_set(run: Any) -> Iterator[None]:
+    """:data:`CURRENT_RUN` set to ``run`` inside the ``with`` only."""
+    token = CURRENT_RUN.set(run)
+    try:
+        yield
+    finally:
+        CURRENT_RUN.reset(token)
+
+
 def first_step_with(run: Any, make: Callable[[], Iterator[T]]) -> Iterator[T]:
     """``make()``'s items, with :data:`CURRENT_RUN` set to ``run`` only while its first
     item is produced (when ``_stream`` starts and reads it)."""
-    token = CURRENT_RUN.set(run)
-    try:
+    with run_set(run):
         inner = make()
         try:
             first = next(inner)
         except StopIteration:
             return
-    finally:
-        CURRENT_RUN.reset(token)
     try:
         yield first
         yield from inner
@@ -136,15 +144,12 @@ def first_step_with(run: Any, make: Callable[[], Iterator[T]]) -> Iterator[T]:
 
 async def afirst_step_with(run: Any, make: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
     """:func:`first_step_with` for async iterators."""
-    token = CURRENT_RUN.set(run)
-    try:
+    with run_set(run):
         inner = make()
         try:
             first = await inner.__anext__()
         except StopAsyncIteration:
             return
-    finally:
-        CURRENT_RUN.reset(token)
     try:
         yield first
         async for item in inner:
