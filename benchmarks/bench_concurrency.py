@@ -65,9 +65,7 @@ def raw_batch_speedup(
 ) -> dict[str, float]:
     """Decode ``tokens`` steps of 1 sequence, then of ``n`` together (low-level API);
     the best rate of ``rounds`` tries of each (a shared machine only ever slows a try)."""
-    eng = Engine(
-        LoadConfig(model_path=path, n_ctx=n_ctx, n_slots=n, flash_attn=False, n_batch=512)
-    )
+    eng = Engine(LoadConfig(model_path=path, n_ctx=n_ctx, n_slots=n, flash_attn=False, n_batch=512))
     try:
         prompt = eng.tokenize("Once upon a time, in a land far away,", add_special=True)
 

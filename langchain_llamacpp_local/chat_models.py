@@ -7,13 +7,12 @@ import logging
 import re
 import secrets
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import anyio
 from langchain_core import exceptions as lc_exceptions
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
@@ -40,10 +39,11 @@ from langchain_llamacpp_local.chat import progress
 from langchain_llamacpp_local.chat.cache_report import MissWarnings, warn_on_miss
 from langchain_llamacpp_local.chat.frontend import frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
-from langchain_llamacpp_local.chat.leases import asubmit, hold, hold_off_loop, submit
+from langchain_llamacpp_local.chat.leases import ChatAccess, hold, leasing, submitting
 from langchain_llamacpp_local.chat.messages import aggregate, chunk_of, text_of
 from langchain_llamacpp_local.chat.preview import RenderedPrompt
-from langchain_llamacpp_local.chat.progress import aemit_progress, emit_progress, progress_only
+from langchain_llamacpp_local.chat.progress import emit_progress, progress_only
+from langchain_llamacpp_local.chat.reply import Done, Progress
 from langchain_llamacpp_local.chat.request_options import (
     SAMPLING_OPTIONS,
     build_job,
@@ -53,6 +53,7 @@ from langchain_llamacpp_local.chat.request_options import (
     has_images,
     sampling_params,
 )
+from langchain_llamacpp_local.chat.steps import Call, Notify, OffLoop, Sleep, Steps
 from langchain_llamacpp_local.chat.structured import structured_output
 from langchain_llamacpp_local.errors import ResponseFormatBesideToolsError, model_errors
 from langchain_llamacpp_local.llama.gguf import projector_inputs, read_gguf_metadata
@@ -545,12 +546,6 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
             self._worker = lease.worker
         return lease, resolved
 
-    async def _alease(
-        self, spec: str | None, deadline: float | None, keep_alive: float | None = None
-    ) -> tuple[registry.Lease, ResolvedModel]:
-        """:meth:`_lease` off the event loop; a cancelled task never strands a lease."""
-        return await hold_off_loop(functools.partial(self._lease, spec, deadline, keep_alive))
-
     def _reported_name(self, spec: str | None, resolved: ResolvedModel) -> str | None:
         """``response_metadata["model_name"]``: ``model_name``, else a per-call ``model=``
         as given, else the instance's ``model`` unless it is a path (None: the GGUF's name)."""
@@ -643,6 +638,17 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
 
         return LlamaCppDecisionModel(chat_model=self, **settings)
 
+    def chat_access(self) -> ChatAccess:
+        """Package-internal: what the decision model (and other code of this package
+        beside the chat model) needs to make requests on this model, typed, so that none
+        of it reaches into the chat model's private methods."""
+        return ChatAccess(
+            make_job=self._make_job,
+            lease=functools.partial(self._lease, None),
+            inflight=self._inflight,
+            name=self._display_name(),
+        )
+
     def get_token_ids(self, text: str) -> list[int]:
         """``text``'s tokens in the model's own vocabulary (no BOS, special-token text
         read as plain text); reads only the vocabulary when the model is not loaded."""
@@ -686,156 +692,25 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        return self._chunks(messages, stop, run_manager, kwargs, whole=False)
+        return iter(ChatCall(self, messages, stop, run_manager, kwargs, whole=False))
 
-    def _chunks(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None,
-        run_manager: CallbackManagerForLLMRun | None,
-        kwargs: dict[str, Any],
-        *,
-        whole: bool,
-    ) -> Iterator[ChatGenerationChunk]:
-        """The reply's chunks, the call retried on a retryable error (``max_retries``)
-        while nothing has been sent; ``whole``: the caller reads them only at the end."""
-        for attempt in range(self.max_retries + 1):
-            started = False
-            try:
-                for chunk in self._attempt(messages, stop, run_manager, kwargs, whole=whole):
-                    started = True
-                    yield chunk
-                return
-            except lc_exceptions.ModelError as exc:
-                delay = self._retry_delay(exc, started=started, attempt=attempt)
-                if delay is None:
-                    raise
-                time.sleep(delay)
-
-    def _attempt(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None,
-        run_manager: CallbackManagerForLLMRun | None,
-        kwargs: dict[str, Any],
-        *,
-        whole: bool,
-    ) -> Iterator[ChatGenerationChunk]:
-        """One attempt at the reply's chunks; ``whole``: the caller reads them only at the
-        end (the worker does not wake it for each token)."""
-        # LangChain's streaming paths pass no run manager: progress goes to their run
-        progress_run = run_manager if run_manager is not None else progress.CURRENT_RUN.get()
-        with model_errors():
-            job = self._make_job(messages, stop, kwargs)
-            spec = kwargs.get("model")
-            lease, resolved = self._lease(spec, job.deadline, check_keep_alive_option(kwargs))
-            try:
-                reply = submit(
-                    job, lease, self._inflight, progress=progress_run is not None, whole=whole
-                )
-                name = self._reported_name(spec, resolved)
-                for kind, value in reply.items():
-                    if kind == "progress":  # prompt reading, as custom callback events
-                        if progress_run:
-                            emit_progress(progress_run, value)
-                        continue
-                    if kind == "done":
-                        self._warn_miss(value, job)
-                    chunk = chunk_of(kind, value, name)
-                    if run_manager and kind == "delta":
-                        run_manager.on_llm_new_token(text_of(value), chunk=chunk)
-                    yield chunk
-            finally:
-                lease.release()
-
-    async def _astream(
+    def _astream(
         self,
         messages: list[BaseMessage],
         stop: list[str] | None = None,
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for chunk in self._achunks(messages, stop, run_manager, kwargs, whole=False):
-            yield chunk
+        return aiter(ChatCall(self, messages, stop, run_manager, kwargs, whole=False))
 
-    def _retry_delay(
-        self, exc: lc_exceptions.ModelError, *, started: bool, attempt: int
-    ) -> float | None:
-        """Seconds before the call is tried again after ``exc`` (logged), or None when it
-        is not: a reply already started, the error is not retryable, or no retry is left."""
-        if started or not exc.is_retryable or attempt >= self.max_retries:
-            return None
-        delay = retry_delay(attempt)
-        logger.warning("retrying a call in %.1f s after %r", delay, exc)
-        return delay
-
-    async def _achunks(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None,
-        run_manager: AsyncCallbackManagerForLLMRun | None,
-        kwargs: dict[str, Any],
-        *,
-        whole: bool,
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        """:meth:`_chunks` for an event loop."""
-        for attempt in range(self.max_retries + 1):
-            started = False
-            try:
-                async for chunk in self._aattempt(messages, stop, run_manager, kwargs, whole=whole):
-                    started = True
-                    yield chunk
-                return
-            except lc_exceptions.ModelError as exc:
-                delay = self._retry_delay(exc, started=started, attempt=attempt)
-                if delay is None:
-                    raise
-                await anyio.sleep(delay)
-
-    async def _aattempt(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None,
-        run_manager: AsyncCallbackManagerForLLMRun | None,
-        kwargs: dict[str, Any],
-        *,
-        whole: bool,
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        """:meth:`_attempt` for an event loop."""
-        # Off the event loop: image decoding (pillow, permitted downloads) in _make_job,
-        # on the first call loading the model, and preparing the prompt (template,
-        # tokens, grammar): the loop never waits on any of them.
-        progress_run = run_manager if run_manager is not None else progress.CURRENT_RUN.get()
-        with model_errors():
-            job = await anyio.to_thread.run_sync(self._make_job, messages, stop, kwargs)
-            spec = kwargs.get("model")
-            lease, resolved = await self._alease(
-                spec, job.deadline, check_keep_alive_option(kwargs)
-            )
-            try:
-                reply = await asubmit(
-                    job, lease, self._inflight, progress=progress_run is not None, whole=whole
-                )
-                name = self._reported_name(spec, resolved)
-                async for kind, value in reply.aitems():
-                    if kind == "progress":  # prompt reading, as custom callback events
-                        if progress_run:
-                            await aemit_progress(progress_run, value)
-                        continue
-                    if kind == "done":
-                        self._warn_miss(value, job)
-                    chunk = chunk_of(kind, value, name)
-                    if run_manager and kind == "delta":
-                        await run_manager.on_llm_new_token(text_of(value), chunk=chunk)
-                    yield chunk
-            finally:
-                lease.release()
-
-    def _warn_miss(self, done: Any, job: ChatJob) -> None:
-        """``cache_miss_warning_tokens``: warn once per conversation of a costly miss."""
+    def _warn_miss(self, last: ChatGenerationChunk, job: ChatJob) -> None:
+        """``cache_miss_warning_tokens``: warn once per conversation of a costly miss
+        (read from the reply's last chunk, as the caller sees it)."""
+        msg = last.message
+        assert isinstance(msg, AIMessageChunk)
         warn_on_miss(
-            done.cache,
-            done.usage,
+            msg.response_metadata.get("cache"),
+            dict(msg.usage_metadata or {}),
             self.cache_miss_warning_tokens,
             job.messages,
             self._miss_warnings,
@@ -881,11 +756,8 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        token = progress.CURRENT_RUN.set(run_manager)
-        try:
+        with progress.run_set(run_manager):
             return super()._generate_with_cache(messages, stop, run_manager, **kwargs)
-        finally:
-            progress.CURRENT_RUN.reset(token)
 
     async def _agenerate_with_cache(
         self,
@@ -894,11 +766,8 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        token = progress.CURRENT_RUN.set(run_manager)
-        try:
+        with progress.run_set(run_manager):
             return await super()._agenerate_with_cache(messages, stop, run_manager, **kwargs)
-        finally:
-            progress.CURRENT_RUN.reset(token)
 
     def _generate(
         self,
@@ -907,16 +776,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        chunks = list(
-            self._chunks(
-                messages,
-                stop,
-                run_manager if self.streaming else progress_only(run_manager),
-                kwargs,
-                whole=not self.streaming,
-            )
-        )
-        return aggregate(chunks)
+        return aggregate(list(self._whole_call(messages, stop, run_manager, kwargs)))
 
     async def _agenerate(
         self,
@@ -925,17 +785,20 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        chunks = [
-            c
-            async for c in self._achunks(
-                messages,
-                stop,
-                run_manager if self.streaming else progress_only(run_manager),
-                kwargs,
-                whole=not self.streaming,
-            )
-        ]
-        return aggregate(chunks)
+        return aggregate([c async for c in self._whole_call(messages, stop, run_manager, kwargs)])
+
+    def _whole_call(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> ChatCall:
+        """``invoke``'s call: without ``streaming``, the reply is read only at its end
+        and its run gets progress events but no tokens."""
+        if self.streaming:
+            return ChatCall(self, messages, stop, run_manager, kwargs, whole=False)
+        return ChatCall(self, messages, stop, progress_only(run_manager), kwargs, whole=True)
 
     # ------------------------------------------------------------------ tools
 
@@ -1036,6 +899,92 @@ def retry_delay(attempt: int) -> float:
     """Seconds before retry ``attempt + 1``: the OpenAI client's backoff (0.5 s doubling,
     at most 8 s), without its jitter so runs repeat."""
     return float(min(0.5 * 2**attempt, 8.0))
+
+
+class ChatCall(Call[ChatGenerationChunk]):
+    """One chat call's chunks, read with ``for`` (``stream``, ``invoke``) or ``async
+    for`` (``astream``, ``ainvoke``): the call is written once, as steps (:mod:`.chat.steps`).
+    A retryable error (``max_retries``) tries the call again while nothing has been sent;
+    ``whole``: the caller reads the chunks only at the end (the worker does not wake it
+    for each token). Closing the reader, or cancelling its task, cancels the request."""
+
+    def __init__(
+        self,
+        model: ChatLlamaCpp,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> None:
+        super().__init__(self._steps)
+        self.model = model
+        self.messages = messages
+        self.stop = stop
+        self.run_manager = run_manager
+        self.kwargs = kwargs
+        self.whole = whole
+        #: a chunk of the current attempt has been sent (it is not retried then)
+        self.started = False
+
+    def _steps(self) -> Steps[None]:
+        for attempt in range(self.model.max_retries + 1):
+            self.started = False
+            try:
+                yield from self._attempt()
+                return
+            except lc_exceptions.ModelError as exc:
+                if self.started or not exc.is_retryable or attempt >= self.model.max_retries:
+                    raise
+                delay = retry_delay(attempt)
+                logger.warning("retrying a call in %.1f s after %r", delay, exc)
+                yield Sleep(delay)
+
+    def _attempt(self) -> Steps[None]:
+        """One attempt. For an async caller, what blocks runs off the event loop: image
+        decoding (pillow, permitted downloads) in the job, on the first call loading the
+        model, and preparing the prompt (template, tokens, grammar)."""
+        model, run_manager, kwargs = self.model, self.run_manager, self.kwargs
+        # LangChain's streaming paths pass no run manager: progress goes to their run
+        progress_run = run_manager if run_manager is not None else progress.CURRENT_RUN.get()
+        with model_errors():
+            job = yield OffLoop(
+                functools.partial(model._make_job, self.messages, self.stop, kwargs)
+            )
+            spec = kwargs.get("model")
+            keep_alive = check_keep_alive_option(kwargs)
+            lease, resolved = yield leasing(
+                functools.partial(model._lease, spec, job.deadline, keep_alive)
+            )
+            try:
+                reply = yield from submitting(
+                    job, lease, model._inflight, progress=progress_run is not None, whole=self.whole
+                )
+                name = model._reported_name(spec, resolved)
+                try:
+                    while not reply.finished:
+                        for item in (yield from reply.read()):
+                            if isinstance(item, Progress):  # as custom callback events
+                                if progress_run:
+                                    yield Notify(
+                                        functools.partial(emit_progress, progress_run, asdict(item))
+                                    )
+                                continue
+                            chunk = chunk_of(item, name)
+                            if isinstance(item, Done):
+                                model._warn_miss(chunk, job)
+                            elif run_manager:
+                                token = functools.partial(
+                                    run_manager.on_llm_new_token, text_of(item.piece), chunk=chunk
+                                )
+                                yield Notify(token)
+                            self.started = True
+                            yield chunk
+                finally:
+                    reply.close()
+            finally:
+                lease.release()
 
 
 class _ClassOrInstanceMethod:

@@ -21,9 +21,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
-
-import anyio
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 try:
     from langchain_core.decisions import (
@@ -48,12 +46,14 @@ except ImportError as exc:  # langchain-core before 1.8 (the newest for Python 3
         f"langchain-core {langchain_core.__version__}. ChatLlamaCpp, LlamaCppEmbeddings and "
         "LlamaCppRerank work without it."
     ) from exc
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from pydantic import ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
 from langchain_llamacpp_local.chat.frontend import Frontend, frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
-from langchain_llamacpp_local.chat.leases import aanswer_of, answer_of, asubmit_as, submit_as
+from langchain_llamacpp_local.chat.leases import ChatAccess, answering, leasing, submitting_as
+from langchain_llamacpp_local.chat.steps import OffLoop, Steps, aresult, result
 from langchain_llamacpp_local.errors import ImageInputError, InvalidRequestError, model_errors
 from langchain_llamacpp_local.runtime.requests import CancelFlag, EngineRequest, ScoreRequest
 from langchain_llamacpp_local.runtime.scoring import (
@@ -304,6 +304,13 @@ def variants(qid: str, question: Question, debias: str | None) -> list[_Asked]:
 # --------------------------------------------------------------------------- the model
 
 
+@runtime_checkable
+class _Accessible(Protocol):
+    """A chat model that hands out its :class:`ChatAccess` (``ChatLlamaCpp``)."""
+
+    def chat_access(self) -> ChatAccess: ...
+
+
 @dataclass
 class _Decision:
     """One decision request, ready to queue: its questions and their chat jobs (one
@@ -336,7 +343,7 @@ class LlamaCppDecisionModel(BaseDecisionModel):
 
     model: str = ""
     """Reported model name (default: the chat model's traced name)."""
-    chat_model: Any = Field(exclude=True)
+    chat_model: BaseChatModel = Field(exclude=True)
     """The :class:`ChatLlamaCpp` whose model answers (shares its loaded worker)."""
     debias: Literal["cyclic"] | None = None
     """Order debiasing: ``"cyclic"`` asks each question once per cyclic rotation of its
@@ -347,14 +354,15 @@ class LlamaCppDecisionModel(BaseDecisionModel):
     shared); None: one prompt, options in the order given."""
 
     _inflight: weakref.WeakSet[threading.Event] = PrivateAttr(default_factory=weakref.WeakSet)
+    #: what this model needs of the chat model (its jobs, lease, cancel registry)
+    _access: ChatAccess = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:
-        from langchain_core.language_models import BaseChatModel
-
-        if not isinstance(self.chat_model, BaseChatModel) or not hasattr(self.chat_model, "_lease"):
+        if not isinstance(self.chat_model, _Accessible):
             raise TypeError("chat_model must be a ChatLlamaCpp")
+        self._access = self.chat_model.chat_access()
         if not self.model:
-            self.model = self.chat_model._display_name()
+            self.model = self._access.name
 
     @property
     def _provider(self) -> str:
@@ -367,41 +375,31 @@ class LlamaCppDecisionModel(BaseDecisionModel):
             cancel.set()
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
-        with model_errors():
-            decision = self._decision(state, questions, None)
-            lease, _ = self.chat_model._lease(None, decision.deadline)
-            try:
-                shared = self._shared(lease, decision)
-                scores = [
-                    _scores(
-                        answer_of(
-                            submit_as(
-                                job, lease, self.chat_model._inflight, partial(_scoring, a, shared)
-                            )
-                        )
-                    )
-                    for job, a in zip(decision.jobs, decision.asked, strict=True)
-                ]
-            finally:
-                lease.release()
-            return self._response(decision.asked, scores)
+        return result(self._classifying(state, questions))
 
     async def _aclassify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
-        """The preparation off the event loop; the answers awaited on it; a cancelled
-        task cancels the question running."""
+        return await aresult(self._classifying(state, questions))
+
+    def _classifying(
+        self, state: State, questions: dict[str, Question]
+    ) -> Steps[ClassifierResponse]:
+        """The decision as steps (:mod:`.chat.steps`): for an async caller the
+        preparation runs off the event loop and the answers are awaited on it; a reader
+        that goes away (a cancelled task) cancels the question running."""
+        access = self._access
         with model_errors():
             cancel = CancelFlag()
             try:
-                decision = await anyio.to_thread.run_sync(self._decision, state, questions, cancel)
-                lease, _ = await self.chat_model._alease(None, decision.deadline)
+                decision = yield OffLoop(partial(self._decision, state, questions, cancel))
+                lease, _ = yield leasing(partial(access.lease, decision.deadline))
                 try:
-                    shared = await anyio.to_thread.run_sync(self._shared, lease, decision)
+                    shared = yield OffLoop(partial(self._shared, lease, decision))
                     scores: list[LabelScores] = []
                     for job, a in zip(decision.jobs, decision.asked, strict=True):
-                        request = await asubmit_as(
-                            job, lease, self.chat_model._inflight, partial(_scoring, a, shared)
+                        request = yield from submitting_as(
+                            job, lease, access.inflight, partial(_scoring, a, shared)
                         )
-                        scores.append(_scores(await aanswer_of(request)))
+                        scores.append(_scores((yield from answering(request))))
                 finally:
                     lease.release()
             except BaseException:
@@ -410,7 +408,7 @@ class LlamaCppDecisionModel(BaseDecisionModel):
             return self._response(decision.asked, scores)
 
     def _decision(
-        self, state: State, questions: dict[str, Question], cancel: threading.Event | None
+        self, state: State, questions: dict[str, Question], cancel: threading.Event
     ) -> _Decision:
         """Check the questions and make their chat jobs (on the caller's side)."""
         if not questions:
@@ -425,7 +423,6 @@ class LlamaCppDecisionModel(BaseDecisionModel):
             for a in variants(qid, as_question(qid, q), self.debias)
         ]
         state_text, media = render_state(state)
-        cancel = cancel if cancel is not None else CancelFlag()
         jobs = [self._job(question_message(state_text, media, a.text)) for a in asked]
         deadline = jobs[0].deadline
         for job in jobs:
@@ -436,9 +433,7 @@ class LlamaCppDecisionModel(BaseDecisionModel):
     def _job(self, message: HumanMessage) -> ChatJob:
         """A question's chat job: no thinking, one token, and no adapters (questions
         read the base model: docs/decisions.md)."""
-        job: ChatJob = self.chat_model._make_job(
-            [message], None, {"reasoning": False, "max_tokens": 1}
-        )
+        job = self._access.make_job([message], None, {"reasoning": False, "max_tokens": 1})
         job.lora = None
         return job
 

@@ -44,7 +44,7 @@ from langchain_llamacpp_local.errors import (
 from langchain_llamacpp_local.llama.sampling import Sampler
 from langchain_llamacpp_local.llama.threads import cpu_budget
 from langchain_llamacpp_local.runtime.lora import activate, key_tokens
-from langchain_llamacpp_local.runtime.requests import EngineRequest, cancel_error
+from langchain_llamacpp_local.runtime.requests import CacheReport, EngineRequest, cancel_error
 from langchain_llamacpp_local.runtime.stats import ModelInfo
 from langchain_llamacpp_local.runtime.worker import ModelWorker
 
@@ -94,16 +94,14 @@ class Frontend:
             raise WorkerDeadError("the model worker has stopped")
         return self.engine.tokenize_multimodal(text, images)
 
-    def explain_miss(
-        self, prepared: prompts.PreparedPrompt, cache: dict[str, Any]
-    ) -> dict[str, Any]:
+    def explain_miss(self, prepared: prompts.PreparedPrompt, cache: CacheReport) -> dict[str, Any]:
         """Where a prompt that missed the cache left it, in its messages (a miss only:
         this detokenizes the prompt up to that point)."""
         with self.holding_vocab():
             return cache_report.explain_miss(
                 prepared.text,
                 prepared.tokens,
-                cache["at"],
+                cache.at,
                 lambda t: self.engine.token_piece(t),
                 prepared.messages,
                 prepared.tool_specs,

@@ -3,33 +3,37 @@
 A request leases the loaded model from the registry (loading it, or waiting for room,
 if needed), has its prompt prepared by the model's front end on the caller's side and
 queues the token request; the lease goes back once the reply is complete, even when the
-caller never reads it to the end. An async caller does the blocking parts (the load, the
-preparation) on a worker-pool thread, and a cancelled task never strands a lease.
+caller never reads it to the end. These are steps of a call (:mod:`.steps`): an async
+caller does the blocking parts (the load, the preparation) on a worker-pool thread, and
+a cancelled task never strands a lease.
 
 Other kinds of work made from a chat prompt (a decision question's scoring request)
-take the same path (:func:`submit_as`) and are answered by one typed item
-(:func:`answer_of`), waited for up to the request's deadline.
+take the same path (:func:`submitting_as`) and are answered by one typed item
+(:func:`answering`), waited for up to the request's deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
-import anyio
+from langchain_core.messages import BaseMessage
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
 from langchain_llamacpp_local.chat.frontend import Frontend, frontend_for
 from langchain_llamacpp_local.chat.jobs import ChatJob
-from langchain_llamacpp_local.chat.reply import Reply
-from langchain_llamacpp_local.errors import RequestTimeoutError
+from langchain_llamacpp_local.chat.prompts import PreparedPrompt
+from langchain_llamacpp_local.chat.reply import Reply, receive
+from langchain_llamacpp_local.chat.steps import OffLoop, Steps
 from langchain_llamacpp_local.llama.loading import LoadConfig
+from langchain_llamacpp_local.resolution.model_resolution import ResolvedModel
 from langchain_llamacpp_local.runtime import registry
-from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed
+from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed, ReplyItem
 
 logger = logging.getLogger(__name__)
 
@@ -71,81 +75,56 @@ def hold(
     return lease
 
 
-async def hold_off_loop(get: Callable[[], tuple[registry.Lease, T]]) -> tuple[registry.Lease, T]:
-    """``get()`` (a blocking lease) on a worker-pool thread; if the task is cancelled,
-    the lease it got, now or later, is released."""
-    box: list[tuple[registry.Lease, T]] = []
-    abandoned: list[bool] = []
-
-    def run() -> tuple[registry.Lease, T]:
-        got = get()
-        box.append(got)
-        if abandoned:
-            got[0].release()
-        return got
-
-    try:
-        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
-    except BaseException:
-        abandoned.append(True)
-        for lease, _ in box:
-            lease.release()
-        raise
+def leasing(get: Callable[[], tuple[registry.Lease, T]]) -> OffLoop[tuple[registry.Lease, T]]:
+    """The step of ``get()`` (a blocking lease, and what comes with it): off the event
+    loop for an async caller, whose task may be cancelled while it waits; the lease it
+    got, now or later, is then released."""
+    return OffLoop(get, undo=lambda got: got[0].release(), abandon=True)
 
 
-def submit(
+@dataclass(frozen=True)
+class ChatAccess:
+    """What code beside the chat model (the decision model) needs of it to make
+    requests on its model: its jobs, its lease, its cancel registry and its name.
+    ``ChatLlamaCpp.chat_access()`` hands one out; package-internal."""
+
+    #: a chat job from messages, stop strings and call options (checked, images read)
+    make_job: Callable[[list[BaseMessage], list[str] | None, dict[str, Any]], ChatJob]
+    #: hold the chat model's own model until the deadline (loading it if needed)
+    lease: Callable[[float | None], tuple[registry.Lease, ResolvedModel]]
+    #: the cancel events of the chat model's running requests (``close()`` sets them)
+    inflight: weakref.WeakSet[threading.Event]
+    #: the traced name (from the configuration only)
+    name: str
+
+
+def submitting(
     job: ChatJob,
     lease: registry.Lease,
     inflight: weakref.WeakSet[threading.Event],
     *,
     progress: bool = False,
     whole: bool = False,
-) -> Reply:
-    """Prepare ``job`` (on this thread: template, tokens, grammar) and queue it;
-    ``inflight`` collects the cancel events of the caller's running requests;
-    ``progress``: the worker reports prompt reading (a caller with callbacks);
+) -> Steps[Reply]:
+    """Prepare ``job`` (template, tokens, grammar: off the event loop for an async
+    caller) and queue it; ``inflight`` collects the cancel events of the caller's running
+    requests; ``progress``: the worker reports prompt reading (a caller with callbacks);
     ``whole``: the reply is read only when it is complete (no wake-up per token)."""
     inflight.add(job.cancel)
     frontend = frontend_for(lease.worker)
     with lease.worker.preparing():
-        request, prepared = frontend.prepare(job)
+        # cancelled while it ran: free what it built
+        request, prepared = yield OffLoop(
+            partial(frontend.prepare, job), undo=lambda made: made[0].close_sampler()
+        )
         request.prompt_progress = progress
         request.channel.wake_for_text(not whole)
         return _queue(request, prepared, frontend.info.model_name, lease)
 
 
-async def asubmit(
-    job: ChatJob,
-    lease: registry.Lease,
-    inflight: weakref.WeakSet[threading.Event],
-    *,
-    progress: bool = False,
-    whole: bool = False,
+def _queue(
+    request: EngineRequest, prepared: PreparedPrompt, model_name: str, lease: registry.Lease
 ) -> Reply:
-    """:func:`submit` with the preparation off the event loop; its reply is read with
-    ``aitems()``."""
-    inflight.add(job.cancel)
-    frontend = frontend_for(lease.worker)
-    made: list[Any] = []
-
-    def prepare() -> Any:
-        made.append(frontend.prepare(job))
-        return made[-1]
-
-    with lease.worker.preparing():
-        try:
-            request, prepared = await anyio.to_thread.run_sync(prepare)
-        except BaseException:  # cancelled while it ran: free what it built
-            for req, _ in made:
-                req.close_sampler()
-            raise
-        request.channel.bind_loop()
-        request.prompt_progress = progress
-        request.channel.wake_for_text(not whole)
-        return _queue(request, prepared, frontend.info.model_name, lease)
-
-
-def _queue(request: EngineRequest, prepared: Any, model_name: str, lease: registry.Lease) -> Reply:
     reply = Reply(request, prepared, model_name)
     reply.explain_miss = frontend_for(lease.worker).explain_miss
     # the model is free for others (keep-alive, max_loaded_models) once the reply is
@@ -155,47 +134,21 @@ def _queue(request: EngineRequest, prepared: Any, model_name: str, lease: regist
     return reply
 
 
-def submit_as(
+def submitting_as(
     job: ChatJob,
     lease: registry.Lease,
     inflight: weakref.WeakSet[threading.Event],
     convert: Convert[R],
-) -> R:
-    """Prepare ``job`` as :func:`submit` does, queue ``convert(frontend, request)``
+) -> Steps[R]:
+    """Prepare ``job`` as :func:`submitting` does, queue ``convert(frontend, request)``
     instead of the chat request and return it: its answer is one final item
-    (:func:`answer_of`). The lease stays the caller's to release."""
+    (:func:`answering`). The lease stays the caller's to release."""
     inflight.add(job.cancel)
     frontend = frontend_for(lease.worker)
     with lease.worker.preparing():
-        request = _convert(frontend, job, convert)
-        lease.worker.submit(request)
-        return request
-
-
-async def asubmit_as(
-    job: ChatJob,
-    lease: registry.Lease,
-    inflight: weakref.WeakSet[threading.Event],
-    convert: Convert[R],
-) -> R:
-    """:func:`submit_as` with the preparation off the event loop; its answer is read
-    with :func:`aanswer_of`."""
-    inflight.add(job.cancel)
-    frontend = frontend_for(lease.worker)
-    made: list[EngineRequest] = []
-
-    def prepare() -> R:
-        made.append(_convert(frontend, job, convert))
-        return made[-1]  # type: ignore[return-value]
-
-    with lease.worker.preparing():
-        try:
-            request = await anyio.to_thread.run_sync(prepare)
-        except BaseException:  # cancelled while it ran: free what it built
-            for req in made:
-                req.close_sampler()
-            raise
-        request.channel.bind_loop()
+        request: R = yield OffLoop(
+            partial(_convert, frontend, job, convert), undo=lambda made: made.close_sampler()
+        )
         lease.worker.submit(request)
         return request
 
@@ -208,46 +161,17 @@ def _convert(frontend: Frontend, job: ChatJob, convert: Convert[R]) -> R:
         request.close_sampler()  # what the converted request does not take
 
 
-def answer_of(request: EngineRequest) -> Any:
+def answering(request: EngineRequest) -> Steps[ReplyItem]:
     """The final item of a request answered by one item (a :class:`Failed` raises its
     error); past the request's deadline it is cancelled and ``RequestTimeoutError``
     raised, and it is cancelled too if the wait ends any other way."""
     done = False
     try:
-        try:
-            item = request.channel.get(timeout=_left(request))
-        except TimeoutError:
-            raise RequestTimeoutError("the request timed out") from None
+        item = yield from receive(request, "the request timed out")
         done = True
     finally:
         if not done:
             request.cancel.set()
-    return _answer(item)
-
-
-async def aanswer_of(request: EngineRequest) -> Any:
-    """:func:`answer_of` for an event loop (the request's channel bound to it)."""
-    done = False
-    try:
-        try:
-            with anyio.fail_after(_left(request)):
-                item = await request.channel.aget()
-        except TimeoutError:
-            raise RequestTimeoutError("the request timed out") from None
-        done = True
-    finally:
-        if not done:
-            request.cancel.set()
-    return _answer(item)
-
-
-def _left(request: EngineRequest) -> float | None:
-    """Seconds left before ``request``'s deadline (None: it has none)."""
-    return None if request.deadline is None else max(request.deadline - time.monotonic(), 0)
-
-
-def _answer(item: Any) -> Any:
-    """A request's final item, or the error of a :class:`Failed` one."""
     if isinstance(item, Failed):
         raise item.error
     return item

@@ -7,13 +7,14 @@ timings and ``response_metadata``.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from langchain_llamacpp_local.chat.reply import Done
+from langchain_llamacpp_local.chat.reply import Delta, Done
 from langchain_llamacpp_local.errors import RequestCancelledError
 from langchain_llamacpp_local.formats import StreamDelta
 
@@ -21,47 +22,57 @@ from langchain_llamacpp_local.formats import StreamDelta
 PARSED_KEY = "_llamacpp_parsed"
 
 
-def chunk_of(kind: str, value: Any, name: str | None = None) -> ChatGenerationChunk:
+def chunk_of(item: Delta | Done, name: str | None = None) -> ChatGenerationChunk:
     """One reply item of :class:`~.reply.Reply` as a LangChain chunk; the last carries
     usage, timings and ``response_metadata``, and the parser's final result for
     :func:`aggregate`."""
-    if kind == "delta":
-        return ChatGenerationChunk(message=delta_message(value))
-    done: Done = value
+    if isinstance(item, Delta):
+        return ChatGenerationChunk(message=delta_message(item.piece))
+    msg = AIMessageChunk(
+        content="",
+        usage_metadata=item.usage,  # type: ignore[arg-type]
+        response_metadata=response_metadata(item, name),  # type: ignore[arg-type]
+    )
+    info: dict[str, Any] = {"finish_reason": item.finish_reason}
+    if item.parsed is not None:
+        info[PARSED_KEY] = item.parsed
+    return ChatGenerationChunk(message=msg, generation_info=info)
+
+
+def response_metadata(done: Done, name: str | None = None) -> dict[str, Any]:
+    """The last chunk's ``response_metadata``: the one place the reply's typed reports
+    (timings, speculation, cache) become the dicts LangChain callers read."""
+    timings = {k: v for k, v in asdict(done.timings).items() if v is not None}
     meta: dict[str, Any] = {
         "model_name": name or done.model_name,
         "model_provider": "llamacpp",
         "finish_reason": done.finish_reason,
-        "timings": done.timings,
+        "timings": timings,
     }
     if done.logprobs is not None:
         meta["logprobs"] = {"content": done.logprobs}
-    if done.speculative is not None:
-        meta["speculative"] = done.speculative
+    if (spec := done.speculative) is not None:
+        meta["speculative"] = {
+            "type": spec.kind,
+            "drafted": spec.drafted,
+            "accepted": spec.accepted,
+        }
     if done.lora is not None:
         meta["lora"] = done.lora
     if done.dropped_tool_calls:
         meta["dropped_tool_calls"] = done.dropped_tool_calls
     if done.cache is not None:
         meta["cache"] = {
-            "source": done.cache["source"],
+            "source": done.cache.source,
             "cached_tokens": done.usage["input_token_details"]["cache_read"],
-            "missed": bool(done.cache["missed"]),
+            "missed": done.cache.missed,
         }
-        if "moved" in done.cache:  # cache_reuse on: moved rather than read
-            meta["cache"]["moved_tokens"] = done.cache["moved"]
-            meta["cache"]["reuse_off"] = done.cache["reuse_off"]
-        if "miss" in done.cache:
-            meta["cache"]["miss"] = done.cache["miss"]
-    msg = AIMessageChunk(
-        content="",
-        usage_metadata=done.usage,
-        response_metadata=meta,  # type: ignore[arg-type]
-    )
-    info: dict[str, Any] = {"finish_reason": done.finish_reason}
-    if done.parsed is not None:
-        info[PARSED_KEY] = done.parsed
-    return ChatGenerationChunk(message=msg, generation_info=info)
+        if done.cache.moved is not None:  # cache_reuse on: moved rather than read
+            meta["cache"]["moved_tokens"] = done.cache.moved
+            meta["cache"]["reuse_off"] = done.cache.reuse_off
+        if done.miss is not None:
+            meta["cache"]["miss"] = done.miss
+    return meta
 
 
 def delta_message(d: StreamDelta) -> AIMessageChunk:
@@ -81,8 +92,9 @@ def delta_message(d: StreamDelta) -> AIMessageChunk:
     )
 
 
-def text_of(d: Any) -> str:
-    return d.text if isinstance(d, StreamDelta) and d.kind == "content" else ""
+def text_of(piece: StreamDelta) -> str:
+    """The text ``on_llm_new_token`` gets for a piece (reasoning and calls: none)."""
+    return piece.text if piece.kind == "content" else ""
 
 
 def _without_tool_chunks(chunk: ChatGenerationChunk) -> ChatGenerationChunk:

@@ -13,10 +13,11 @@ context variable set only while LangChain starts the run and first steps ``_stre
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from langchain_core.callbacks import (
@@ -38,23 +39,12 @@ CURRENT_RUN: contextvars.ContextVar[Any] = contextvars.ContextVar(
 PROGRESS_EVENT = "llamacpp_prompt_progress"
 
 
-def emit_progress(run_manager: CallbackManagerForLLMRun, data: dict[str, int]) -> None:
-    """Send one progress event to the run's handlers."""
-    handle_event(
-        run_manager.handlers,
-        "on_custom_event",
-        "ignore_custom_event",
-        PROGRESS_EVENT,
-        data,
-        run_id=run_manager.run_id,
-        tags=run_manager.tags,
-        metadata=run_manager.metadata,
-    )
-
-
-async def aemit_progress(run_manager: AsyncCallbackManagerForLLMRun, data: dict[str, Any]) -> None:
-    """:func:`emit_progress` for async handlers."""
-    await ahandle_event(
+def emit_progress(
+    run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun, data: dict[str, int]
+) -> Awaitable[None] | None:
+    """Send one progress event to the run's handlers (an async run's: awaitable)."""
+    send = ahandle_event if isinstance(run_manager, AsyncCallbackManagerForLLMRun) else handle_event
+    return send(  # type: ignore[no-any-return]
         run_manager.handlers,
         "on_custom_event",
         "ignore_custom_event",
@@ -67,11 +57,7 @@ async def aemit_progress(run_manager: AsyncCallbackManagerForLLMRun, data: dict[
 
 
 def _no_token(*_args: Any, **_kwargs: Any) -> None:
-    return None
-
-
-async def _ano_token(*_args: Any, **_kwargs: Any) -> None:
-    return None
+    return None  # a call's callback steps await an async run's answer only if it has one
 
 
 def progress_only(run_manager: Any) -> Any:
@@ -82,8 +68,7 @@ def progress_only(run_manager: Any) -> Any:
     if run_manager is None:
         return None
     quiet = copy.copy(run_manager)
-    is_async = isinstance(run_manager, AsyncCallbackManagerForLLMRun)
-    quiet.on_llm_new_token = _ano_token if is_async else _no_token
+    quiet.on_llm_new_token = _no_token
     return quiet
 
 
@@ -129,18 +114,25 @@ def stream_run(
     return config, run
 
 
+@contextlib.contextmanager
+def run_set(run: Any) -> Iterator[None]:
+    """:data:`CURRENT_RUN` set to ``run`` inside the ``with`` only."""
+    token = CURRENT_RUN.set(run)
+    try:
+        yield
+    finally:
+        CURRENT_RUN.reset(token)
+
+
 def first_step_with(run: Any, make: Callable[[], Iterator[T]]) -> Iterator[T]:
     """``make()``'s items, with :data:`CURRENT_RUN` set to ``run`` only while its first
     item is produced (when ``_stream`` starts and reads it)."""
-    token = CURRENT_RUN.set(run)
-    try:
+    with run_set(run):
         inner = make()
         try:
             first = next(inner)
         except StopIteration:
             return
-    finally:
-        CURRENT_RUN.reset(token)
     try:
         yield first
         yield from inner
@@ -152,15 +144,12 @@ def first_step_with(run: Any, make: Callable[[], Iterator[T]]) -> Iterator[T]:
 
 async def afirst_step_with(run: Any, make: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
     """:func:`first_step_with` for async iterators."""
-    token = CURRENT_RUN.set(run)
-    try:
+    with run_set(run):
         inner = make()
         try:
             first = await inner.__anext__()
         except StopAsyncIteration:
             return
-    finally:
-        CURRENT_RUN.reset(token)
     try:
         yield first
         async for item in inner:

@@ -33,7 +33,7 @@ from langchain_llamacpp_local.chat.special_tokens import (
 )
 from langchain_llamacpp_local.chat.thinking import can_think_first, grammar_after_thinking, markers
 from langchain_llamacpp_local.errors import ResponseFormatBesideToolsError
-from langchain_llamacpp_local.formats import StreamDelta, StreamParser, detect_format
+from langchain_llamacpp_local.formats import ParsedOutput, StreamDelta, StreamParser, detect_format
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
 from langchain_llamacpp_local.formats.grammars import either_grammar, tool_call_grammar
 from langchain_llamacpp_local.formats.registry import FAMILIES
@@ -60,6 +60,11 @@ class OutputParser(Protocol):
     def feed(self, delta: str) -> list[StreamDelta]: ...
     def finish(self) -> list[StreamDelta]: ...
 
+    @property
+    def result(self) -> ParsedOutput | None:
+        """The reply split into its parts, after :meth:`finish` (None: not parsed)."""
+        ...
+
 
 class PlainParser:
     """Content passes through unchanged (no tools bound, reasoning left as generated)."""
@@ -69,6 +74,10 @@ class PlainParser:
 
     def finish(self) -> list[StreamDelta]:
         return []
+
+    @property
+    def result(self) -> ParsedOutput | None:
+        return None  # nothing parsed: the content is the reply
 
 
 @dataclass

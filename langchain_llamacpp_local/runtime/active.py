@@ -14,7 +14,7 @@ from typing import Any
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.llama.sampling import Sampler
 from langchain_llamacpp_local.llama.text_stream import StopMatcher, Utf8Decoder
-from langchain_llamacpp_local.runtime.requests import EngineRequest
+from langchain_llamacpp_local.runtime.requests import CacheReport, EngineRequest
 from langchain_llamacpp_local.runtime.scoring import LabelWork
 from langchain_llamacpp_local.runtime.speculative import Speculation
 from langchain_llamacpp_local.runtime.thinking import ThinkCounter
@@ -40,7 +40,7 @@ class Active:
     job: EngineRequest
     slot: Slot
     n_keep: int
-    cache: dict[str, Any] | None
+    cache: CacheReport | None
     max_new: int
     targets: list[int]
     keep: frozenset[int]

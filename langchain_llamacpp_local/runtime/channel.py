@@ -107,7 +107,11 @@ class Channel:
             return self._items.popleft()
 
     async def aget(self) -> Any:
-        assert self._event is not None, "bind_loop() first"
+        """Next item, awaited on the running event loop (bound at the first call: an
+        item put before that is in the queue, and every later one wakes the loop)."""
+        if self._event is None:
+            self.bind_loop()
+        assert self._event is not None
         while True:
             self._event.clear()
             with self._cond:

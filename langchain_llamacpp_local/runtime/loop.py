@@ -41,6 +41,7 @@ from langchain_llamacpp_local.runtime.admission import speculation, waits_for_re
 from langchain_llamacpp_local.runtime.channel import Channel
 from langchain_llamacpp_local.runtime.output import OutputPipeline
 from langchain_llamacpp_local.runtime.requests import (
+    CacheReport,
     EngineRequest,
     Failed,
     Finished,
@@ -203,9 +204,9 @@ class WorkerLoop:
                 elif isinstance(item, tuple):
                     fn, ch = item
                     try:
-                        ch.put(("ok", fn(self)))
+                        ch.put(fn(self))
                     except Exception as exc:
-                        ch.put(("error", exc))
+                        ch.put(Failed(exc))
                 else:
                     self.enqueue(item)
                 try:
@@ -360,10 +361,14 @@ class WorkerLoop:
             if sampler is not None:
                 sampler.close()
             raise
-        cache: dict[str, Any] = {"source": got.source, "missed": got.missed, "at": got.mismatch_at}
-        if job.cache_reuse > 0 and job.cache_prompt:
-            cache["moved"] = got.moved
-            cache["reuse_off"] = got.reuse_off
+        reuse = job.cache_reuse > 0 and job.cache_prompt
+        cache = CacheReport(
+            got.source,
+            got.missed,
+            got.mismatch_at,
+            moved=got.moved if reuse else None,
+            reuse_off=got.reuse_off if reuse else None,
+        )
         if n_keep == 0:
             for proposer in self.proposers.values():
                 proposer.forget(slot.seq_id)

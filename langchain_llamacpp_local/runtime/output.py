@@ -16,7 +16,12 @@ from langchain_llamacpp_local.llama.engine import Engine
 from langchain_llamacpp_local.llama.omp import release_team
 from langchain_llamacpp_local.runtime.active import Active
 from langchain_llamacpp_local.runtime.logprobs import logprob_entry
-from langchain_llamacpp_local.runtime.requests import Finished, TextDelta
+from langchain_llamacpp_local.runtime.requests import (
+    Finished,
+    SpeculationReport,
+    TextDelta,
+    Timings,
+)
 
 #: How long the worker waits at most for a streaming reader to take a reply's first
 #: text before decoding on (see runtime.channel): a reader's turn through LangChain's
@@ -93,20 +98,20 @@ class OutputPipeline:
         n_decoded = n_prompt - act.n_keep
         prompt_ms = (t_prefill - act.t_start) * 1000
         gen_ms = (now - t_prefill) * 1000
-        timings = {
-            "prompt_n": float(n_decoded),
-            "prompt_ms": prompt_ms,
-            "prompt_per_second": n_decoded / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
-            "predicted_n": float(act.n_gen),
-            "predicted_ms": gen_ms,
-            "predicted_per_second": act.n_gen / (gen_ms / 1000) if gen_ms > 0 else 0.0,
-        }
         spec = None
         if act.spec is not None:
             sp = act.spec
-            spec = {"type": sp.kind, "drafted": sp.drafted, "accepted": sp.accepted}
-            timings["draft_n"] = float(sp.drafted)
-            timings["draft_n_accepted"] = float(sp.accepted)
+            spec = SpeculationReport(sp.kind, sp.drafted, sp.accepted)
+        timings = Timings(
+            prompt_n=float(n_decoded),
+            prompt_ms=prompt_ms,
+            prompt_per_second=n_decoded / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
+            predicted_n=float(act.n_gen),
+            predicted_ms=gen_ms,
+            predicted_per_second=act.n_gen / (gen_ms / 1000) if gen_ms > 0 else 0.0,
+            draft_n=None if spec is None else float(spec.drafted),
+            draft_n_accepted=None if spec is None else float(spec.accepted),
+        )
         return Finished(
             reason,
             n_prompt=n_prompt,

@@ -141,6 +141,47 @@ class TextDelta:
     batchable: ClassVar[bool] = True
 
 
+@dataclass(frozen=True)
+class Timings:
+    """A reply's timings, as llama.cpp's server reports them (``draft_*``: only when
+    the request speculated)."""
+
+    prompt_n: float  # prompt tokens decoded (the cached ones are not)
+    prompt_ms: float
+    prompt_per_second: float
+    predicted_n: float
+    predicted_ms: float
+    predicted_per_second: float
+    draft_n: float | None = None
+    draft_n_accepted: float | None = None
+
+
+@dataclass(frozen=True)
+class SpeculationReport:
+    """What speculative decoding did for a reply: its kind, draft tokens proposed and
+    accepted."""
+
+    kind: str
+    drafted: int
+    accepted: int
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """Where a request's kept prefix came from (``"slot"``, ``"host_ram"``, ``"disk"``;
+    None: nothing was cached), whether the prompt left the cached prompt (a miss) and at
+    which of its own tokens. Nothing of the cached candidate itself: it may be another
+    caller's conversation."""
+
+    source: str | None
+    missed: bool
+    at: int
+    #: with ``cache_reuse`` on: the tokens moved rather than read (None: reuse was off)
+    moved: int | None = None
+    #: with ``cache_reuse`` on, why it could not apply (None: it applied or was off)
+    reuse_off: str | None = None
+
+
 @dataclass
 class Finished:
     """The last item of a reply: why generation ended, counts and timings."""
@@ -149,16 +190,13 @@ class Finished:
     n_prompt: int
     n_cached: int
     n_generated: int
-    timings: dict[str, float]
+    timings: Timings
     #: log-probabilities no text item carried (an end-of-generation token); None when
     #: they were not asked for
     logprobs: list[dict[str, Any]] | None = None
-    speculative: dict[str, Any] | None = None  # {"type", "drafted", "accepted"} when asked for
+    speculative: SpeculationReport | None = None  # when the request speculated
     lora: dict[str, float] | None = None  # adapters applied (name -> scale), when configured
-    #: where the kept prefix came from, whether the prompt left the cached prompt and at
-    #: which of its own tokens: {"source", "missed", "at"}; None when nothing was cached.
-    #: Nothing of the cached candidate itself: it may be another caller's conversation
-    cache: dict[str, Any] | None = None
+    cache: CacheReport | None = None
     #: generated tokens inside the thinking block (markers excluded); None: not counted
     n_reasoning: int | None = None
     final: ClassVar[bool] = True

@@ -128,10 +128,10 @@ class ModelWorker:
         if not self.alive:
             raise WorkerDeadError(f"the worker for {self.config.model_path} has stopped")
         self._queue.put((fn, ch))
-        kind, value = ch.get()
-        if kind == "error":
-            raise value
-        return value
+        got = ch.get()
+        if isinstance(got, Failed):
+            raise got.error
+        return got
 
     def stop(self, timeout: float | None = 30.0) -> None:
         self._finalizer()
@@ -186,7 +186,7 @@ def _drain(q: queue.SimpleQueue[Any], exc: BaseException) -> None:
             item.close_sampler()
             item.channel.put(Failed(exc))
         elif isinstance(item, tuple):
-            item[1].put(("error", exc))
+            item[1].put(Failed(exc))
         elif isinstance(item, StatsAsk):
             item.channel.put(exc)
 

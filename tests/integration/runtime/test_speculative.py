@@ -353,6 +353,6 @@ def test_worker_refuses_a_proposer_it_does_not_have_and_keeps_serving(cycle_mode
         while not items or not items[-1].final:
             items.append(ch.get())
         assert isinstance(items[-1], Finished)
-        assert items[-1].speculative["type"] == "ngram"
+        assert items[-1].speculative.kind == "ngram"
     finally:
         worker.stop()

@@ -6,14 +6,17 @@ from __future__ import annotations
 import pytest
 
 from langchain_llamacpp_local.chat.prompts import PreparedPrompt
-from langchain_llamacpp_local.chat.reply import Done, Reply
+from langchain_llamacpp_local.chat.reply import Delta, Done, Reply
 from langchain_llamacpp_local.errors import DecodeError
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.runtime.requests import (
+    CacheReport,
     EngineRequest,
     Failed,
     Finished,
+    SpeculationReport,
     TextDelta,
+    Timings,
 )
 
 
@@ -30,7 +33,7 @@ def _reply(*, logprobs: bool, reasoning: bool | None = None) -> Reply:
 
 
 def _finished(**kw: object) -> Finished:
-    timings = {"prompt_n": 3.0, "predicted_n": 2.0}
+    timings = Timings(3.0, 1.0, 3000.0, 2.0, 1.0, 2000.0)
     base = dict(n_prompt=5, n_cached=2, n_generated=3, timings=timings)
     return Finished("stop", **{**base, **kw})  # type: ignore[arg-type]
 
@@ -39,15 +42,16 @@ def test_pieces_carry_the_logprobs_of_the_tokens_since_the_last_piece() -> None:
     reply = _reply(logprobs=True, reasoning=True)
     # the first text opens a think block: no piece yet, its logprobs wait for one
     assert reply.handle(TextDelta("<think>", [_lp("<think>")])) == []
-    (kind, piece), *_ = reply.handle(TextDelta("plan", [_lp("plan")]))
-    assert kind == "delta" and piece.kind == "reasoning" and piece.text == "plan"
+    (item, *_) = reply.handle(TextDelta("plan", [_lp("plan")]))
+    piece = item.piece
+    assert isinstance(item, Delta) and piece.kind == "reasoning" and piece.text == "plan"
     assert [e["token"] for e in piece.logprobs] == ["<think>", "plan"]
     reply.handle(TextDelta("</think>", [_lp("</think>")]))
     out = reply.handle(TextDelta("Hi", [_lp("Hi")]))
-    assert [(k, d.kind, d.text) for k, d in out] == [("delta", "content", "Hi")]
-    assert [e["token"] for e in out[0][1].logprobs] == ["</think>", "Hi"]
-    *pieces, (kind, done) = reply.handle(_finished(logprobs=[_lp("<eos>")]))
-    assert pieces == [] and kind == "done" and isinstance(done, Done)
+    assert [(type(d), d.piece.kind, d.piece.text) for d in out] == [(Delta, "content", "Hi")]
+    assert [e["token"] for e in out[0].piece.logprobs] == ["</think>", "Hi"]
+    *pieces, done = reply.handle(_finished(logprobs=[_lp("<eos>")]))
+    assert pieces == [] and isinstance(done, Done)
     assert [e["token"] for e in done.logprobs] == ["<eos>"]  # no piece carried it
     assert done.usage == {
         "input_tokens": 5,
@@ -62,11 +66,12 @@ def test_pieces_carry_the_logprobs_of_the_tokens_since_the_last_piece() -> None:
 
 def test_without_logprobs_nothing_carries_them() -> None:
     reply = _reply(logprobs=False)
-    ((kind, piece),) = reply.handle(TextDelta("Hello"))
-    assert (kind, piece.text, piece.logprobs) == ("delta", "Hello", None)
-    ((kind, done),) = reply.handle(_finished(speculative={"type": "ngram"}, lora={"a": 1.0}))
-    assert done.logprobs is None and done.parsed is None
-    assert (done.speculative, done.lora) == ({"type": "ngram"}, {"a": 1.0})
+    (item,) = reply.handle(TextDelta("Hello"))
+    assert isinstance(item, Delta) and (item.piece.text, item.piece.logprobs) == ("Hello", None)
+    spec = SpeculationReport("ngram", 0, 0)
+    (done,) = reply.handle(_finished(speculative=spec, lora={"a": 1.0}))
+    assert isinstance(done, Done) and done.logprobs is None and done.parsed is None
+    assert (done.speculative, done.lora) == (spec, {"a": 1.0})
 
 
 def test_a_failed_reply_raises_its_error() -> None:
@@ -116,11 +121,11 @@ def test_stream_tool_args_reaches_the_parser_from_the_model_and_the_call() -> No
     out = []
     for piece in ('<tool_call>{"name": "f", ', '"arguments": {"text": "a lo', "ng note"):
         out += reply.handle(TextDelta(piece))
-    frags = [d for k, d in out if k == "delta" and d.kind == "tool_call"]
+    frags = [d.piece for d in out if isinstance(d, Delta) and d.piece.kind == "tool_call"]
     assert frags[0].name == "f" and "".join(d.args for d in frags) == '{"text":"a long note'
-    *last, (_, done) = reply.handle(_finished())
-    ((_, spoil),) = last
-    assert spoil.args == '"]' and done.parsed.tool_calls == []
+    *last, done = reply.handle(_finished())
+    (spoil,) = last
+    assert spoil.piece.args == '"]' and done.parsed.tool_calls == []
     (bad,) = done.parsed.invalid_tool_calls
     assert bad["args"] == '{"text":"a long note"]'
 
@@ -138,9 +143,9 @@ def test_a_miss_the_unloaded_model_cannot_explain_leaves_the_reply_whole() -> No
         raise WorkerDeadError("the model worker has stopped")
 
     reply.explain_miss = gone
-    cache = {"source": "slot", "at": 1, "missed": True}
+    cache = CacheReport(source="slot", missed=True, at=1)
     out = reply.handle(_finished(cache=cache))
-    done = out[-1][1]
-    assert out[-1][0] == "done" and isinstance(done, Done)
-    assert done.cache["miss"] == {"cause": f"not explained: {UNLOADED}"}
-    assert done.cache["missed"] is True
+    done = out[-1]
+    assert isinstance(done, Done)
+    assert done.miss == {"cause": f"not explained: {UNLOADED}"}
+    assert done.cache.missed is True

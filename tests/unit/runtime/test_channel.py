@@ -7,11 +7,22 @@ import threading
 import time
 
 from langchain_llamacpp_local.runtime.channel import Channel
-from langchain_llamacpp_local.runtime.requests import Finished, PromptProgress, TextDelta
+from langchain_llamacpp_local.runtime.requests import (
+    Finished,
+    PromptProgress,
+    TextDelta,
+    Timings,
+)
 
 
 def _finished() -> Finished:
-    return Finished(finish_reason="stop", n_prompt=1, n_cached=0, n_generated=3, timings={})
+    return Finished(
+        finish_reason="stop",
+        n_prompt=1,
+        n_cached=0,
+        n_generated=3,
+        timings=Timings(0.0, 0.0, 0.0, 3.0, 0.0, 0.0),
+    )
 
 
 def test_a_streaming_reader_is_woken_for_each_text_item() -> None:
