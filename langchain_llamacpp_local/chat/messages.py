@@ -16,7 +16,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from langchain_llamacpp_local.chat.reply import Delta, Done
 from langchain_llamacpp_local.errors import RequestCancelledError
-from langchain_llamacpp_local.formats import StreamDelta
+from langchain_llamacpp_local.formats import DeltaKind, StreamDelta
 
 #: generation_info key of the parser's final result (merged chunks carry it to aggregate)
 PARSED_KEY = "_llamacpp_parsed"
@@ -79,9 +79,9 @@ def delta_message(d: StreamDelta) -> AIMessageChunk:
     """One streamed piece; with ``logprobs``, those of its own tokens, shaped as
     ChatOpenAI's chunks carry them (merging the chunks concatenates the lists)."""
     meta: dict[str, Any] = {} if d.logprobs is None else {"logprobs": {"content": d.logprobs}}
-    if d.kind == "content":
+    if d.kind == DeltaKind.CONTENT:
         return AIMessageChunk(content=d.text, response_metadata=meta)
-    if d.kind == "reasoning":
+    if d.kind == DeltaKind.REASONING:
         return AIMessageChunk(
             content="", additional_kwargs={"reasoning_content": d.text}, response_metadata=meta
         )
@@ -94,7 +94,7 @@ def delta_message(d: StreamDelta) -> AIMessageChunk:
 
 def text_of(piece: StreamDelta) -> str:
     """The text ``on_llm_new_token`` gets for a piece (reasoning and calls: none)."""
-    return piece.text if piece.kind == "content" else ""
+    return piece.text if piece.kind == DeltaKind.CONTENT else ""
 
 
 def _without_tool_chunks(chunk: ChatGenerationChunk) -> ChatGenerationChunk:

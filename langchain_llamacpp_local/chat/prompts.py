@@ -33,7 +33,13 @@ from langchain_llamacpp_local.chat.special_tokens import (
 )
 from langchain_llamacpp_local.chat.thinking import can_think_first, grammar_after_thinking, markers
 from langchain_llamacpp_local.errors import ResponseFormatBesideToolsError
-from langchain_llamacpp_local.formats import ParsedOutput, StreamDelta, StreamParser, detect_format
+from langchain_llamacpp_local.formats import (
+    DeltaKind,
+    ParsedOutput,
+    StreamDelta,
+    StreamParser,
+    detect_format,
+)
 from langchain_llamacpp_local.formats.auto import TemplateAnalysis, analyze_template
 from langchain_llamacpp_local.formats.grammars import either_grammar, tool_call_grammar
 from langchain_llamacpp_local.formats.registry import FAMILIES
@@ -70,7 +76,7 @@ class PlainParser:
     """Content passes through unchanged (no tools bound, reasoning left as generated)."""
 
     def feed(self, delta: str) -> list[StreamDelta]:
-        return [StreamDelta(kind="content", text=delta)] if delta else []
+        return [StreamDelta(kind=DeltaKind.CONTENT, text=delta)] if delta else []
 
     def finish(self) -> list[StreamDelta]:
         return []

@@ -19,7 +19,7 @@ from typing import Any
 from langchain_llamacpp_local.chat.prompts import OutputParser, PreparedPrompt
 from langchain_llamacpp_local.chat.steps import Receive, Steps, seconds_left
 from langchain_llamacpp_local.errors import RequestTimeoutError, WorkerDeadError
-from langchain_llamacpp_local.formats import ParsedOutput, StreamDelta
+from langchain_llamacpp_local.formats import DeltaKind, ParsedOutput, StreamDelta
 from langchain_llamacpp_local.runtime.requests import (
     CacheReport,
     EngineRequest,
@@ -115,7 +115,7 @@ class Reply:
         allowed, pieces of later calls are held back (:meth:`_one_call`)."""
         out: list[Item] = []
         for d in deltas:
-            if d.kind == "tool_call" and not self.prepared.parallel and (d.index or 0) > 0:
+            if d.kind == DeltaKind.TOOL_CALL and not self.prepared.parallel and (d.index or 0) > 0:
                 continue
             if self._logprobs:
                 d = replace(d, logprobs=self._logprobs)

@@ -15,11 +15,12 @@ entry with the raw text and a reason.
 
 from langchain_llamacpp_local.formats.detect import detect_format, detect_handler
 from langchain_llamacpp_local.formats.parsers import FORMATS, ParsedOutput, new_call_id, parse
-from langchain_llamacpp_local.formats.stream_parser import StreamDelta, StreamParser
+from langchain_llamacpp_local.formats.stream_parser import DeltaKind, StreamDelta, StreamParser
 
 __all__ = [
     "FORMATS",
     "ParsedOutput",
+    "DeltaKind",
     "StreamDelta",
     "StreamParser",
     "detect_format",

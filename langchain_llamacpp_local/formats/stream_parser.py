@@ -15,7 +15,8 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call
 
@@ -51,11 +52,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class DeltaKind(str, Enum):
+    """What a streamed piece carries. A ``str`` enum, so the piece's kind prints and
+    serialises as the word it names."""
+
+    CONTENT = "content"
+    REASONING = "reasoning"
+    TOOL_CALL = "tool_call"
+
+
 @dataclass
 class StreamDelta:
     """One streamed piece: content or reasoning text, or a tool-call chunk."""
 
-    kind: Literal["content", "reasoning", "tool_call"]
+    kind: DeltaKind
     text: str = ""
     index: int | None = None
     id: str | None = None
@@ -143,7 +153,7 @@ class _Text:
         self.view = view if self.started else view.lstrip()
         return self.view
 
-    def send(self, keep: int, kind: Literal["content", "reasoning"]) -> list[StreamDelta]:
+    def send(self, keep: int, kind: DeltaKind) -> list[StreamDelta]:
         if keep <= self.epoch:
             return []
         piece = self.view[self.epoch : keep]
@@ -320,13 +330,13 @@ class StreamParser:
         if thought is not None or self._thought.pending:
             text = self._thought.read(thought or "")
             keep = len(text) - held_suffix(text, (*self._think_end, *self.stream_markers))
-            out += self._thought.send(len(text[:keep].rstrip()), "reasoning")
+            out += self._thought.send(len(text[:keep].rstrip()), DeltaKind.REASONING)
         text = self._content.read(sc.content)
         keep = len(text) - held_suffix(text, self.stream_markers)
         keep = min(keep, len(text[:keep].rstrip()))
         if self._whole and not sc.settled:
             keep = min(keep, self._content.epoch)
-        out += self._content.send(keep, "content")
+        out += self._content.send(keep, DeltaKind.CONTENT)
         base = self._calls_base
         out += self._send_calls(sc.calls, base, final=False)
         self._settle(sc)
@@ -372,10 +382,12 @@ class StreamParser:
                     continue
                 self._streamed[n], self._stream_names[n] = [f.args], f.name
                 cid = self._id(n, f.id)
-                out.append(StreamDelta("tool_call", index=n, id=cid, name=f.name, args=f.args))
+                out.append(
+                    StreamDelta(DeltaKind.TOOL_CALL, index=n, id=cid, name=f.name, args=f.args)
+                )
             elif n in self._streamed and n >= self._calls_done:
                 self._streamed[n].append(f.args)
-                out.append(StreamDelta("tool_call", index=n, args=f.args))
+                out.append(StreamDelta(DeltaKind.TOOL_CALL, index=n, args=f.args))
         return out
 
     def _seal(self, n: int, c: ParsedCall) -> list[StreamDelta]:
@@ -398,7 +410,7 @@ class StreamParser:
         tail = spoiler(sent)
         self._streamed[n].append(tail)
         self._spoiled[n] = sent + tail
-        return [StreamDelta("tool_call", index=n, args=tail)]
+        return [StreamDelta(DeltaKind.TOOL_CALL, index=n, args=tail)]
 
     def _streamed_result(
         self, calls: list[ParsedCall], ids: list[str]
@@ -493,7 +505,9 @@ class StreamParser:
             valid = c.error is None and c.name and c.args is not None
             args = json.dumps(c.args, ensure_ascii=False) if valid else invalid_args(c)
             out.append(
-                StreamDelta("tool_call", index=n, id=self._id(n, c.id), name=c.name, args=args)
+                StreamDelta(
+                    DeltaKind.TOOL_CALL, index=n, id=self._id(n, c.id), name=c.name, args=args
+                )
             )
             self._calls_done = n + 1
         return out
@@ -510,7 +524,7 @@ class StreamParser:
                 keep = len(text[:keep].rstrip())
             sent = self._thought.sent
             if keep > sent:
-                out.append(StreamDelta("reasoning", text[sent:keep]))
+                out.append(StreamDelta(DeltaKind.REASONING, text[sent:keep]))
                 self._thought.sent = keep
         content = sc.content.lstrip()
         sent = self._content.sent
@@ -522,7 +536,7 @@ class StreamParser:
             if self._whole and not sc.settled:
                 keep = min(keep, sent)
         if keep > sent:
-            out.append(StreamDelta("content", content[sent:keep]))
+            out.append(StreamDelta(DeltaKind.CONTENT, content[sent:keep]))
             self._content.sent = keep
         return out + self._send_calls(sc.calls, 0, final)
 
