@@ -489,6 +489,15 @@ def alone(send: Any) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+def arrival_model(path: str, n_ctx: int, **extra: Any) -> Any:
+    """The model every arrival run uses: SmolLM2, 4 slots, sampled streams."""
+    from langchain_llamacpp_local import ChatLlamaCpp
+
+    return ChatLlamaCpp(
+        model_path=path, n_slots=4, n_ctx=n_ctx, temperature=0.8, seed=1, **extra
+    ).load()
+
+
 def tiny_projector(tmp: Path) -> str:
     """A generated projector for SmolLM2's embedding width (tests/gguf_models.py)."""
     from tests.gguf_models import write_tiny_mmproj
@@ -529,8 +538,6 @@ def arrivals_main(argv: list[str]) -> None:
 
     from machine import flags_line, machine_info, thread_settings, write_results
 
-    from langchain_llamacpp_local import ChatLlamaCpp
-
     path = smollm2_path()
     info = machine_info(path)
     print(flags_line(info))
@@ -539,15 +546,12 @@ def arrivals_main(argv: list[str]) -> None:
     results: dict[str, Any] = {}
     run_no = 0
     for kind in kinds:
-        llm = ChatLlamaCpp(
-            model_path=path,
-            n_slots=4,
-            n_ctx=args.n_ctx,
-            temperature=0.8,
-            seed=1,
+        llm = arrival_model(
+            path,
+            args.n_ctx,
             **({"mmproj_path": tiny_projector(tmp)} if kind == "image" else {}),
             **extra,
-        ).load()
+        )
         try:
             run_no += 1
             send, size = arrival_request(kind, llm, args, run_no)
@@ -625,16 +629,13 @@ def frontier_main(args: Any) -> None:
     (no stream runs, so the budget does not apply)."""
     from machine import flags_line, machine_info, thread_settings, write_results
 
-    from langchain_llamacpp_local import ChatLlamaCpp
-
     budgets = [float(b) for b in args.frontier.split(",") if b]
     path = smollm2_path()
     info = machine_info(path)
     print(flags_line(info))
     run_no = 0
     points: list[dict[str, Any]] = []
-    llm = ChatLlamaCpp(model_path=path, n_slots=4, n_ctx=args.n_ctx, temperature=0.8, seed=1)
-    llm.load()
+    llm = arrival_model(path, args.n_ctx)
     try:
         run_no += 1
         send, size = arrival_request("chat", llm, args, run_no)
@@ -649,14 +650,7 @@ def frontier_main(args: Any) -> None:
         llm.close()
     best_alone = min(alone_ms)
     for budget in budgets:
-        llm = ChatLlamaCpp(
-            model_path=path,
-            n_slots=4,
-            n_ctx=args.n_ctx,
-            temperature=0.8,
-            seed=1,
-            stall_budget_ms=budget,
-        ).load()
+        llm = arrival_model(path, args.n_ctx, stall_budget_ms=budget)
         try:
             run_no += 1
             send, _ = arrival_request("chat", llm, args, run_no)
