@@ -217,3 +217,27 @@ def test_time_spent_before_the_step_counts_and_a_prompt_waits_one_step_at_most()
     slow = CallCost(per_call=0.2, per_row=0.003, per_attended=1e-7)
     over = _step(["g", "h"], read, budget=StepBudget(0.15, slow, spent=0.12))
     assert over.prompt is not None and over.prompt.end - over.prompt.start == 16
+
+
+def test_one_call_descheduled_for_seconds_does_not_shrink_the_pieces() -> None:
+    fit = CostFit()
+    rng = random.Random(3)
+    piece, token = (18, attended(3000, 18)), (2, 6000)
+
+    def steps(n: int, scale: float = 1.0) -> None:  # a token step, then a piece, ...
+        for _ in range(n):
+            start = rng.randrange(1000, 4000)
+            rows = rng.randrange(16, 200) if fit.n % 2 else 2
+            att = attended(start, rows)
+            fit.observe(rows, att, COST.of(rows, att) * scale)
+            assert fit.model.per_row > 0  # a budgeted step reads the fit every step
+
+    steps(60)
+    fit.observe(*piece, 14.0)  # the machine took the worker's cores for 14 s
+    for _ in range(40):  # unlearned, it would freeze the fit, then inflate it 4-11x
+        steps(1)
+        for call in (piece, token):
+            assert fit.model.of(*call) <= COST.of(*call) * 1.25
+    # a machine that really got 6x slower is followed within a hundred calls
+    steps(100, scale=6.0)
+    assert fit.model.of(*piece) == pytest.approx(6 * COST.of(*piece), rel=0.15)
