@@ -15,7 +15,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_llamacpp_local.cache.disk import PendingSave
@@ -130,6 +130,12 @@ class WorkerLoop:
         self.clock: Callable[[], float] = time.perf_counter
         #: conversations finished this step, their disk-cache places still to fill
         self.saves: list[tuple[Slot, PendingSave]] = []
+        #: seconds the last tick spent after its step (disk-cache copies): the streams
+        #: wait for them before the next step's calls, so that step's budget counts them
+        self._after_step = 0.0
+        #: whether the last step's prompt waited for the time its tick spent before the
+        #: calls (:attr:`StepBudget.spent`): the next one reads, whatever was spent
+        self._deferred = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -220,13 +226,20 @@ class WorkerLoop:
         self.pending.append(Waiting(job, self.lora_turn, self.clock()))
 
     def tick(self) -> None:
-        """One loop iteration: admit what fits, decode one step, save what finished."""
+        """One loop iteration: admit what fits, decode one step, save what finished.
+
+        Filling a slot (a conversation copied out of llama.cpp's memory or back into
+        it) and a finished conversation's copy for the disk cache are work the running
+        streams wait for like a decode call: the step's stall budget counts them."""
+        t0 = self.clock()
         try:
             self._admit()
             if self.active:
-                self._step()
+                self._step(self._after_step + self.clock() - t0)
         finally:
+            t1 = self.clock()
             self._persist_finished()
+            self._after_step = self.clock() - t1
         if self.memory is not None and self.memory.checking:
             self.memory.check()
 
@@ -405,9 +418,10 @@ class WorkerLoop:
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self) -> None:
+    def _step(self, spent: float = 0.0) -> None:
         """Plan one step (:func:`plan_step`), then run it: the generating requests'
-        next tokens, their draft verifies, then the prompt pieces' call."""
+        next tokens, their draft verifies, then the prompt pieces' call. ``spent``: the
+        seconds the streams already waited since their last step (admission, saves)."""
         for act in list(self.active):
             err = self._stopped(act.job)
             if err is not None:
@@ -417,7 +431,7 @@ class WorkerLoop:
             self._decode_generation([lone])
             self.output.hand_to_reader(self.active)
             return
-        plan = self._plan()
+        plan = self._plan(spent)
         for group in plan.decode_groups:
             members = [a for a in group if a in self.active]
             if members:
@@ -434,9 +448,10 @@ class WorkerLoop:
             self._decode_prompt_piece(piece, riding, more)
         elif riding:
             self._decode_generation(riding)
-        # a budgeted step that read a prompt piece is full: a label call would make the
-        # streams wait past the budget, so it waits for a step without one
-        if not (read and self._budgeted):
+        # a budgeted step that read a prompt piece (or whose piece waited for a slot's
+        # fill) is full: a label call would make the streams wait past the budget, so it
+        # waits for a step without one
+        if not ((read or self._deferred) and self._budgeted):
             self._score_labels()
         self.output.hand_to_reader(self.active)
 
@@ -452,9 +467,10 @@ class WorkerLoop:
         self.lora_turn += 1
         return act
 
-    def _plan(self) -> StepPlan[Active]:
+    def _plan(self, spent: float = 0.0) -> StepPlan[Active]:
         """What this step decodes: the drafts are proposed here (a proposer may run a
-        draft model), the rest is :func:`plan_step`'s decision."""
+        draft model), the rest is :func:`plan_step`'s decision. A prompt waits for the
+        time ``spent`` before the step one step at most: it always progresses."""
         eng = self.engine
         memory = self.memory
         assert eng is not None and memory is not None
@@ -469,8 +485,10 @@ class WorkerLoop:
             reading = [a for a in reading if rank[id(a)] == rank[id(reading[0])]]
         self.lora_turn += 1
         budget = self._budget([a for a in gen if rank[id(a)] == 0])
+        if budget is not None and not self._deferred:
+            budget = replace(budget, spent=max(0.0, spent))
         self._budgeted = budget is not None
-        return plan_step(
+        plan = plan_step(
             gen,
             drafts=lambda a: drafts[id(a)],
             limit=row_limit(
@@ -488,6 +506,12 @@ class WorkerLoop:
             budget=budget,
             position=lambda a: a.slot.n_past,
         )
+        self._deferred = bool(reading) and plan.prompt is None
+        if self._deferred:
+            logger.debug(
+                "a prompt piece waits a step: %.1f ms went to a slot fill or a save", spent * 1000
+            )
+        return plan
 
     def _budget(self, streams: Sequence[Active]) -> StepBudget | None:
         """The stall budget of this step: the tightest of the interactive generating

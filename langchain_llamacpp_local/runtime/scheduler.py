@@ -72,6 +72,11 @@ class StepBudget:
     seconds: float
     cost: CallCost
     min_piece: int = MIN_PIECE
+    spent: float = 0.0
+    """Seconds the streams already waited this step before its calls: copying a
+    conversation into or out of llama.cpp's memory to fill a slot, or a finished one's
+    state for the disk cache. The step's calls get the rest; when that rest leaves no
+    room for the smallest piece that would fit otherwise, the prompt waits one step."""
 
 
 def largest_piece(
@@ -296,7 +301,9 @@ def plan_step(
     request's next position) the piece is cut so the step's calls together cost at most
     ``budget.seconds`` (:func:`largest_piece`; at least ``budget.min_piece`` tokens, and
     in deterministic mode a multiple of the grid spacing, the grid kept); younger
-    prompts fill what is left of it. Images are read whole whatever they cost.
+    prompts fill what is left of it. Images are read whole whatever they cost. Time
+    the step already spent before its calls (``budget.spent``) counts too: when it alone
+    leaves no room for the smallest piece, the plan reads no prompt this step.
     """
     draft_of = {id(r): tuple(drafts(r)) for r in generating} if drafts is not None else {}
 
@@ -320,6 +327,7 @@ def plan_step(
     request, read = reading[0]
     piece = plan_piece(request, read, rules)
     riding: tuple[T, ...] = ()
+    all_groups = groups
     mixing = mix and not rules.deterministic and piece.end > piece.start
     # (not before an aLoRA's activation: the piece decodes without the request's set)
     if mixing and piece.adapters:
@@ -342,6 +350,14 @@ def plan_step(
         )
         seconds = budget.seconds - spent
         ride = sum(position(r) + 1 for r in riding)
+        if budget.spent > 0:
+            first = min(budget.min_piece, piece.end - piece.start)
+            call = cost.of(len(riding) + first, ride + attended(piece.start, first))
+            if call <= seconds < call + budget.spent:
+                # the slot's fill (or a save) took the piece's time: the streams decode
+                # alone this step and the prompt reads from the next one
+                return StepPlan(all_groups, verify, drafted)
+            seconds -= budget.spent
         if piece.media:  # an image encode cannot be cut: the text after it waits
             cap = budget.min_piece
         else:

@@ -22,6 +22,15 @@ FADE = 0.97
 PRIOR_WEIGHT = 0.5
 #: Calls with more rows than this are prompt pieces.
 STEP_ROWS = 8
+#: A call is learned as at most this many times what the fit predicts for it, once
+#: the fit has this many calls and was solved a few calls ago (while a budget reads
+#: it every step): on a shared machine one call descheduled for seconds would
+#: otherwise multiply every prediction for dozens of steps, and the pieces shrink to
+#: the minimum. A machine that really slows down is followed all the same, a few
+#: calls later.
+OUTLIER = 4.0
+OUTLIER_AFTER = 16
+OUTLIER_FRESH = 4
 
 _Sums = tuple[list[list[float]], list[float]]
 
@@ -40,6 +49,8 @@ class CostFit:
         self._stale = False
         self._seen: set[bool] = set()
         self.n = 0
+        #: :attr:`n` when the model was last solved (None: never)
+        self._solved_at: int | None = None
 
     def observe(self, rows: int, attending: int, seconds: float) -> None:
         """Record one decode call: ``rows`` rows attending ``attending`` positions took
@@ -50,6 +61,9 @@ class CostFit:
         if kind not in self._seen:  # the first call of a kind warms up (graph, pages)
             self._seen.add(kind)
             return
+        solved = self._solved_at
+        if self.n >= OUTLIER_AFTER and solved is not None and self.n - solved <= OUTLIER_FRESH:
+            seconds = min(seconds, OUTLIER * self._model.of(rows, attending))
         a, b = self._bins[kind]
         x = (1.0, float(rows), float(attending))
         for i in range(3):
@@ -65,6 +79,7 @@ class CostFit:
         if self._stale:
             self._model = self._solve()
             self._stale = False
+            self._solved_at = self.n
         return self._model
 
     def _solve(self) -> CallCost:

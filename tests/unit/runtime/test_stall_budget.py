@@ -197,3 +197,47 @@ def test_the_first_call_of_each_kind_warms_up_and_is_not_learned() -> None:
     fit.observe(512, attended(0, 512), 50.0)  # graph reservation, page faults
     fit.observe(1, 100, 5.0)
     assert fit.n == 0 and fit.model == PRIOR
+
+
+def test_time_spent_before_the_step_counts_and_a_prompt_waits_one_step_at_most() -> None:
+    positions = {"g": 3000, "h": 100}
+    read = {"x": PromptRead(2000, 10000)}
+    whole = _step(["g", "h"], read)
+    # a slot's fill took 40 ms before the calls: the piece is cut to the rest
+    some = _step(["g", "h"], read, budget=StepBudget(0.15, COST, spent=0.04))
+    assert some.prompt is not None
+    assert some.prompt.end - some.prompt.start < whole.prompt.end - whole.prompt.start
+    assert _call_cost(some, positions) <= 0.15 - 0.04
+    # the fill took the piece's time: the streams decode alone, in one call
+    none = _step(["g", "h"], read, budget=StepBudget(0.15, COST, spent=0.12))
+    assert none.prompt is None and none.more_prompts == () and none.with_prompt == ()
+    assert none.decode_groups == (("g", "h"),)
+    # a smallest piece that is over the budget anyway is read as before (the prompt
+    # progresses): only the time spent before the step makes it wait
+    slow = CallCost(per_call=0.2, per_row=0.003, per_attended=1e-7)
+    over = _step(["g", "h"], read, budget=StepBudget(0.15, slow, spent=0.12))
+    assert over.prompt is not None and over.prompt.end - over.prompt.start == 16
+
+
+def test_one_call_descheduled_for_seconds_does_not_shrink_the_pieces() -> None:
+    fit = CostFit()
+    rng = random.Random(3)
+    piece, token = (18, attended(3000, 18)), (2, 6000)
+
+    def steps(n: int, scale: float = 1.0) -> None:  # a token step, then a piece, ...
+        for _ in range(n):
+            start = rng.randrange(1000, 4000)
+            rows = rng.randrange(16, 200) if fit.n % 2 else 2
+            att = attended(start, rows)
+            fit.observe(rows, att, COST.of(rows, att) * scale)
+            assert fit.model.per_row > 0  # a budgeted step reads the fit every step
+
+    steps(60)
+    fit.observe(*piece, 14.0)  # the machine took the worker's cores for 14 s
+    for _ in range(40):  # unlearned, it would freeze the fit, then inflate it 4-11x
+        steps(1)
+        for call in (piece, token):
+            assert fit.model.of(*call) <= COST.of(*call) * 1.25
+    # a machine that really got 6x slower is followed within a hundred calls
+    steps(100, scale=6.0)
+    assert fit.model.of(*piece) == pytest.approx(6 * COST.of(*piece), rel=0.15)

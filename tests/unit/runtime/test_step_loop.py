@@ -290,3 +290,63 @@ def test_a_request_waits_to_copy_a_prefix_being_read_but_never_behind_background
     state.tick()
     assert {a.job.priority for a in state.active} == {"background", "interactive"}
     _run(state, lambda: not state.active)
+
+
+class CopyingDecoder(SimDecoder):
+    """A pool whose state copies take simulated time too, per entry (llama.cpp copies a
+    parked or restored conversation's cells in one piece: it cannot be cut)."""
+
+    def __init__(self, per_entry: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.per_entry = per_entry
+
+    def state_get(self, seq_id: int, flags: int = 0) -> bytes:
+        self.now += self.per_entry * len(self.cells[seq_id])
+        return super().state_get(seq_id, flags)
+
+    def state_set(self, data: bytes, seq_id: int, flags: int = 0) -> bool:
+        ok = super().state_set(data, seq_id, flags)
+        self.now += self.per_entry * len(self.cells[seq_id])
+        return ok
+
+
+@pytest.mark.parametrize("per_entry", [25e-6, 40e-6])
+def test_a_slot_fill_beside_streams_counts_against_the_step_budget(per_entry: float) -> None:
+    # A second question on a long state takes the slot an older conversation holds: the
+    # slot's fill parks that conversation first (75 or 120 ms of copying, the streams
+    # waiting for it). The step that follows gets what is left of the budget, or reads
+    # no prompt when nothing is; the prompt still reads from the next step on.
+    eng = CopyingDecoder(per_entry, n_slots=3)
+    state = WorkerLoop(eng.config, CacheOptions(checkpoint_max_count=0), None)
+    state.engine = eng  # type: ignore[assignment]
+    state.memory = SlotMemory(eng, state.cache)
+    state.memory.checking = True
+    state.clock = eng.clock
+    shared = _prompt(5, 1000)
+    old = _job([*shared, *_prompt(6, 2000)], 1)
+    state.enqueue(old)
+    _run(state, lambda: not state.active and not state.pending)
+    (held,) = [s for s in state.memory.slots if s.n_past]  # the old conversation
+    assert held.n_past == 3000
+    streams = [_job(_prompt(i, 200), 1000, stall_budget_ms=BUDGET_MS) for i in (1, 2)]
+    for job in streams:  # together: neither decodes alone, nothing is parked for them
+        state.enqueue(job)
+    _run(state, lambda: _generating(state, streams))
+    for _ in range(20):  # the cost fit learns the token steps
+        state.tick()
+    assert held.n_past == 3000
+    arrival = _job([*shared, *_prompt(7, 1000)], 1, stall_budget_ms=BUDGET_MS)
+    state.enqueue(arrival)
+    ticks: list[float] = []
+    while True:
+        t0 = eng.now
+        state.tick()
+        ticks.append(eng.now - t0)
+        if not any(a.job is arrival for a in state.active):
+            break
+        assert _generating(state, streams)
+    assert ticks[0] >= per_entry * 3000, "the fill parked the old conversation"
+    # the fill's tick, the streams' gap, fits the budget with the fill in it
+    assert ticks[0] <= BUDGET_MS / 1000 * 1.05, ticks[:3]
+    assert max(ticks) <= BUDGET_MS / 1000 * 1.05
+    assert isinstance(_end(arrival), Finished)
