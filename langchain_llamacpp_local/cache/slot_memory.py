@@ -337,9 +337,16 @@ class SlotMemory:
         parked = choice.park_first
         if parked:
             self.park(target)
+        copy_from = None  # an idle slot whose prefix the fill copies, counted once
         if room is not None:
             counted = Footprint(room.share_runs, room.needed)
-            if not self._park_for(room.running, counted, busy, {target.seq_id}):
+            if can_copy and pick is None and room.share_from is None:
+                copy_from = self._park_beside_copy_source(
+                    states, busy, target, room, len(tokens), media, marks
+                )
+            if copy_from is None and not self._park_for(
+                room.running, counted, busy, {target.seq_id}
+            ):
                 raise AssertionError("acquire(room=...) of a request that does not fit")
             states = [  # parked slots hold nothing to copy now
                 replace(s, reusable=pick[1].n_past) if pick and s.seq_id == pick[0] else s
@@ -359,6 +366,10 @@ class SlotMemory:
             if on_disk is not None:
                 cached, n_cached, from_disk = on_disk
         plan = plan_fill(states, choice.target, n_cached, can_copy=can_copy)
+        if copy_from is not None and (plan.action != "copy" or plan.source != copy_from):
+            # the room was counted for this copy: a restore would hold cells of its own
+            n_copy = next(x.reusable for x in states if x.seq_id == copy_from)
+            plan, cached, from_disk = FillPlan("copy", copy_from, n_copy), None, None
         if pick is not None and plan.action == "park":  # the edited-away history goes
             plan = FillPlan("keep")
         if room is not None and room.share_from is not None:
@@ -987,6 +998,37 @@ class SlotMemory:
             self.engine.n_ctx_total, [*running, new], self._idle(busy, spare), shared=True
         )
         return plan == ()
+
+    def _park_beside_copy_source(
+        self,
+        states: Sequence[SlotState],
+        busy: set[int],
+        target: Slot,
+        room: Room,
+        n_prompt: int,
+        media: Sequence[tuple[int, int]],
+        marks: Sequence[int],
+    ) -> int | None:
+        """When the fill will copy an idle slot's prefix (``seq_cp``: the same cells),
+        make room counting those cells once and sparing that slot, and return it. Without
+        this the source was counted apart, parked to make room, and then restored from
+        host RAM into the target: two whole-state copies inside one worker step where a
+        ``seq_cp`` takes a fraction of a millisecond. None (nothing parked) when no idle
+        slot is a better source than what admission counted, or the room still does not
+        fit: the caller then counts as before."""
+        own = next(x.reusable for x in states if x.seq_id == target.seq_id)
+        idle = [x for x in states if x.seq_id not in busy and x.seq_id != target.seq_id]
+        best = max(idle, key=lambda x: x.reusable, default=None)
+        if best is None or best.reusable <= max(own, room.n_share):
+            return None
+        n = self._resume(best.reusable, n_prompt, media, marks)
+        if n <= 0:
+            return None
+        share = tuple((a, min(b, n), g) for a, b, g in self.slots[best.seq_id].runs() if a < n)
+        new = Footprint(share, room.needed)
+        if not self._park_for(room.running, new, busy, {target.seq_id, best.seq_id}):
+            return None
+        return best.seq_id
 
     def _park_for(
         self, running: Sequence[Footprint], new: Footprint, busy: set[int], spare: set[int]

@@ -310,6 +310,47 @@ def test_idle_conversations_leave_the_unified_pool_while_one_decodes_alone(ram: 
     memory.check()
 
 
+def test_an_idle_prefix_copied_beside_a_stream_is_counted_once_not_parked() -> None:
+    """A question about the state an idle slot holds arrives while a stream runs and the
+    pool has room only if that prefix counts once: the fill copies it (``seq_cp``, the
+    same cells) instead of parking the idle slot to make room and then restoring it
+    from host RAM (two whole-state copies inside one worker step)."""
+    from langchain_llamacpp_local.cache.pool import Footprint
+
+    store = FakeStore(n_slots=3, n_ctx=256)  # 768 positions in one pool
+    store.kv_unified = True
+    memory = _memory(store)
+    stream_tokens = [5] * 100
+    stream, _ = fill(memory.acquire(stream_tokens, [], set(), cache_prompt=True))
+    _read(memory, store, stream, stream_tokens, len(stream_tokens))
+    state = list(range(1000, 1400))  # the first question's prompt, now idle
+    first, _ = fill(memory.acquire(state, [], {stream.seq_id}, cache_prompt=True))
+    _read(memory, store, first, state, len(state))
+    memory.check()
+    reads: list[int] = []
+    state_get = store.state_get
+
+    def counted(seq_id: int, flags: int = 0) -> bytes:
+        reads.append(seq_id)
+        return state_get(seq_id, flags)
+
+    store.state_get = counted  # type: ignore[method-assign]
+    store.events.clear()
+    second = [*state[:390], *([9] * 20)]  # the next question on the same state
+    running = (Footprint(stream.runs(), 150),)
+    busy = {stream.seq_id}
+    # apart: 150 + 400 + 450 > 768; the copied prefix once: 150 + 400 + 60 fits
+    room = memory.room(second, len(second) + 40, running, busy)
+    assert room is not None
+    target, n_keep = fill(memory.acquire(second, [], busy, cache_prompt=True, room=room))
+    assert target is not first and n_keep >= 300
+    assert first.seq_id not in reads  # never parked (a whole-state read)
+    assert not any(kind == "load" for kind, _ in store.events)  # nor restored
+    assert _held(store, first) == state  # the source stays where it was
+    assert _held(store, target) == state[:n_keep]
+    memory.check()
+
+
 def test_the_pool_is_emptied_before_a_conversation_comes_back_into_it() -> None:
     # llama.cpp puts a restored state in the first free cells: loaded beside an idle
     # conversation, it would sit above that one's cells for its whole turn
