@@ -340,7 +340,8 @@ class SlotMemory:
         copy_from = None  # an idle slot whose prefix the fill copies, counted once
         if room is not None:
             counted = Footprint(room.share_runs, room.needed)
-            if can_copy and pick is None and room.share_from is None:
+            # beside running requests only: one decoding alone has the idle ones parked
+            if can_copy and busy and pick is None and room.share_from is None:
                 copy_from = self._park_beside_copy_source(
                     states, busy, target, room, len(tokens), media, marks
                 )
@@ -1024,9 +1025,12 @@ class SlotMemory:
         n = self._resume(best.reusable, n_prompt, media, marks)
         if n <= 0:
             return None
-        share = tuple((a, min(b, n), g) for a, b, g in self.slots[best.seq_id].runs() if a < n)
+        source = self.slots[best.seq_id].runs()
+        share = tuple((a, min(b, n), g) for a, b, g in source if a < n)
         new = Footprint(share, room.needed)
-        if not self._park_for(room.running, new, busy, {target.seq_id, best.seq_id}):
+        # the source keeps its cells (idle: no growth); the target's are emptied by the fill
+        kept = (*room.running, Footprint(source, 0))
+        if not self._park_for(kept, new, busy, {target.seq_id, best.seq_id}):
             return None
         return best.seq_id
 
