@@ -53,6 +53,14 @@ README_ROWS: dict[str, tuple[str, list[Source]]] = {
         ],
     ),
     "4 concurrent generations": ("results.json", [lambda r: r["concurrent"]["speedup"]]),
+    "5 sub-agents sharing": ("shared_prefix.json", [lambda r: r["most_at_once"]]),
+    "after `trim_messages` drops the oldest turn": (
+        "cache_reuse.json",
+        [
+            lambda r: r["runs"]["trim"]["reuse_on"]["median_ttft_ms"] / 1000,
+            lambda r: r["runs"]["trim"]["llama_cpp_python"]["median_ttft_ms"] / 1000,
+        ],
+    ),
     "6 short calls beside 2 busy processes": (
         "contention.json",
         [
