@@ -435,6 +435,21 @@ MMPROJ_PATCH_SIZE = 8
 MMPROJ_N_IMAGE_TOKENS = (MMPROJ_IMAGE_SIZE // MMPROJ_PATCH_SIZE) ** 2  # 16
 
 
+def _encoder_block(t: _Weights, p: str, n_embd: int, n_ff: int, *, key_bias: bool) -> None:
+    """One pre-norm transformer block of a projector's encoder (clip.cpp's tensor names)."""
+    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        t.normal(p + name + ".weight", n_embd, n_embd)
+        if key_bias or name != "attn_k":
+            t.normal(p + name + ".bias", n_embd, scale=0.1)
+    for name in ("ln1", "ln2"):
+        t.const(p + name + ".weight", n_embd)
+        t.const(p + name + ".bias", n_embd, value=0.0)
+    t.normal(p + "ffn_up.weight", n_ff, n_embd)
+    t.normal(p + "ffn_up.bias", n_ff, scale=0.1)
+    t.normal(p + "ffn_down.weight", n_embd, n_ff)
+    t.normal(p + "ffn_down.bias", n_embd, scale=0.1)
+
+
 def write_tiny_mmproj(path: Path, *, text_n_embd: int = N_EMBD, seed: int = 0) -> Path:
     """Write a llava-style ``clip`` vision projector (``mlp``).
 
@@ -469,17 +484,7 @@ def write_tiny_mmproj(path: Path, *, text_n_embd: int = N_EMBD, seed: int = 0) -
     t.const("v.pre_ln.weight", n_embd)
     t.const("v.pre_ln.bias", n_embd, value=0.0)
     for i in range(n_layer):
-        p = f"v.blk.{i}."
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            t.normal(p + name + ".weight", n_embd, n_embd)
-            t.normal(p + name + ".bias", n_embd, scale=0.1)
-        for name in ("ln1", "ln2"):
-            t.const(p + name + ".weight", n_embd)
-            t.const(p + name + ".bias", n_embd, value=0.0)
-        t.normal(p + "ffn_up.weight", n_ff, n_embd)
-        t.normal(p + "ffn_up.bias", n_ff, scale=0.1)
-        t.normal(p + "ffn_down.weight", n_embd, n_ff)
-        t.normal(p + "ffn_down.bias", n_embd, scale=0.1)
+        _encoder_block(t, f"v.blk.{i}.", n_embd, n_ff, key_bias=True)
     t.normal("mm.0.weight", text_n_embd, n_embd)
     t.normal("mm.0.bias", text_n_embd, scale=0.1)
     t.normal("mm.2.weight", text_n_embd, text_n_embd)
@@ -528,18 +533,7 @@ def write_tiny_audio_mmproj(path: Path, *, text_n_embd: int = N_EMBD, seed: int 
     t.normal("a.conv1d.2.weight", n_embd, n_embd, 3)
     t.normal("a.conv1d.2.bias", n_embd, 1, scale=0.1)
     t.normal("a.position_embd.weight", 1500, n_embd, scale=0.1)
-    p = "a.blk.0."
-    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-        t.normal(p + name + ".weight", n_embd, n_embd)
-        if name != "attn_k":  # whisper's key projection has no bias
-            t.normal(p + name + ".bias", n_embd, scale=0.1)
-    for name in ("ln1", "ln2"):
-        t.const(p + name + ".weight", n_embd)
-        t.const(p + name + ".bias", n_embd, value=0.0)
-    t.normal(p + "ffn_up.weight", n_ff, n_embd)
-    t.normal(p + "ffn_up.bias", n_ff, scale=0.1)
-    t.normal(p + "ffn_down.weight", n_embd, n_ff)
-    t.normal(p + "ffn_down.bias", n_embd, scale=0.1)
+    _encoder_block(t, "a.blk.0.", n_embd, n_ff, key_bias=False)  # whisper's key: no bias
     t.const("a.post_ln.weight", n_embd)
     t.const("a.post_ln.bias", n_embd, value=0.0)
     t.const("mm.a.norm_pre.weight", n_embd * stack)

@@ -179,6 +179,22 @@ def _held(store: FakeStore, slot: Slot) -> list[int]:
 PROMPT = list(range(100, 160))
 
 
+def _count_state_reads(store: FakeStore, *, sizes_too: bool = True) -> list[int]:
+    """The sequences whose whole state is read from now on (a park copies it out of
+    llama.cpp); ``sizes_too=False``: a size probe (``state_size``) is not counted."""
+    reads: list[int] = []
+    state_get = store.state_get
+
+    def counted(seq_id: int, flags: int = 0) -> bytes:
+        reads.append(seq_id)
+        return state_get(seq_id, flags)
+
+    store.state_get = counted  # type: ignore[method-assign]
+    if not sizes_too:
+        store.state_size = lambda seq_id, flags=0: len(state_get(seq_id, flags))  # type: ignore[method-assign]
+    return reads
+
+
 def test_an_edited_prompt_reuses_the_cached_prefix() -> None:
     store = FakeStore(n_slots=1)
     memory = _memory(store)
@@ -254,15 +270,7 @@ def test_a_displaced_conversation_is_copied_out_once() -> None:
     before taking the slot: one copy of its state (each one a whole-state read from
     llama.cpp), and the conversation comes back from RAM whole."""
     store = FakeStore(n_slots=1)
-    reads: list[int] = []
-    state_get = store.state_get
-
-    def counted(seq_id: int, flags: int = 0) -> bytes:
-        reads.append(seq_id)
-        return state_get(seq_id, flags)
-
-    store.state_get = counted  # type: ignore[method-assign]
-    store.state_size = lambda seq_id, flags=0: len(state_get(seq_id, flags))  # type: ignore[method-assign]
+    reads = _count_state_reads(store, sizes_too=False)
     memory = _memory(store)
     slot, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
     _read(memory, store, slot, PROMPT, len(PROMPT))
@@ -327,14 +335,7 @@ def test_an_idle_prefix_copied_beside_a_stream_is_counted_once_not_parked() -> N
     first, _ = fill(memory.acquire(state, [], {stream.seq_id}, cache_prompt=True))
     _read(memory, store, first, state, len(state))
     memory.check()
-    reads: list[int] = []
-    state_get = store.state_get
-
-    def counted(seq_id: int, flags: int = 0) -> bytes:
-        reads.append(seq_id)
-        return state_get(seq_id, flags)
-
-    store.state_get = counted  # type: ignore[method-assign]
+    reads = _count_state_reads(store)
     store.events.clear()
     second = [*state[:390], *([9] * 20)]  # the next question on the same state
     running = (Footprint(stream.runs(), 150),)
