@@ -182,9 +182,9 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     has waited 5 s (docs/concurrency.md); per call too."""
     stall_budget_ms: float | None = ChatJob.stall_budget_ms
     """While this model's reply streams, the longest one worker step may take: another
-    caller's prompt is read in pieces cut from the measured prompt rate to fit it (at
-    least 16 tokens a step; docs/concurrency.md). None: its tokens may wait for whole
-    ``n_batch`` pieces. Per call too."""
+    caller's prompt is read in pieces cut from the measured call costs to fit it, with a
+    margin for the machine's jitter (at least 16 tokens a step; docs/concurrency.md).
+    None: its tokens may wait for whole ``n_batch`` pieces. Per call too."""
     prompt_cache_bytes: int = CacheOptions.prompt_cache_bytes
     """Host-RAM budget for conversations evicted from the slots, and for idle ones parked
     while a request decodes alone in the unified KV pool (so it attends over its own cells

@@ -340,12 +340,19 @@ class SlotMemory:
         copy_from = None  # an idle slot whose prefix the fill copies, counted once
         if room is not None:
             counted = Footprint(room.share_runs, room.needed)
+            in_place = None
             # beside running requests only: one decoding alone has the idle ones parked
-            if can_copy and busy and pick is None and room.share_from is None:
-                copy_from = self._park_beside_copy_source(
-                    states, busy, target, room, len(tokens), media, marks
-                )
-            if copy_from is None and not self._park_for(
+            if can_copy and busy and pick is None:
+                if room.share_from is None:
+                    copy_from = self._park_beside_copy_source(
+                        states, busy, target, room, len(tokens), media, marks
+                    )
+                if copy_from is None:
+                    in_place = self._in_place_of_fork(states, busy, target, room)
+            if in_place is not None:
+                target = in_place
+                choice = SlotChoice(in_place.seq_id, park_first=False)
+            elif copy_from is None and not self._park_for(
                 room.running, counted, busy, {target.seq_id}
             ):
                 raise AssertionError("acquire(room=...) of a request that does not fit")
@@ -1033,6 +1040,27 @@ class SlotMemory:
         if not self._park_for(kept, new, busy, {target.seq_id, best.seq_id}):
             return None
         return best.seq_id
+
+    def _in_place_of_fork(
+        self, states: Sequence[SlotState], busy: set[int], target: Slot, room: Room
+    ) -> Slot | None:
+        """When a fork into the empty ``target`` cannot copy the idle slot holding the
+        best prefix (the pool has no room for that slot's whole conversation beside the
+        running ones), that slot itself, its tail beyond the prefix to be cut: room made
+        sparing it. Parking it to make room and restoring it from host RAM into the
+        target would copy its whole state twice inside one worker step to keep a tail
+        shorter than the prefix. None when the target already holds a conversation, the
+        tail is the longer part, or the room does not fit even so."""
+        if target.n_past:
+            return None
+        idle = [x for x in states if x.seq_id not in busy and x.seq_id != target.seq_id]
+        best = max(idle, key=lambda x: x.reusable, default=None)
+        if best is None or best.reusable <= room.n_share or best.reusable * 2 < best.n_past:
+            return None
+        # its own kept cells: a prefix shared with a running slot is not counted once
+        if not self._park_for(room.running, Footprint((), room.needed), busy, {best.seq_id}):
+            return None
+        return self.slots[best.seq_id]
 
     def _park_for(
         self, running: Sequence[Footprint], new: Footprint, busy: set[int], spare: set[int]

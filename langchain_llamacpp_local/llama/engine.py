@@ -149,6 +149,10 @@ class Engine(vocab.VocabMethods):
             )
             self.ctx = ctx
             self.kv_unified = config.kv_unified
+            #: every row of a call attends over every used cell of the pool (a unified
+            #: cache without flash attention: llama.cpp's n_kv spans them all, other
+            #: sequences' cells masked); the stall budget's cost model counts them
+            self.attends_all_cells = config.kv_unified and flash_attn_setting(config) is False
             self.n_ctx_total = int(C.llama_n_ctx(ctx))
             # llama.cpp pads each stream to a multiple of 256: the window of one slot
             self.n_ctx = (

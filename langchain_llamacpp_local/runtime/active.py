@@ -54,6 +54,7 @@ class Active:
     pending: int | None = None  # sampled token to decode in the next step
     t_start: float = field(default_factory=time.perf_counter)
     t_prefill: float = 0.0
+    beside: int = 0  # prompt pieces read under a stall budget (beside streams)
     retried: bool = False
     text_sent: bool = False  # a text item of the reply went out
     spec: Speculation | None = None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_llamacpp_local.cache.disk import PendingSave
+from langchain_llamacpp_local.cache.pool import cells_in_use
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.errors import (
@@ -58,6 +59,7 @@ from langchain_llamacpp_local.runtime.scheduler import (
     StepBudget,
     StepPlan,
     by_priority,
+    call_attention,
     effective_priority,
     plan_step,
     row_limit,
@@ -126,6 +128,8 @@ class WorkerLoop:
         self._budgeted = False
         #: the decode calls' measured cost, for the stall budget's piece sizes
         self.cost = CostFit()
+        #: the cells a call attends over in a unified pool (:meth:`_pool`)
+        self._span = 0
         #: what decode calls and waits are timed with (a test's simulated clock)
         self.clock: Callable[[], float] = time.perf_counter
         #: conversations finished this step, their disk-cache places still to fill
@@ -240,6 +244,8 @@ class WorkerLoop:
             t1 = self.clock()
             self._persist_finished()
             self._after_step = self.clock() - t1
+            if not self.active:  # the next request's cells may land anywhere
+                self._span = 0
         if self.memory is not None and self.memory.checking:
             self.memory.check()
 
@@ -519,7 +525,23 @@ class WorkerLoop:
         budgets = [a.job.stall_budget_ms for a in streams if a.job.stall_budget_ms]
         if not budgets:
             return None
-        return StepBudget(min(budgets) / 1000, self.cost.model)
+        cost = replace(self.cost.model, pool=self._pool())
+        return StepBudget(min(budgets) / 1000, cost, margin=self.cost.margin)
+
+    def _pool(self) -> int | None:
+        """The cells every row of a call attends over (``CallCost.pool``), or None.
+
+        llama.cpp's span is its highest cell in use, which its C API does not give: a
+        conversation parked from low cells leaves the running ones' cells above the
+        hole, so the span stays. Counted as the most cells in use since the worker
+        last had nothing running (it may then overestimate: pieces get smaller)."""
+        eng = self.engine
+        memory = self.memory
+        assert eng is not None and memory is not None
+        if not eng.attends_all_cells:
+            return None
+        self._span = max(self._span, cells_in_use(s.runs() for s in memory.slots))
+        return self._span
 
     @property
     def piece_rules(self) -> PieceRules:
@@ -545,6 +567,7 @@ class WorkerLoop:
             marks=tuple(act.marks),
             lora_start=act.lora_start,
             last_checkpoint=items[-1].n_tokens if items else None,
+            beside=act.beside,
         )
 
     def _decode_generation(self, gen: list[Active]) -> None:
@@ -555,6 +578,7 @@ class WorkerLoop:
         positions = [a.slot.n_past for a in gen]
         try:
             eng.set_lora(lora_of(gen[0]))  # LoRA hook: one adapter set per group
+            pool = self._pool()
             t0 = self.clock()
             eng.decode_batch(
                 toks,  # type: ignore[arg-type]
@@ -565,7 +589,8 @@ class WorkerLoop:
         except (RequestCancelledError, DecodeError) as exc:
             self._after_failed_decode(gen, exc)
             return
-        self.cost.observe(len(gen), sum(p + 1 for p in positions), self.clock() - t0)
+        own = sum(p + 1 for p in positions)
+        self.cost.observe(len(gen), call_attention(len(gen), own, pool), self.clock() - t0)
         self._generated(gen)
 
     def _generated(self, gen: Sequence[Active]) -> None:
@@ -666,6 +691,7 @@ class WorkerLoop:
             ]
         try:
             eng.set_lora(lora)  # LoRA hook
+            pool = self._pool()
             t0 = self.clock()
             eng.decode_batch(
                 tokens,
@@ -675,7 +701,9 @@ class WorkerLoop:
                 # the oldest prompt's cancel stops the call; the others' are seen next step
                 cancel=cancel_check(act.job) if len(tokens) - len(gen) > 1 else None,
             )
-            self.cost.observe(len(tokens), sum(p + 1 for p in positions), self.clock() - t0)
+            own = sum(p + 1 for p in positions)
+            att = call_attention(len(tokens), own, pool)
+            self.cost.observe(len(tokens), att, self.clock() - t0)
         except NonFiniteOutputError as exc:
             self._after_non_finite([*gen, *readers], exc)
             return
@@ -695,6 +723,8 @@ class WorkerLoop:
         row = len(gen)
         for p in pieces:
             row += p.end - p.start
+            if self._budgeted:
+                p.request.beside += 1
             self._after_piece(p, row - 1)
 
     def _after_piece(self, piece: PromptPiece[Active], last_row: int) -> None:

@@ -29,17 +29,22 @@ T = TypeVar("T")
 #: Fewest prompt tokens a budgeted piece reads, whatever the budget: a prompt always
 #: progresses, and a piece this small still uses the batched kernels.
 MIN_PIECE = 16
+#: Time spent before a step's calls that is a real copy (a conversation parked or
+#: restored), as a share of the budget: with a smallest piece over the budget anyway,
+#: the prompt waits a step after one instead of adding that piece to it.
+COPY_SHARE = 0.25
 #: A background request counts as interactive once it has waited this long (seconds,
 #: or worker steps) since it was queued: interactive work cannot starve it.
 BACKGROUND_AGE_S = 5.0
 BACKGROUND_AGE_STEPS = 250
 PRIORITIES = ("interactive", "background")
 #: The default stall budget (``ChatLlamaCpp.stall_budget_ms``): on two CPU cores a
-#: stream's token takes 17-20 ms and prompt reading runs at about 200 tokens/s late in a
-#: 3,400-token prompt, so 150 ms lets pieces of a few dozen tokens through while a
-#: stream's longest gap stays within what a reader sees as a hiccup; on a GPU whole
+#: stream's token takes 13-35 ms (more beside idle conversations) and a piece of a
+#: 4,000-token prompt a few ms per token, so 120 ms lets pieces of a few dozen tokens
+#: through; calls of one size vary by up to a fifth on a shared machine, so a stream's
+#: longest gap stays within 150 ms, what a reader sees as a hiccup. On a GPU whole
 #: pieces fit in it and nothing changes.
-DEFAULT_STALL_BUDGET_MS = 150.0
+DEFAULT_STALL_BUDGET_MS = 120.0
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,37 @@ class CallCost:
     per_call: float
     per_row: float
     per_attended: float
+    pool: int | None = None
+    """Cells in use in a unified KV pool whose every row attends over all of them, or
+    None: each row attends its own sequence's positions. Without flash attention
+    llama.cpp's attention spans every used cell of a unified pool, other
+    conversations' masked ones included, so an idle conversation kept beside a stream
+    slows each of its tokens (:func:`call_attention`)."""
 
     def of(self, rows: int, attended: int) -> float:
-        """A call of ``rows`` rows attending ``attended`` positions in all."""
+        """A call of ``rows`` rows whose own positions attended sum to ``attended``."""
         if rows <= 0:
             return 0.0
-        return self.per_call + self.per_row * rows + self.per_attended * attended
+        att = call_attention(rows, attended, self.pool)
+        return self.per_call + self.per_row * rows + self.per_attended * att
+
+    def scaled(self, factor: float) -> CallCost:
+        """Every call ``factor`` times as costly."""
+        return replace(
+            self,
+            per_call=self.per_call * factor,
+            per_row=self.per_row * factor,
+            per_attended=self.per_attended * factor,
+        )
+
+
+def call_attention(rows: int, own: int, pool: int | None) -> int:
+    """Positions a call of ``rows`` rows attends in all: ``own`` (each row's own
+    sequence up to it) or, over a pool of ``pool`` used cells that every row attends
+    to, each row all of them and the call's new ones."""
+    if pool is None:
+        return own
+    return rows * (pool + rows)
 
 
 def attended(start: int, n: int) -> int:
@@ -77,6 +107,10 @@ class StepBudget:
     conversation into or out of llama.cpp's memory to fill a slot, or a finished one's
     state for the disk cache. The step's calls get the rest; when that rest leaves no
     room for the smallest piece that would fit otherwise, the prompt waits one step."""
+    margin: float = 1.0
+    """How many times its predicted cost a call may take (``CostFit.margin``): pieces
+    are planned by the cost times this, so a step stays within the budget though
+    calls of one size vary."""
 
 
 def largest_piece(
@@ -155,6 +189,8 @@ class PromptRead:
     """Where an activated LoRA starts: no piece spans it."""
     last_checkpoint: int | None = None
     """Entries of the slot's newest checkpoint (None: it has none)."""
+    beside: int = 0
+    """Pieces it read beside generating requests (under a budget) so far."""
 
 
 @dataclass(frozen=True)
@@ -301,9 +337,13 @@ def plan_step(
     request's next position) the piece is cut so the step's calls together cost at most
     ``budget.seconds`` (:func:`largest_piece`; at least ``budget.min_piece`` tokens, and
     in deterministic mode a multiple of the grid spacing, the grid kept); younger
-    prompts fill what is left of it. Images are read whole whatever they cost. Time
-    the step already spent before its calls (``budget.spent``) counts too: when it alone
-    leaves no room for the smallest piece, the plan reads no prompt this step.
+    prompts fill what is left of it; a prompt's first piece beside the streams is the
+    smallest (``budget.min_piece``), and costs are the fit's times ``budget.margin``.
+    Images are read whole whatever they cost. Time
+    the step already spent before its calls (``budget.spent``) counts too: when it
+    leaves no room for the smallest piece and either that piece would have fit without
+    it or it was a real copy (:data:`COPY_SHARE` of the budget, or as long as that
+    piece), the plan reads no prompt this step.
     """
     draft_of = {id(r): tuple(drafts(r)) for r in generating} if drafts is not None else {}
 
@@ -342,7 +382,7 @@ def plan_step(
     if budget is not None and piece.end > piece.start:
         if position is None:
             raise ValueError("plan_step(budget=...) needs the generating positions")
-        cost = budget.cost
+        cost = budget.cost.scaled(budget.margin)
         spent = sum(cost.of(len(g), sum(position(r) + 1 for r in g)) for g in groups)
         spent += sum(
             cost.of(1 + len(d), attended(position(r), 1 + len(d)))
@@ -353,12 +393,20 @@ def plan_step(
         if budget.spent > 0:
             first = min(budget.min_piece, piece.end - piece.start)
             call = cost.of(len(riding) + first, ride + attended(piece.start, first))
-            if call <= seconds < call + budget.spent:
-                # the slot's fill (or a save) took the piece's time: the streams decode
-                # alone this step and the prompt reads from the next one
+            if seconds < call + budget.spent and (
+                call <= seconds or budget.spent >= min(call, COPY_SHARE * budget.seconds)
+            ):
+                # the slot's fill (or a save) took the piece's time, or was itself a
+                # real copy (a quarter of the budget, or longer than the piece): the
+                # streams decode alone this step and the prompt reads from the next one
                 return StepPlan(all_groups, verify, drafted)
             seconds -= budget.spent
         if piece.media:  # an image encode cannot be cut: the text after it waits
+            cap = budget.min_piece
+        elif read.beside == 0:
+            # its first piece beside the streams is the smallest: the fit has not yet
+            # timed a piece at this point of llama.cpp's memory (the cells a fill just
+            # copied or parked change every row's cost), and it learns from this one
             cap = budget.min_piece
         else:
             cap = largest_piece(
@@ -425,6 +473,8 @@ def more_pieces(
             )
             if cap <= 0:
                 break
+            if read.beside == 0:  # its first piece beside the streams (see plan_step)
+                cap = min(cap, MIN_PIECE)
         piece = plan_piece(request, read, replace(rules, n_batch=cap))
         if piece.media or piece.end <= piece.start or _applied(piece, lora_of) != lora:
             continue

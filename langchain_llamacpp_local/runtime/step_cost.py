@@ -8,9 +8,17 @@ fits the three numbers by least squares over the calls the worker timed, older o
 fading, starting from a prior that the first measurements quickly outweigh. Token
 steps (a few rows) and prompt pieces are kept apart and weigh alike, so the many
 token steps of a stream do not drown the few pieces the fit must predict.
+
+A fit predicts the middle of a call's time, and a budget is a bound: :attr:`CostFit.margin`
+is how far recent prompt pieces ran over their prediction (a high quantile of the
+ratio), so the planner aims that much below the budget. It covers a shared machine's
+jitter and a change the model cannot see until it has refitted (another conversation's
+cells entering or leaving llama.cpp's memory change every row's attention).
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from langchain_llamacpp_local.runtime.scheduler import CallCost, attended
 
@@ -32,6 +40,15 @@ OUTLIER = 4.0
 OUTLIER_AFTER = 16
 OUTLIER_FRESH = 4
 
+#: The margin is taken over this many recent prompt pieces ...
+MARGIN_WINDOW = 24
+#: ... as this quantile of their time over what the fit predicted for them ...
+MARGIN_QUANTILE = 0.9
+#: ... within these bounds (a fit that overestimates lets pieces grow a little; one
+#: wildly off does not shrink them past half).
+MARGIN_MIN = 0.9
+MARGIN_MAX = 2.0
+
 _Sums = tuple[list[list[float]], list[float]]
 
 
@@ -51,6 +68,8 @@ class CostFit:
         self.n = 0
         #: :attr:`n` when the model was last solved (None: never)
         self._solved_at: int | None = None
+        #: recent prompt pieces' measured time over the prediction they were planned by
+        self._ratios: deque[float] = deque(maxlen=MARGIN_WINDOW)
 
     def observe(self, rows: int, attending: int, seconds: float) -> None:
         """Record one decode call: ``rows`` rows attending ``attending`` positions took
@@ -62,6 +81,11 @@ class CostFit:
             self._seen.add(kind)
             return
         solved = self._solved_at
+        # (only while the prediction is fresh: with no budget nobody reads the model)
+        if kind and solved is not None and self.n - solved <= OUTLIER_FRESH:
+            predicted = self._model.of(rows, attending)
+            if predicted > 0:
+                self._ratios.append(seconds / predicted)
         if self.n >= OUTLIER_AFTER and solved is not None and self.n - solved <= OUTLIER_FRESH:
             seconds = min(seconds, OUTLIER * self._model.of(rows, attending))
         a, b = self._bins[kind]
@@ -81,6 +105,16 @@ class CostFit:
             self._stale = False
             self._solved_at = self.n
         return self._model
+
+    @property
+    def margin(self) -> float:
+        """How many times its prediction a prompt piece may take: the
+        :data:`MARGIN_QUANTILE` of the recent pieces' ratio (1.0 before any was seen)."""
+        if not self._ratios:
+            return 1.0
+        ranked = sorted(self._ratios)
+        q = ranked[min(len(ranked) - 1, int(MARGIN_QUANTILE * len(ranked)))]
+        return min(MARGIN_MAX, max(MARGIN_MIN, q))
 
     def _solve(self) -> CallCost:
         a = [[0.0] * 3 for _ in range(3)]

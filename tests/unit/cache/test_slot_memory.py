@@ -352,6 +352,44 @@ def test_an_idle_prefix_copied_beside_a_stream_is_counted_once_not_parked() -> N
     memory.check()
 
 
+@pytest.mark.parametrize("with_stream", [0, 10])
+def test_an_idle_prefix_too_big_to_fork_beside_a_stream_is_taken_in_place(
+    with_stream: int,
+) -> None:
+    """The next question on an idle slot's state arrives beside a stream, and the pool
+    cannot hold that slot's whole conversation beside the fork that would copy its
+    prefix: the question takes that slot itself (its short tail cut) instead of parking
+    it to make room and restoring it from host RAM into an empty slot (two whole-state
+    copies inside one worker step). Also when the prompt's first ``with_stream`` tokens
+    (a system prompt) are the running stream's too."""
+    from langchain_llamacpp_local.cache.pool import Footprint
+
+    store = FakeStore(n_slots=3, n_ctx=256)  # 768 positions in one pool
+    store.kv_unified = True
+    memory = _memory(store)
+    stream_tokens = [5] * 100
+    stream, _ = fill(memory.acquire(stream_tokens, [], set(), cache_prompt=True))
+    _read(memory, store, stream, stream_tokens, len(stream_tokens))
+    state = [5] * with_stream + list(range(1000, 1400 - with_stream))
+    first, _ = fill(memory.acquire(state, [], {stream.seq_id}, cache_prompt=True))
+    _read(memory, store, first, state, len(state))
+    memory.check()
+    reads = _count_state_reads(store)
+    store.events.clear()
+    second = [*state[:390], *([9] * 20)]
+    running = (Footprint(stream.runs(), 150),)
+    busy = {stream.seq_id}
+    # a fork: 150 + 400 + (615 - 390) > 768; in place: 150 + 615 fits
+    room = memory.room(second, 615, running, busy)
+    assert room is not None
+    target, n_keep = fill(memory.acquire(second, [], busy, cache_prompt=True, room=room))
+    assert target is first and n_keep == 390
+    assert not reads  # nothing parked (a whole-state read)
+    assert not any(kind == "load" for kind, _ in store.events)  # nor restored
+    assert _held(store, target) == state[:390]
+    memory.check()
+
+
 def test_the_pool_is_emptied_before_a_conversation_comes_back_into_it() -> None:
     # llama.cpp puts a restored state in the first free cells: loaded beside an idle
     # conversation, it would sit above that one's cells for its whole turn

@@ -13,6 +13,7 @@ import pytest
 from langchain_llamacpp_local.runtime.scheduler import (
     BACKGROUND_AGE_S,
     BACKGROUND_AGE_STEPS,
+    MIN_PIECE,
     CallCost,
     PieceRules,
     PromptPiece,
@@ -92,7 +93,7 @@ def _call_cost(step, positions: dict[str, int]) -> float:  # type: ignore[no-unt
 
 def test_the_step_with_a_piece_fits_the_budget() -> None:
     for start in (0, 2000, 6000):
-        step = _step(["g", "h"], {"x": PromptRead(start, 10000)})
+        step = _step(["g", "h"], {"x": PromptRead(start, 10000, beside=1)})
         assert step.with_prompt == ("g", "h")
         n = step.prompt.end - step.prompt.start
         assert 16 < n < 512
@@ -100,21 +101,25 @@ def test_the_step_with_a_piece_fits_the_budget() -> None:
 
 
 def test_without_a_budget_the_piece_is_whole() -> None:
-    step = _step(["g"], {"x": PromptRead(0, 10000)}, budget=None)
+    step = _step(["g"], {"x": PromptRead(0, 10000, beside=1)}, budget=None)
     assert step.prompt.end - step.prompt.start == 511  # n_batch less the riding row
 
 
 def test_other_calls_of_the_step_take_their_share_of_the_budget() -> None:
     # without mixing, the generation call runs apart: it is counted before the piece
-    mixed = _step(["g", "h"], {"x": PromptRead(0, 10000)})
-    apart = _step(["g", "h"], {"x": PromptRead(0, 10000)}, mix=False)
+    mixed = _step(["g", "h"], {"x": PromptRead(0, 10000, beside=1)})
+    apart = _step(["g", "h"], {"x": PromptRead(0, 10000, beside=1)}, mix=False)
     assert apart.decode_groups == (("g", "h"),)
     assert apart.prompt.end < mixed.prompt.end
     assert _call_cost(apart, {"g": 3000, "h": 100}) <= 0.15
 
 
 def test_younger_prompts_fill_only_the_time_left() -> None:
-    reads = {"x": PromptRead(0, 10), "y": PromptRead(0, 10000), "z": PromptRead(0, 10000)}
+    reads = {
+        "x": PromptRead(0, 10, beside=1),
+        "y": PromptRead(0, 10000, beside=1),
+        "z": PromptRead(0, 10000, beside=1),
+    }
     step = _step(["g"], reads)
     assert step.prompt == PromptPiece("x", (), 0, 10)
     assert [p.request for p in step.more_prompts] == ["y"]  # y took what time was left
@@ -123,14 +128,18 @@ def test_younger_prompts_fill_only_the_time_left() -> None:
 
 def test_deterministic_pieces_stay_on_the_grid_under_a_budget() -> None:
     for start in (0, 64, 1024):
-        step = _step(["g"], {"x": PromptRead(start, 10000)}, rules=EXACT, mix=False)
+        step = _step(["g"], {"x": PromptRead(start, 10000, beside=1)}, rules=EXACT, mix=False)
         assert step.prompt.start % 64 == 0 and step.prompt.end % 64 == 0
         assert step.prompt.end - step.prompt.start >= 128
     # a budget too small for a grid cell still reads two
-    tiny = _step(["g"], {"x": PromptRead(0, 10000)}, rules=EXACT, budget=StepBudget(0.0, COST))
+    tiny = _step(
+        ["g"], {"x": PromptRead(0, 10000, beside=1)}, rules=EXACT, budget=StepBudget(0.0, COST)
+    )
     assert tiny.prompt.end == 128
     # so that a one-token tail joins the cell before it, as in a piece alone: no lone row
-    tail = _step(["g"], {"x": PromptRead(0, 129)}, rules=EXACT, budget=StepBudget(0.0, COST))
+    tail = _step(
+        ["g"], {"x": PromptRead(0, 129, beside=1)}, rules=EXACT, budget=StepBudget(0.0, COST)
+    )
     assert tail.prompt.end == 64
 
 
@@ -201,7 +210,7 @@ def test_the_first_call_of_each_kind_warms_up_and_is_not_learned() -> None:
 
 def test_time_spent_before_the_step_counts_and_a_prompt_waits_one_step_at_most() -> None:
     positions = {"g": 3000, "h": 100}
-    read = {"x": PromptRead(2000, 10000)}
+    read = {"x": PromptRead(2000, 10000, beside=1)}
     whole = _step(["g", "h"], read)
     # a slot's fill took 40 ms before the calls: the piece is cut to the rest
     some = _step(["g", "h"], read, budget=StepBudget(0.15, COST, spent=0.04))
@@ -213,10 +222,15 @@ def test_time_spent_before_the_step_counts_and_a_prompt_waits_one_step_at_most()
     assert none.prompt is None and none.more_prompts == () and none.with_prompt == ()
     assert none.decode_groups == (("g", "h"),)
     # a smallest piece that is over the budget anyway is read as before (the prompt
-    # progresses): only the time spent before the step makes it wait
+    # progresses) after a short admission ...
     slow = CallCost(per_call=0.2, per_row=0.003, per_attended=1e-7)
-    over = _step(["g", "h"], read, budget=StepBudget(0.15, slow, spent=0.12))
+    over = _step(["g", "h"], read, budget=StepBudget(0.15, slow, spent=0.012))
     assert over.prompt is not None and over.prompt.end - over.prompt.start == 16
+    # ... but after a copy (a conversation parked or restored: a quarter of the budget)
+    # the streams do not wait for both: the prompt reads from the next step
+    for spent in (0.04, 0.3):
+        copy = _step(["g", "h"], read, budget=StepBudget(0.15, slow, spent=spent))
+        assert copy.prompt is None and copy.decode_groups == (("g", "h"),)
 
 
 def test_one_call_descheduled_for_seconds_does_not_shrink_the_pieces() -> None:
@@ -241,3 +255,17 @@ def test_one_call_descheduled_for_seconds_does_not_shrink_the_pieces() -> None:
     # a machine that really got 6x slower is followed within a hundred calls
     steps(100, scale=6.0)
     assert fit.model.of(*piece) == pytest.approx(6 * COST.of(*piece), rel=0.15)
+
+
+def test_a_prompts_first_piece_beside_the_streams_is_the_smallest() -> None:
+    """The fit has not yet timed a piece where a fill just changed llama.cpp's memory:
+    the first piece is the minimum, the next ones as large as the budget allows."""
+    first = _step(["g", "h"], {"x": PromptRead(0, 10000)})
+    later = _step(["g", "h"], {"x": PromptRead(0, 10000, beside=1)})
+    assert first.prompt is not None and later.prompt is not None
+    assert first.prompt.end - first.prompt.start == MIN_PIECE
+    assert later.prompt.end - later.prompt.start > MIN_PIECE
+    # with no budget (no interactive stream), a prompt's first piece is whole (less
+    # the row of the token riding in its call)
+    alone = _step(["g"], {"x": PromptRead(0, 10000)}, budget=None)
+    assert alone.prompt is not None and alone.prompt.end == 511

@@ -16,6 +16,7 @@ benchmarks/bench_arrival.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -26,7 +27,14 @@ from langchain_llamacpp_local.llama.probes import MemoryKind
 from langchain_llamacpp_local.llama.sampling import SamplingParams
 from langchain_llamacpp_local.runtime.loop import WorkerLoop
 from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed, Finished
-from langchain_llamacpp_local.runtime.scheduler import BACKGROUND_AGE_S, CallCost
+from langchain_llamacpp_local.runtime.scheduler import (
+    BACKGROUND_AGE_S,
+    CallCost,
+    attended,
+    call_attention,
+    largest_piece,
+)
+from langchain_llamacpp_local.runtime.step_cost import MARGIN_MAX, CostFit
 from tests.unit.cache.test_slot_memory import FakeStore
 
 #: the simulated machine: about SmolLM2-135M on two CPU cores
@@ -37,11 +45,14 @@ BUDGET_MS = 150.0
 class SimDecoder(FakeStore):
     """A unified pool whose decode calls append to the store and take simulated time."""
 
-    def __init__(self, *, n_slots: int = 4, n_ctx: int = 8192, n_batch: int = 512) -> None:
+    def __init__(
+        self, *, n_slots: int = 4, n_ctx: int = 8192, n_batch: int = 512, all_cells: bool = False
+    ) -> None:
         super().__init__(MemoryKind.PARTIAL, n_slots=n_slots, n_ctx=n_ctx, n_batch=n_batch)
         self.kv_unified = True
         self.n_ctx_total = n_ctx
         self.exact_rows = self.exact_verify_rows = 1
+        self.attends_all_cells = self.all_cells = all_cells
         self.ctx = None
         self.now = 0.0
         #: every call: the rows of each sequence in it, its simulated seconds
@@ -66,7 +77,11 @@ class SimDecoder(FakeStore):
             rows.setdefault(seq, []).append((pos, tok))
         for seq, items in rows.items():
             self.decode(seq, [t for _, t in items], items[0][0])
-        seconds = COST.of(len(tokens), sum(p + 1 for p in positions))
+        own = sum(p + 1 for p in positions)
+        # all_cells: llama.cpp's unified pool without flash attention, where every row
+        # attends over every used cell (other conversations' too, masked)
+        pool = sum(len(c) for c in self.cells) - len(tokens) if self.all_cells else None
+        seconds = replace(COST, pool=pool).of(len(tokens), own)
         self.now += seconds
         self.calls.append(({s: len(r) for s, r in rows.items()}, seconds))
 
@@ -176,7 +191,8 @@ def test_pieces_fit_the_budget_and_background_prompts_wait_until_they_age() -> N
     sizes = [rows[seq["chat"]] for _, _, rows in steps if rows.get(seq["chat"])]
     assert max(sizes) < 512 and min(sizes[:-1]) >= 16  # (the last: what was left)
     # pieces shrink as the prompt grows (attention): the last ones are the smallest
-    assert sizes[-3] < sizes[0]
+    # (the very first is planned by the prior's margin)
+    assert sizes[-3] < max(sizes[:5])
     # the background prompt waited behind the interactive one until it aged
     first_bg = next(t for t, _, rows in steps if rows.get(seq["bg"]))
     assert first_bg >= t_arrival + BACKGROUND_AGE_S
@@ -350,3 +366,68 @@ def test_a_slot_fill_beside_streams_counts_against_the_step_budget(per_entry: fl
     assert ticks[0] <= BUDGET_MS / 1000 * 1.05, ticks[:3]
     assert max(ticks) <= BUDGET_MS / 1000 * 1.05
     assert isinstance(_end(arrival), Finished)
+
+
+def _arrival_steps(state: WorkerLoop, eng: SimDecoder, n_prompt: int) -> list[float]:
+    """Two streams generate beside an idle 3,000-token conversation; then a prompt of
+    ``n_prompt`` tokens arrives: the seconds of each step until it is read."""
+    idle = _job(_prompt(5, 3000), 2)
+    state.enqueue(idle)
+    _run(state, lambda: not state.active and not state.pending)
+    streams = [_job(_prompt(i, 200), 1000, stall_budget_ms=BUDGET_MS) for i in (1, 2)]
+    for job in streams:
+        state.enqueue(job)
+    _run(state, lambda: _generating(state, streams))
+    for _ in range(20):  # the fit learns the streams' steps over the idle cells
+        state.tick()
+    chat = _job(_prompt(3, n_prompt), 4)
+    state.enqueue(chat)
+    state.tick()
+    steps = []
+    while any(a.job is chat and a.prefilling for a in state.active):
+        t0 = eng.now
+        state.tick()
+        steps.append(eng.now - t0)
+    return steps
+
+
+def test_pieces_count_the_idle_cells_every_row_attends_over() -> None:
+    """In a unified pool without flash attention every row attends over all used
+    cells: the budget's cost model counts them, so the first pieces of a prompt
+    arriving beside an idle long conversation fit the budget too."""
+    state, eng = _make_loop(all_cells=True)
+    steps = _arrival_steps(state, eng, 2000)
+    assert len(steps) > 10
+    assert max(steps) <= BUDGET_MS / 1000 * 1.05, [round(s * 1000) for s in steps[:6]]
+
+
+def test_the_margin_follows_how_far_pieces_ran_over() -> None:
+    fit = CostFit(CallCost(per_call=0.01, per_row=0.002, per_attended=1e-8))
+    assert fit.margin == 1.0  # nothing seen yet
+    seen = []
+    for i in range(30):
+        rows, att = 64, attended(500 + i * 64, 64)
+        predicted = fit.model.of(rows, att)
+        # alternate calls run 1.0x and 1.3x their prediction (a shared machine)
+        fit.observe(rows, att, predicted * (1.3 if i % 2 else 1.0))
+        seen.append(fit.margin)
+    assert 1.2 <= seen[-1] <= 1.3
+    # bounded: calls descheduled for seconds do not shrink pieces past half
+    for _ in range(5):
+        _ = fit.model  # the planner reads the model each budgeted step
+        fit.observe(64, attended(500, 64), 100.0)
+    assert fit.margin == MARGIN_MAX
+
+
+def test_a_margin_shrinks_the_piece_and_a_pool_counts_every_row() -> None:
+    cost = CallCost(per_call=0.01, per_row=0.002, per_attended=1e-8)
+    n1 = largest_piece(0.15, cost, start=1000, n_max=512)
+    n2 = largest_piece(0.15, cost.scaled(1.5), start=1000, n_max=512)
+    assert n2 < n1
+    # over a 4,000-cell pool every row attends all of them, wherever it is
+    assert call_attention(3, 100, None) == 100
+    assert call_attention(3, 100, 4000) == 3 * 4003
+    pooled = replace(cost, pool=4000)
+    assert largest_piece(0.15, pooled, start=10, n_max=512) < largest_piece(
+        0.15, cost, start=10, n_max=512
+    )
