@@ -61,6 +61,10 @@ README_ROWS: dict[str, tuple[str, list[Source]]] = {
             lambda r: r["runs"]["trim"]["llama_cpp_python"]["median_ttft_ms"] / 1000,
         ],
     ),
+    "a 3,900-token prompt arriving beside 2 streams": (
+        "arrival_stall.json",
+        [lambda r: max(run["largest_gap_ms"] for run in r["results"]["chat"]["runs"])],
+    ),
     "6 short calls beside 2 busy processes": (
         "contention.json",
         [
