@@ -29,6 +29,9 @@ T = TypeVar("T")
 #: Fewest prompt tokens a budgeted piece reads, whatever the budget: a prompt always
 #: progresses, and a piece this small still uses the batched kernels.
 MIN_PIECE = 16
+#: A prompt with more than this many tokens left reads its first piece beside the
+#: streams at the minimum (a shorter one is read as the budget allows from the start).
+FIRST_PIECE_ABOVE = 4 * MIN_PIECE
 #: Time spent before a step's calls that is a real copy (a conversation parked or
 #: restored), as a share of the budget: with a smallest piece over the budget anyway,
 #: the prompt waits a step after one instead of adding that piece to it.
@@ -337,8 +340,8 @@ def plan_step(
     request's next position) the piece is cut so the step's calls together cost at most
     ``budget.seconds`` (:func:`largest_piece`; at least ``budget.min_piece`` tokens, and
     in deterministic mode a multiple of the grid spacing, the grid kept); younger
-    prompts fill what is left of it; a prompt's first piece beside the streams is the
-    smallest (``budget.min_piece``), and costs are the fit's times ``budget.margin``.
+    prompts fill what is left of it; a long prompt's first piece beside the streams is
+    the smallest (``budget.min_piece``), and costs are the fit's times ``budget.margin``.
     Images are read whole whatever they cost. Time
     the step already spent before its calls (``budget.spent``) counts too: when it
     leaves no room for the smallest piece and either that piece would have fit without
@@ -403,10 +406,10 @@ def plan_step(
             seconds -= budget.spent
         if piece.media:  # an image encode cannot be cut: the text after it waits
             cap = budget.min_piece
-        elif read.beside == 0:
-            # its first piece beside the streams is the smallest: the fit has not yet
-            # timed a piece at this point of llama.cpp's memory (the cells a fill just
-            # copied or parked change every row's cost), and it learns from this one
+        elif read.beside == 0 and read.n_prompt - piece.start > FIRST_PIECE_ABOVE:
+            # a long prompt's first piece beside the streams is the smallest: the fit has
+            # not yet timed a piece at this point of llama.cpp's memory (the cells a fill
+            # just copied or parked change every row's cost), and it learns from this one
             cap = budget.min_piece
         else:
             cap = largest_piece(
@@ -473,8 +476,8 @@ def more_pieces(
             )
             if cap <= 0:
                 break
-            if read.beside == 0:  # its first piece beside the streams (see plan_step)
-                cap = min(cap, MIN_PIECE)
+            if read.beside == 0 and read.n_prompt - read.n_past > FIRST_PIECE_ABOVE:
+                cap = min(cap, MIN_PIECE)  # a long prompt's first piece (see plan_step)
         piece = plan_piece(request, read, replace(rules, n_batch=cap))
         if piece.media or piece.end <= piece.start or _applied(piece, lora_of) != lora:
             continue

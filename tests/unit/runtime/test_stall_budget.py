@@ -265,6 +265,9 @@ def test_a_prompts_first_piece_beside_the_streams_is_the_smallest() -> None:
     assert first.prompt is not None and later.prompt is not None
     assert first.prompt.end - first.prompt.start == MIN_PIECE
     assert later.prompt.end - later.prompt.start > MIN_PIECE
+    # a short prompt is read as the budget allows from its first piece
+    short = _step(["g", "h"], {"x": PromptRead(0, 60)})
+    assert short.prompt is not None and short.prompt.end - short.prompt.start > MIN_PIECE
     # with no budget (no interactive stream), a prompt's first piece is whole (less
     # the row of the token riding in its call)
     alone = _step(["g"], {"x": PromptRead(0, 10000)}, budget=None)
