@@ -318,6 +318,25 @@ def test_idle_conversations_leave_the_unified_pool_while_one_decodes_alone(ram: 
     memory.check()
 
 
+def _stream_beside_idle(
+    state: list[int],
+) -> tuple[FakeStore, SlotMemory, Slot, Slot, list[int]]:
+    """A 768-position unified pool: a 100-token stream running and ``state`` read into
+    an idle slot; the whole-state reads counted from then on."""
+    store = FakeStore(n_slots=3, n_ctx=256)
+    store.kv_unified = True
+    memory = _memory(store)
+    stream_tokens = [5] * 100
+    stream, _ = fill(memory.acquire(stream_tokens, [], set(), cache_prompt=True))
+    _read(memory, store, stream, stream_tokens, len(stream_tokens))
+    first, _ = fill(memory.acquire(state, [], {stream.seq_id}, cache_prompt=True))
+    _read(memory, store, first, state, len(state))
+    memory.check()
+    reads = _count_state_reads(store)
+    store.events.clear()
+    return store, memory, stream, first, reads
+
+
 def test_an_idle_prefix_copied_beside_a_stream_is_counted_once_not_parked() -> None:
     """A question about the state an idle slot holds arrives while a stream runs and the
     pool has room only if that prefix counts once: the fill copies it (``seq_cp``, the
@@ -325,18 +344,8 @@ def test_an_idle_prefix_copied_beside_a_stream_is_counted_once_not_parked() -> N
     from host RAM (two whole-state copies inside one worker step)."""
     from langchain_llamacpp_local.cache.pool import Footprint
 
-    store = FakeStore(n_slots=3, n_ctx=256)  # 768 positions in one pool
-    store.kv_unified = True
-    memory = _memory(store)
-    stream_tokens = [5] * 100
-    stream, _ = fill(memory.acquire(stream_tokens, [], set(), cache_prompt=True))
-    _read(memory, store, stream, stream_tokens, len(stream_tokens))
     state = list(range(1000, 1400))  # the first question's prompt, now idle
-    first, _ = fill(memory.acquire(state, [], {stream.seq_id}, cache_prompt=True))
-    _read(memory, store, first, state, len(state))
-    memory.check()
-    reads = _count_state_reads(store)
-    store.events.clear()
+    store, memory, stream, first, reads = _stream_beside_idle(state)
     second = [*state[:390], *([9] * 20)]  # the next question on the same state
     running = (Footprint(stream.runs(), 150),)
     busy = {stream.seq_id}
@@ -364,18 +373,8 @@ def test_an_idle_prefix_too_big_to_fork_beside_a_stream_is_taken_in_place(
     (a system prompt) are the running stream's too."""
     from langchain_llamacpp_local.cache.pool import Footprint
 
-    store = FakeStore(n_slots=3, n_ctx=256)  # 768 positions in one pool
-    store.kv_unified = True
-    memory = _memory(store)
-    stream_tokens = [5] * 100
-    stream, _ = fill(memory.acquire(stream_tokens, [], set(), cache_prompt=True))
-    _read(memory, store, stream, stream_tokens, len(stream_tokens))
     state = [5] * with_stream + list(range(1000, 1400 - with_stream))
-    first, _ = fill(memory.acquire(state, [], {stream.seq_id}, cache_prompt=True))
-    _read(memory, store, first, state, len(state))
-    memory.check()
-    reads = _count_state_reads(store)
-    store.events.clear()
+    store, memory, stream, first, reads = _stream_beside_idle(state)
     second = [*state[:390], *([9] * 20)]
     running = (Footprint(stream.runs(), 150),)
     busy = {stream.seq_id}
