@@ -195,6 +195,13 @@ class PromptRead:
     beside: int = 0
     """Pieces it read beside generating requests (under a budget) so far."""
 
+    @property
+    def long_first(self) -> bool:
+        """Its next piece is a long prompt's first beside the streams: read at the
+        minimum (the fit has not yet timed a piece at this point of llama.cpp's memory;
+        the cells a fill just copied or parked change every row's cost)."""
+        return self.beside == 0 and self.n_prompt - self.n_past > FIRST_PIECE_ABOVE
+
 
 @dataclass(frozen=True)
 class PromptPiece(Generic[T]):
@@ -406,10 +413,7 @@ def plan_step(
             seconds -= budget.spent
         if piece.media:  # an image encode cannot be cut: the text after it waits
             cap = budget.min_piece
-        elif read.beside == 0 and read.n_prompt - piece.start > FIRST_PIECE_ABOVE:
-            # a long prompt's first piece beside the streams is the smallest: the fit has
-            # not yet timed a piece at this point of llama.cpp's memory (the cells a fill
-            # just copied or parked change every row's cost), and it learns from this one
+        elif read.long_first:  # the fit learns from it
             cap = budget.min_piece
         else:
             cap = largest_piece(
@@ -476,8 +480,8 @@ def more_pieces(
             )
             if cap <= 0:
                 break
-            if read.beside == 0 and read.n_prompt - read.n_past > FIRST_PIECE_ABOVE:
-                cap = min(cap, MIN_PIECE)  # a long prompt's first piece (see plan_step)
+            if read.long_first:
+                cap = min(cap, MIN_PIECE)
         piece = plan_piece(request, read, replace(rules, n_batch=cap))
         if piece.media or piece.end <= piece.start or _applied(piece, lora_of) != lora:
             continue

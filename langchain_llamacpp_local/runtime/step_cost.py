@@ -81,13 +81,13 @@ class CostFit:
             self._seen.add(kind)
             return
         solved = self._solved_at
-        # (only while the prediction is fresh: with no budget nobody reads the model)
-        if kind and solved is not None and self.n - solved <= OUTLIER_FRESH:
+        # the model solved a few calls ago: a budget is reading it (with none, nobody does)
+        if solved is not None and self.n - solved <= OUTLIER_FRESH:
             predicted = self._model.of(rows, attending)
-            if predicted > 0:
+            if kind and predicted > 0:
                 self._ratios.append(seconds / predicted)
-        if self.n >= OUTLIER_AFTER and solved is not None and self.n - solved <= OUTLIER_FRESH:
-            seconds = min(seconds, OUTLIER * self._model.of(rows, attending))
+            if self.n >= OUTLIER_AFTER:
+                seconds = min(seconds, OUTLIER * predicted)
         a, b = self._bins[kind]
         x = (1.0, float(rows), float(attending))
         for i in range(3):
