@@ -501,6 +501,21 @@ def rate_goal_bound(run: dict[str, Any]) -> float:
     return run["arrival_work_ms"] / (1 - RATE_GOAL) / run["alone_ms"]
 
 
+def paired_run(kind: str, llm: Any, args: Any, run_no: int) -> tuple[dict[str, Any], Any]:
+    """A fresh request of ``kind`` alone (run ``run_no + 1``), then another arriving beside
+    the streams (``run_no + 2``): both meet llama.cpp's memory holding the same earlier
+    conversations, whose cells every row attends over in the unified pool. The arrival's
+    figures with its time over alone and the rate goal's bound; and its size."""
+    send, _ = arrival_request(kind, llm, args, run_no + 1)
+    alone_ms = alone(send)
+    send, size = arrival_request(kind, llm, args, run_no + 2)
+    r = arrival_run(llm, send, args)
+    r["alone_ms"] = alone_ms
+    r["time_ratio"] = r["arrival_ms"] / alone_ms
+    r["least_time_ratio_at_rate_goal"] = rate_goal_bound(r)
+    return r, size
+
+
 def alone(send: Any) -> float:
     t0 = time.perf_counter()
     send()
@@ -587,19 +602,12 @@ def arrivals_main(argv: list[str]) -> None:
             # paired: each arrival right after the same kind of request alone, so both
             # meet llama.cpp's memory holding the same earlier conversations (every row
             # attends over all of its used cells: their number moves both times)
-            alone_ms = []
             runs = []
             for _ in range(args.repeats):
-                run_no += 1
-                send, size = arrival_request(kind, llm, args, run_no)
-                alone_ms.append(alone(send))
-                run_no += 1
-                send, size = arrival_request(kind, llm, args, run_no)
-                r = arrival_run(llm, send, args)
-                r["alone_ms"] = alone_ms[-1]
-                r["time_ratio"] = r["arrival_ms"] / alone_ms[-1]
-                r["least_time_ratio_at_rate_goal"] = rate_goal_bound(r)
+                r, size = paired_run(kind, llm, args, run_no)
+                run_no += 2
                 runs.append(r)
+            alone_ms = [r["alone_ms"] for r in runs]
             goals = kind != "image"
             results[kind] = {
                 "size": size,
@@ -684,19 +692,13 @@ def frontier_main(args: Any) -> None:
             run_no += 1
             send, size = arrival_request("chat", llm, args, run_no)
             send()
-            run_no += 1
-            send, size = arrival_request("chat", llm, args, run_no)
-            alone_ms.append(alone(send))
-            run_no += 1
-            send, _ = arrival_request("chat", llm, args, run_no)
-            r = arrival_run(llm, send, args)
+            r, size = paired_run("chat", llm, args, run_no)
+            run_no += 2
             threads = llm.model_info.threads
         finally:
             llm.close()
+        alone_ms.append(r["alone_ms"])
         r["stall_budget_ms"] = budget
-        r["alone_ms"] = alone_ms[-1]
-        r["time_ratio"] = r["arrival_ms"] / alone_ms[-1]
-        r["least_time_ratio_at_rate_goal"] = rate_goal_bound(r)
         r["both_goals_met"] = (
             r["time_ratio"] <= TIME_GOAL and (r["stream_rate_ratio"] or 0) >= RATE_GOAL
         )
