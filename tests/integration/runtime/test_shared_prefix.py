@@ -172,3 +172,71 @@ def test_priority_and_stall_budget_reach_the_engine_request(
     finally:
         llm.close()
     assert seen == [("interactive", 80.0), ("background", None), ("background", 80.0)]
+
+
+def test_the_next_question_on_an_idle_state_takes_its_slot_in_place_beside_a_stream(
+    cycle_model: str,
+) -> None:
+    """Beside a running stream, a question on the state an idle slot holds, where the
+    pool cannot hold that conversation whole beside a fork that copies its prefix: the
+    question takes the idle slot itself and cuts its tail, copying no whole state out of
+    llama.cpp (parking it and restoring it into the empty slot took two)."""
+    llm = _llm(cycle_model, n_slots=3, n_ctx=4096)
+    worker = worker_of(llm)
+    assert worker is not None
+    state = _system(900, seed=3)
+    first_q = _system(300, seed=4) + " a"
+    reads: list[int] = []
+
+    def count_reads(st: Any) -> None:  # whole-state copies out of llama.cpp, counted
+        get = st.engine.state_get
+
+        def counted(seq_id: int, flags: int = 0) -> bytearray:
+            reads.append(seq_id)
+            return get(seq_id, flags)
+
+        st.engine.state_get = counted
+
+    started = threading.Event()
+    order: list[str] = []
+
+    def stream() -> None:
+        for chunk in llm.stream([HumanMessage("go on e")], max_tokens=2500):
+            if chunk.content:
+                order.append("s")
+                started.set()
+
+    t = threading.Thread(target=stream)
+    try:
+        t.start()
+        assert started.wait(60)
+        # beside the stream (one decoding alone would have the idle ones parked)
+        llm.invoke([SystemMessage(state), HumanMessage(first_q)], max_tokens=1)
+        idle = worker.call(lambda st: max(st.memory.slots, key=lambda s: s.n_past).seq_id)
+        held = worker.call(lambda st: st.memory.slots[idle].n_past)
+        assert held == 1 + len(state) + len(first_q)
+        worker.call(count_reads)
+        before = len(order)
+        # a fork: 2,508 (the stream) + 1,203 (the idle conversation) + 17 + 500 > 4,096;
+        # in place: 2,508 + 1 + 900 + 17 + 500 fits
+        reply = llm.invoke(
+            [SystemMessage(state), HumanMessage("second question c")], max_tokens=500
+        )
+        assert t.is_alive() and len(order) > before, "the stream ran beside the question"
+        t.join(120)
+        assert not t.is_alive()
+        assert reply.usage_metadata is not None
+        assert reply.usage_metadata["input_token_details"]["cache_read"] >= len(state)
+        assert idle not in reads, "the idle conversation was copied out of llama.cpp"
+        slots = worker.call(lambda st: {s.seq_id: list(s.entries) for s in st.memory.slots})
+        prefix = slots[idle][: 1 + len(state)]  # BOS and the state: each character a token
+        holding = [
+            k for k, e in slots.items() if len(e) > len(state) and e[: len(prefix)] == prefix
+        ]
+        assert holding == [idle], "the question did not take the idle slot"
+        # its tail is the second question now (the first one's was cut)
+        assert len(slots[idle]) == 1 + len(state) + len("second question c") + 500 - 1
+        worker.call(lambda st: st.memory.check())
+    finally:
+        llm.close()
+        t.join(120)
