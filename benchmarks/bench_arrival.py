@@ -455,6 +455,7 @@ def arrival_run(llm: Any, send: Any, args: Any) -> dict[str, Any]:
     stop.set()
     for t in threads:
         t.join(300)
+    settle(llm)
     gaps_during, gaps_before = [], []
     n_before = n_during = 0
     first_before = min((ts[0] for s in streams for ts in s if ts), default=t_arrive)
@@ -490,6 +491,22 @@ def arrival_run(llm: Any, send: Any, args: Any) -> dict[str, Any]:
         "stream_rate_ratio": rate_during / rate_before if rate_before else None,
         "stream_requests": [len(s) for s in streams],
     }
+
+
+def settle(llm: Any, timeout_s: float = 30.0) -> None:
+    """Wait until the worker holds no request: a stream left by ``break`` is cancelled
+    on the worker's next step, and the next run's alone request must not meet it."""
+    from tests.helpers import worker_of
+
+    worker = worker_of(llm.load())
+    assert worker is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = worker.stats()
+        if not (st.n_active or st.n_pending):
+            return
+        time.sleep(0.01)
+    raise RuntimeError("the streams did not end after the run")
 
 
 def rate_goal_bound(run: dict[str, Any]) -> float:

@@ -27,11 +27,16 @@ from langchain_llamacpp_local.runtime.lora import plan_adapter_groups
 T = TypeVar("T")
 
 #: Fewest prompt tokens a budgeted piece reads, whatever the budget: a prompt always
-#: progresses, and a piece this small still uses the batched kernels.
-MIN_PIECE = 16
+#: progresses. Only where the pool is so large that more would overrun the budget
+#: (over 8,000 cells every row attends to, a row costs 6-7 ms on two CPU cores).
+MIN_PIECE = 8
+#: The most a long prompt's first piece beside the streams reads (less when the budget
+#: allows less): the cost fit has not yet timed a piece at that point of the pool.
+FIRST_PIECE = 16
 #: A prompt with more than this many tokens left reads its first piece beside the
-#: streams at the minimum (a shorter one is read as the budget allows from the start).
-FIRST_PIECE_ABOVE = 4 * MIN_PIECE
+#: streams at :data:`FIRST_PIECE` (a shorter one is read as the budget allows from the
+#: start).
+FIRST_PIECE_ABOVE = 4 * FIRST_PIECE
 #: Time spent before a step's calls that is a real copy (a conversation parked or
 #: restored), as a share of the budget: with a smallest piece over the budget anyway,
 #: the prompt waits a step after one instead of adding that piece to it.
@@ -197,8 +202,8 @@ class PromptRead:
 
     @property
     def long_first(self) -> bool:
-        """Its next piece is a long prompt's first beside the streams: read at the
-        minimum (the fit has not yet timed a piece at this point of llama.cpp's memory;
+        """Its next piece is a long prompt's first beside the streams: read at
+        :data:`FIRST_PIECE` at most (the fit has not yet timed a piece at this point of llama.cpp's memory;
         the cells a fill just copied or parked change every row's cost)."""
         return self.beside == 0 and self.n_prompt - self.n_past > FIRST_PIECE_ABOVE
 
@@ -347,8 +352,8 @@ def plan_step(
     request's next position) the piece is cut so the step's calls together cost at most
     ``budget.seconds`` (:func:`largest_piece`; at least ``budget.min_piece`` tokens, and
     in deterministic mode a multiple of the grid spacing, the grid kept); younger
-    prompts fill what is left of it; a long prompt's first piece beside the streams is
-    the smallest (``budget.min_piece``), and costs are the fit's times ``budget.margin``.
+    prompts fill what is left of it; a long prompt's first piece beside the streams
+    reads at most :data:`FIRST_PIECE`, and costs are the fit's times ``budget.margin``.
     Images are read whole whatever they cost. Time
     the step already spent before its calls (``budget.spent``) counts too: when it
     leaves no room for the smallest piece and either that piece would have fit without
@@ -413,8 +418,6 @@ def plan_step(
             seconds -= budget.spent
         if piece.media:  # an image encode cannot be cut: the text after it waits
             cap = budget.min_piece
-        elif read.long_first:  # the fit learns from it
-            cap = budget.min_piece
         else:
             cap = largest_piece(
                 seconds,
@@ -425,6 +428,8 @@ def plan_step(
                 attending=ride,
                 n_min=budget.min_piece,
             )
+            if read.long_first:  # the fit learns from it
+                cap = min(cap, max(budget.min_piece, FIRST_PIECE))
         if rules.deterministic:
             # whole grid cells, the same cuts a piece alone could have; two at least, so
             # a prompt's one-token tail can still join the cell before it (a lone row
@@ -481,7 +486,7 @@ def more_pieces(
             if cap <= 0:
                 break
             if read.long_first:
-                cap = min(cap, MIN_PIECE)
+                cap = min(cap, FIRST_PIECE)
         piece = plan_piece(request, read, replace(rules, n_batch=cap))
         if piece.media or piece.end <= piece.start or _applied(piece, lora_of) != lora:
             continue

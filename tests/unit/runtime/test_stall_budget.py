@@ -7,12 +7,14 @@ llama.cpp: tests/integration/runtime/test_shared_prefix.py and benchmarks/bench_
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from langchain_llamacpp_local.runtime.scheduler import (
     BACKGROUND_AGE_S,
     BACKGROUND_AGE_STEPS,
+    FIRST_PIECE,
     MIN_PIECE,
     CallCost,
     PieceRules,
@@ -46,8 +48,8 @@ def test_attended_positions_of_a_piece() -> None:
 @pytest.mark.parametrize("seconds", [0.05, 0.15, 0.5])
 def test_the_largest_piece_is_the_last_that_fits(start: int, seconds: float) -> None:
     n = largest_piece(seconds, COST, start=start, n_max=512, rows=2, attending=2 * start)
-    assert 16 <= n <= 512
-    if n > 16:
+    assert MIN_PIECE <= n <= 512
+    if n > MIN_PIECE:
         assert COST.of(2 + n, 2 * start + attended(start, n)) <= seconds
     if n < 512:
         assert COST.of(2 + n + 1, 2 * start + attended(start, n + 1)) > seconds
@@ -60,10 +62,28 @@ def test_a_piece_late_in_a_prompt_is_smaller_than_an_early_one() -> None:
 
 
 def test_a_prompt_always_progresses_and_a_generous_budget_keeps_whole_pieces() -> None:
-    assert largest_piece(0.0, COST, start=0, n_max=512) == 16
-    assert largest_piece(0.0, COST, start=0, n_max=512, n_min=8) == 8
+    assert largest_piece(0.0, COST, start=0, n_max=512) == MIN_PIECE
+    assert largest_piece(0.0, COST, start=0, n_max=512, n_min=16) == 16
     assert largest_piece(0.0, COST, start=0, n_max=5) == 5
     assert largest_piece(100.0, COST, start=0, n_max=512) == 512
+
+
+def test_over_a_large_pool_a_piece_shrinks_below_the_first_pieces_size_to_fit() -> None:
+    """Where every row attends over a pool so large that a row costs 7 ms, 16 prompt
+    tokens and two stream rows overrun the budget: the piece reads fewer (down to
+    MIN_PIECE) and the step fits; the first piece too. Only where not even MIN_PIECE
+    fits does the step overrun."""
+    pool = replace(COST, pool=40_000)
+    rows_ms = pool.of(1, 0)  # one row over the pool
+    budget = StepBudget(0.12, pool)
+    for beside in (0, 1):
+        step = _step(["g", "h"], {"x": PromptRead(2000, 6000, beside=beside)}, budget=budget)
+        n = step.prompt.end - step.prompt.start
+        assert MIN_PIECE <= n < FIRST_PIECE
+        assert pool.of(2 + n, 0) <= 0.12 < pool.of(2 + n + 1, 0)
+    tight = StepBudget(pool.of(2 + MIN_PIECE, 0) - rows_ms, pool)
+    step = _step(["g", "h"], {"x": PromptRead(2000, 6000, beside=1)}, budget=tight)
+    assert step.prompt.end - step.prompt.start == MIN_PIECE
 
 
 def _step(generating: list[str], reads: dict[str, PromptRead], **kw: object):  # type: ignore[no-untyped-def]
@@ -147,7 +167,7 @@ def test_an_image_is_read_whole_and_the_text_after_it_waits() -> None:
     read = PromptRead(0, 2000, media={0: 300})
     step = _step(["g"], {"x": read})
     assert step.prompt.media == (0,)
-    assert step.prompt.start == 300 and step.prompt.end - step.prompt.start == 16
+    assert step.prompt.start == 300 and step.prompt.end - step.prompt.start == MIN_PIECE
 
 
 # --------------------------------------------------------------------------- priorities
@@ -225,7 +245,7 @@ def test_time_spent_before_the_step_counts_and_a_prompt_waits_one_step_at_most()
     # progresses) after a short admission ...
     slow = CallCost(per_call=0.2, per_row=0.003, per_attended=1e-7)
     over = _step(["g", "h"], read, budget=StepBudget(0.15, slow, spent=0.012))
-    assert over.prompt is not None and over.prompt.end - over.prompt.start == 16
+    assert over.prompt is not None and over.prompt.end - over.prompt.start == MIN_PIECE
     # ... but after a copy (a conversation parked or restored: a quarter of the budget)
     # the streams do not wait for both: the prompt reads from the next step
     for spent in (0.04, 0.3):
@@ -263,11 +283,11 @@ def test_a_prompts_first_piece_beside_the_streams_is_the_smallest() -> None:
     first = _step(["g", "h"], {"x": PromptRead(0, 10000)})
     later = _step(["g", "h"], {"x": PromptRead(0, 10000, beside=1)})
     assert first.prompt is not None and later.prompt is not None
-    assert first.prompt.end - first.prompt.start == MIN_PIECE
-    assert later.prompt.end - later.prompt.start > MIN_PIECE
+    assert first.prompt.end - first.prompt.start == FIRST_PIECE
+    assert later.prompt.end - later.prompt.start > FIRST_PIECE
     # a short prompt is read as the budget allows from its first piece
     short = _step(["g", "h"], {"x": PromptRead(0, 60)})
-    assert short.prompt is not None and short.prompt.end - short.prompt.start > MIN_PIECE
+    assert short.prompt is not None and short.prompt.end - short.prompt.start > FIRST_PIECE
     # with no budget (no interactive stream), a prompt's first piece is whole (less
     # the row of the token riding in its call)
     alone = _step(["g"], {"x": PromptRead(0, 10000)}, budget=None)
