@@ -25,8 +25,10 @@ stream running, sent just before it on the same model, so both meet llama.cpp's 
 holding the same earlier conversations; goal <= 1.2x); the streams' tokens per second
 during the arrival against before it (goal >= 0.8x), and the least time over alone the
 rate goal would allow on this machine (the arrival's own work in the run divided by
-1 - 0.8: the share of each step a stream at 0.8x its rate leaves). Settings and the git
-commit are recorded. ``--per-slot`` runs the same with ``kv_unified=False``.
+1 - 0.8: the share of each step a stream at 0.8x its rate leaves), and the least the
+gap goal would allow (``G / (G - s)``, with ``G`` the gap bound and ``s`` the streams'
+step: the share of each step they leave, were the arrival's tokens no dearer beside them
+than alone). Settings and the git commit are recorded. ``--per-slot`` runs the same with ``kv_unified=False``.
 
 **The heavy-template run** (``--kind template``):
 
@@ -518,6 +520,17 @@ def rate_goal_bound(run: dict[str, Any]) -> float:
     return run["arrival_work_ms"] / (1 - RATE_GOAL) / run["alone_ms"]
 
 
+def gap_goal_bound(run: dict[str, Any]) -> float:
+    """The least arrival time over alone that the gap goal allows, from this run's own
+    figures, if the arrival's tokens cost beside the streams what they cost alone: a
+    step within the gap bound ``G`` carries the streams' rows (a step of theirs took
+    ``s``, their median gap before the arrival), so the arrival gets at most
+    ``(G - s) / G`` of the machine and takes at least ``G / (G - s)`` its time alone.
+    Over ``TIME_GOAL``, the time goal is beyond this machine while the gap goal holds."""
+    g, s = run["gap_bound_ms"], run["median_gap_before_ms"] or 0.0
+    return g / (g - s) if g > s else math.inf
+
+
 def paired_run(kind: str, llm: Any, args: Any, run_no: int) -> tuple[dict[str, Any], Any]:
     """A fresh request of ``kind`` alone (run ``run_no + 1``), then another arriving beside
     the streams (``run_no + 2``): both meet llama.cpp's memory holding the same earlier
@@ -530,6 +543,10 @@ def paired_run(kind: str, llm: Any, args: Any, run_no: int) -> tuple[dict[str, A
     r["alone_ms"] = alone_ms
     r["time_ratio"] = r["arrival_ms"] / alone_ms
     r["least_time_ratio_at_rate_goal"] = rate_goal_bound(r)
+    r["least_time_ratio_at_gap_goal"] = gap_goal_bound(r)
+    # what the arrival's own work took over its time alone (every row attends over the
+    # whole pool; small pieces), and how much longer the run was than that work
+    r["work_over_alone"] = r["arrival_work_ms"] / alone_ms
     return r, size
 
 
@@ -641,6 +658,7 @@ def arrivals_main(argv: list[str]) -> None:
                 "least_time_ratio_at_rate_goal": min(
                     r["least_time_ratio_at_rate_goal"] for r in runs
                 ),
+                "least_time_ratio_at_gap_goal": [r["least_time_ratio_at_gap_goal"] for r in runs],
                 "threads": llm.model_info.threads,
             }
             for r in runs:
@@ -652,7 +670,9 @@ def arrivals_main(argv: list[str]) -> None:
                     f"({r['alone_ms']:.0f} ms, just before); streams {r['stream_tok_s_during']:.1f} tok/s during "
                     f"vs {r['stream_tok_s_before']:.1f} before"
                     + f"; the rate goal would make it >= "
-                    f"{r['least_time_ratio_at_rate_goal']:.1f}x alone"
+                    f"{r['least_time_ratio_at_rate_goal']:.1f}x alone, the gap goal >= "
+                    f"{r['least_time_ratio_at_gap_goal']:.2f}x; its work "
+                    f"{r['work_over_alone']:.2f}x alone"
                     + (f"; ERROR {r['arrival_error']}" if r["arrival_error"] else "")
                 )
         finally:

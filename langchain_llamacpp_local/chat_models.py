@@ -183,7 +183,7 @@ class ChatLlamaCpp(ModelSettings, BaseChatModel):
     stall_budget_ms: float | None = ChatJob.stall_budget_ms
     """While this model's reply streams, the longest one worker step may take: another
     caller's prompt is read in pieces cut from the measured call costs to fit it, with a
-    margin for the machine's jitter (at least 16 tokens a step; docs/concurrency.md).
+    margin for the machine's jitter (at least 8 tokens a step; docs/concurrency.md).
     None: its tokens may wait for whole ``n_batch`` pieces. Per call too."""
     prompt_cache_bytes: int = CacheOptions.prompt_cache_bytes
     """Host-RAM budget for conversations evicted from the slots, and for idle ones parked
