@@ -51,6 +51,7 @@ from langchain_llamacpp_local.cache.slot_plan import (
     FillPlan,
     SlotChoice,
     SlotState,
+    best_match,
     choose_slot,
     disk_beats,
     plan_fill,
@@ -330,7 +331,10 @@ class SlotMemory:
                 replace(s, reusable=pick[1].n_past) if s.seq_id == pick[0] else s for s in states
             ]
         else:
-            choice = choose_slot(states, busy, len(tokens), can_copy=can_copy)
+            fork_fits = True
+            if room is not None and can_copy and busy:
+                fork_fits = self._fork_fits(states, busy, room, len(tokens), media, marks)
+            choice = choose_slot(states, busy, len(tokens), can_copy=can_copy, fork_fits=fork_fits)
         target = self.slots[choice.target]
         # a conversation is saved once: parking copies its whole state out of llama.cpp
         # (milliseconds when its cells are interleaved with other sequences')
@@ -339,20 +343,18 @@ class SlotMemory:
             self.park(target)
         copy_from = None  # an idle slot whose prefix the fill copies, counted once
         if room is not None:
-            counted = Footprint(room.share_runs, room.needed)
-            in_place = None
+            # the request's own kept cells in place (a prefix it shares with a running
+            # slot is not counted once then); else the prefix admission counted
+            in_place = choice.in_place
+            counted = (
+                Footprint((), room.needed) if in_place else Footprint(room.share_runs, room.needed)
+            )
             # beside running requests only: one decoding alone has the idle ones parked
-            if can_copy and busy and pick is None:
-                if room.share_from is None:
-                    copy_from = self._park_beside_copy_source(
-                        states, busy, target, room, len(tokens), media, marks
-                    )
-                if copy_from is None:
-                    in_place = self._in_place_of_fork(states, busy, target, room)
-            if in_place is not None:
-                target = in_place
-                choice = SlotChoice(in_place.seq_id, park_first=False)
-            elif copy_from is None and not self._park_for(
+            if not in_place and can_copy and busy and pick is None and room.share_from is None:
+                copy_from = self._park_beside_copy_source(
+                    states, busy, target, room, len(tokens), media, marks
+                )
+            if copy_from is None and not self._park_for(
                 room.running, counted, busy, {target.seq_id}
             ):
                 raise AssertionError("acquire(room=...) of a request that does not fit")
@@ -1002,10 +1004,7 @@ class SlotMemory:
     ) -> bool:
         """Whether ``new`` fits beside ``running`` and every idle conversation but the
         ``spare`` ones (the slot being filled, a copy's source) without parking one."""
-        plan = idle_to_park(
-            self.engine.n_ctx_total, [*running, new], self._idle(busy, spare), shared=True
-        )
-        return plan == ()
+        return self._parking_for(running, new, busy, spare) == ()
 
     def _park_beside_copy_source(
         self,
@@ -1025,42 +1024,65 @@ class SlotMemory:
         slot is a better source than what admission counted, or the room still does not
         fit: the caller then counts as before."""
         own = next(x.reusable for x in states if x.seq_id == target.seq_id)
-        idle = [x for x in states if x.seq_id not in busy and x.seq_id != target.seq_id]
-        best = max(idle, key=lambda x: x.reusable, default=None)
+        best = best_match(states, busy | {target.seq_id})
         if best is None or best.reusable <= max(own, room.n_share):
             return None
         n = self._resume(best.reusable, n_prompt, media, marks)
         if n <= 0:
             return None
-        source = self.slots[best.seq_id].runs()
-        share = tuple((a, min(b, n), g) for a, b, g in source if a < n)
-        new = Footprint(share, room.needed)
-        # the source keeps its cells (idle: no growth); the target's are emptied by the fill
-        kept = (*room.running, Footprint(source, 0))
+        kept, new = self._fork_room(room, best.seq_id, n)
         if not self._park_for(kept, new, busy, {target.seq_id, best.seq_id}):
             return None
         return best.seq_id
 
-    def _in_place_of_fork(
-        self, states: Sequence[SlotState], busy: set[int], target: Slot, room: Room
-    ) -> Slot | None:
-        """When a fork into the empty ``target`` cannot copy the idle slot holding the
-        best prefix (the pool has no room for that slot's whole conversation beside the
-        running ones), that slot itself, its tail beyond the prefix to be cut: room made
-        sparing it. Parking it to make room and restoring it from host RAM into the
-        target would copy its whole state twice inside one worker step to keep a tail
-        shorter than the prefix. None when the target already holds a conversation, the
-        tail is the longer part, or the room does not fit even so."""
-        if target.n_past:
-            return None
-        idle = [x for x in states if x.seq_id not in busy and x.seq_id != target.seq_id]
-        best = max(idle, key=lambda x: x.reusable, default=None)
-        if best is None or best.reusable <= room.n_share or best.reusable * 2 < best.n_past:
-            return None
-        # its own kept cells: a prefix shared with a running slot is not counted once
-        if not self._park_for(room.running, Footprint((), room.needed), busy, {best.seq_id}):
-            return None
-        return self.slots[best.seq_id]
+    def _fork_room(
+        self, room: Room, source: int, n: int
+    ) -> tuple[tuple[Footprint, ...], Footprint]:
+        """The footprints a fork of ``source``'s first ``n`` positions must fit beside:
+        the running ones and the source, which keeps its cells (idle: no growth); and
+        the fork's own, that prefix counted once (``seq_cp``: the same cells)."""
+        runs = self.slots[source].runs()
+        share = tuple((a, min(b, n), g) for a, b, g in runs if a < n)
+        return (*room.running, Footprint(runs, 0)), Footprint(share, room.needed)
+
+    def _fork_fits(
+        self,
+        states: Sequence[SlotState],
+        busy: set[int],
+        room: Room,
+        n_prompt: int,
+        media: Sequence[tuple[int, int]],
+        marks: Sequence[int],
+    ) -> bool:
+        """Whether a fork of the best match into an empty slot beside running requests
+        stays the choice (:func:`~.slot_plan.choose_slot`'s ``fork_fits``): False when
+        taking that slot in place fits the pool (idle ones parked, sparing it) and the
+        fork does not, its copy of the prefix counted once beside the whole source
+        (:meth:`_park_beside_copy_source`), or is not tried (the prompt shares a running
+        slot's prefix, which admission counted). Nothing is parked here."""
+        best = best_match(states, busy)
+        if best is None or best.reusable <= room.n_share:
+            return True
+        spare = {best.seq_id}
+        # in place: its own kept cells (a prefix shared with a running slot not counted once)
+        if self._parking_for(room.running, Footprint((), room.needed), busy, spare) is None:
+            return True
+        if room.share_from is not None:
+            return False
+        n = self._resume(best.reusable, n_prompt, media, marks)
+        if n <= 0:  # nothing of it to copy
+            return False
+        return self._parking_for(*self._fork_room(room, best.seq_id, n), busy, spare) is not None
+
+    def _parking_for(
+        self, running: Sequence[Footprint], new: Footprint, busy: set[int], spare: set[int]
+    ) -> tuple[int, ...] | None:
+        """The idle conversations to park (least recently used first, never a ``spare``
+        one) for ``new`` to fit beside ``running`` (:func:`~.pool.idle_to_park`); None
+        when even all of them leave too little room. Nothing is parked."""
+        return idle_to_park(
+            self.engine.n_ctx_total, [*running, new], self._idle(busy, spare), shared=True
+        )
 
     def _park_for(
         self, running: Sequence[Footprint], new: Footprint, busy: set[int], spare: set[int]
@@ -1068,9 +1090,7 @@ class SlotMemory:
         """Park idle conversations (least recently used first, never a ``spare`` one)
         until ``new`` fits beside ``running`` (:func:`~.pool.idle_to_park`); False when
         they leave too little room even with every idle one parked."""
-        plan = idle_to_park(
-            self.engine.n_ctx_total, [*running, new], self._idle(busy, spare), shared=True
-        )
+        plan = self._parking_for(running, new, busy, spare)
         if plan is None:
             return False
         for seq_id in plan:

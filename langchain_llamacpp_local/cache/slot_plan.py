@@ -43,6 +43,9 @@ class SlotChoice:
     park_first: bool
     """Save its conversation to host RAM before anything else: most of it is about to
     be trimmed."""
+    in_place: bool = False
+    """Taken in place of a fork that does not fit (``choose_slot(fork_fits=False)``):
+    it keeps its own cells up to the prefix, its tail cut."""
 
 
 @dataclass(frozen=True)
@@ -60,22 +63,40 @@ class FillPlan:
     n_copy: int = 0
 
 
+def best_match(slots: Sequence[SlotState], busy: Set[int]) -> SlotState | None:
+    """The free slot whose prefix the request keeps most of (the least recently used of
+    equals), or None when every slot is busy."""
+    free = [s for s in slots if s.seq_id not in busy]
+    return max(free, key=lambda s: (s.reusable, -s.last_used), default=None)
+
+
 def choose_slot(
-    slots: Sequence[SlotState], busy: Set[int], n_tokens: int, *, can_copy: bool
+    slots: Sequence[SlotState],
+    busy: Set[int],
+    n_tokens: int,
+    *,
+    can_copy: bool,
+    fork_fits: bool = True,
 ) -> SlotChoice:
     """The free slot for a request of ``n_tokens`` entries (llama.cpp server's choice).
 
     ``can_copy``: the memory lets a prefix be copied between sequences (attention KV).
     With a copy possible, a request whose best match would cut a longer conversation
     short takes an empty slot instead ("fork"), keeping the other conversation whole.
+    ``fork_fits`` False (a unified pool beside running requests that cannot hold that
+    conversation whole beside the fork): the request takes the best match itself, its
+    tail cut, when the tail is the shorter part; parking the conversation to make room
+    and restoring it into the empty slot would copy its whole state twice to keep it.
     """
-    free = [s for s in slots if s.seq_id not in busy]
-    if not free:
+    best = best_match(slots, busy)
+    if best is None:
         raise ValueError("no free slot: the scheduler admits a request only to a free one")
-    best = max(free, key=lambda s: (s.reusable, -s.last_used))
+    free = [s for s in slots if s.seq_id not in busy]
     empty = [s for s in free if s.n_past == 0]
     if can_copy and empty and 0 < best.reusable < best.n_past:
-        return SlotChoice(empty[0].seq_id, park_first=False)
+        if fork_fits or best.reusable * 2 < best.n_past:
+            return SlotChoice(empty[0].seq_id, park_first=False)
+        return SlotChoice(best.seq_id, park_first=False, in_place=True)
     if best.reusable > 0 and (best.reusable * 10 >= n_tokens or len(free) == 1):
         return SlotChoice(best.seq_id, park_first=best.reusable * 2 < best.n_past)
     target = empty[0] if empty else min(free, key=lambda s: s.last_used)

@@ -54,6 +54,21 @@ def test_a_prefix_shorter_than_the_slot_forks_into_an_empty_slot() -> None:
     assert choose_slot(slots, set(), 60, can_copy=True) == SlotChoice(1, park_first=False)
 
 
+def test_a_fork_that_does_not_fit_takes_the_match_in_place_when_its_tail_is_shorter() -> None:
+    """Beside running requests a unified pool may not hold the matched conversation
+    whole beside the fork's copy: the request then takes that slot itself and cuts its
+    tail (no park and restore of the whole state), unless the tail is the longer part."""
+    slots = [slot(0, 400, 1, 390), slot(1), slot(2, 50, 2, 0)]
+    assert choose_slot(slots, {2}, 410, can_copy=True, fork_fits=False) == SlotChoice(
+        0, park_first=False, in_place=True
+    )
+    assert choose_slot(slots, {2}, 410, can_copy=True) == SlotChoice(1, park_first=False)
+    long_tail = [slot(0, 900, 1, 390), slot(1), slot(2, 50, 2, 0)]
+    assert choose_slot(long_tail, {2}, 410, can_copy=True, fork_fits=False) == SlotChoice(
+        1, park_first=False
+    )
+
+
 def test_without_copies_the_similar_slot_is_reused_and_parked_first() -> None:
     """Recurrent memory cannot copy a prefix: the similar slot is taken, and as most of
     it will be trimmed its conversation is parked in host RAM first."""
