@@ -240,3 +240,51 @@ def test_the_next_question_on_an_idle_state_takes_its_slot_in_place_beside_a_str
     finally:
         llm.close()
         t.join(120)
+
+
+def test_a_stream_moves_to_the_pools_first_cells_before_a_long_prompt_is_read_beside_it(
+    cycle_model: str,
+) -> None:
+    """A long prompt arrives beside a running stream in the unified pool: the stream's
+    cells are moved to the pool's first free ones first (copied out and back, positions
+    kept), the stream streams on to its end, the prompt is answered and llama.cpp's
+    memory matches every slot's entries."""
+    llm = _llm(cycle_model, n_slots=3, n_ctx=4096)
+    worker = worker_of(llm)
+    assert worker is not None
+    moved: list[int] = []
+
+    def count_moves(st: Any) -> None:
+        relocate = st.memory.relocate
+
+        def counted(slot: Any) -> None:
+            moved.append(slot.seq_id)
+            relocate(slot)
+
+        st.memory.relocate = counted
+
+    worker.call(count_moves)
+    started = threading.Event()
+    text: list[str] = []
+
+    def stream() -> None:
+        for chunk in llm.stream([HumanMessage("go on e")], max_tokens=600):
+            if chunk.content:
+                text.append(str(chunk.content))
+                started.set()
+
+    t = threading.Thread(target=stream)
+    try:
+        t.start()
+        assert started.wait(60)
+        reply = llm.invoke(
+            [SystemMessage(_system(1500, seed=5)), HumanMessage("q a")], max_tokens=4
+        )
+        t.join(120)
+        assert not t.is_alive()
+        assert moved, "the stream's cells were not moved before the long prompt"
+        assert reply.content
+        worker.call(lambda st: st.memory.check())
+        assert len("".join(text)) > 100
+    finally:
+        llm.close()
