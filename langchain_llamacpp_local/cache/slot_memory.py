@@ -654,21 +654,6 @@ class SlotMemory:
         logger.debug("restored %d cached entries", n)
         return True
 
-    def relocate(self, slot: Slot) -> None:
-        """Move ``slot``'s cells to the pool's first free ones (:func:`~.slot_plan.
-        plan_compaction`): copied out, removed and read back, which llama.cpp places from
-        its lowest free cell once a removal has freed cells far below its search head.
-        Its positions and entries stay; a prefix it shared through ``seq_cp`` is held in
-        cells of its own afterwards. Raises :class:`KVDesyncError` (the slot emptied)
-        if the state does not come back whole."""
-        eng = self.engine
-        data = eng.state_get(slot.seq_id, 0)
-        eng.seq_rm(slot.seq_id, 0, -1)
-        if not eng.state_set(data, slot.seq_id, 0) or not self._holds(slot.seq_id, slot.n_past):
-            self._purge(slot)
-            raise KVDesyncError(f"slot {slot.seq_id}: its state did not come back whole")
-        slot.share(())
-
     def copy(self, src: Slot, dst: Slot, n: int) -> None:
         """Give ``dst`` the first ``n`` entries of ``src`` without decoding them.
 

@@ -122,42 +122,6 @@ def plan_solo_parking(
     return tuple(s.seq_id for s in slots if s.seq_id != target and s.n_past > 0)
 
 
-#: Prompt tokens an arriving request must read beside running ones for their cells to
-#: be moved first (:func:`plan_compaction`): its attention then dominates the steps.
-COMPACT_ABOVE = 1024
-#: The most cells the running requests may hold together for the move: each is copied
-#: out and back (about 5 ms for a few hundred cells of a small model on two CPU cores).
-COMPACT_MAX_CELLS = 1024
-
-
-def plan_compaction(
-    running: Sequence[tuple[int, int]],
-    *,
-    n_read: int,
-    idle_held: int,
-    target_held: int,
-    fits_apart: bool,
-) -> tuple[int, ...]:
-    """The running sequences (``(seq_id, cells)``) to move to the pool's first free cells
-    before an arriving request reads ``n_read`` prompt tokens beside them, in a unified
-    pool whose every row attends up to its highest cell in use.
-
-    A conversation parked to make room leaves a hole; the running ones decoding above it
-    keep the pool's span, so each of the arriving prompt's rows and each of their own
-    tokens attends over that hole too (the arrival's pieces then cost their time over
-    thousands of empty cells). Moved down they leave the pool as long as what it holds.
-    Only when that is all it holds (no idle conversation, ``idle_held`` 0; the arrival
-    keeps at most :data:`COMPACT_MAX_CELLS`), the prompt is long (:data:`COMPACT_ABOVE`),
-    the move is cheap (:data:`COMPACT_MAX_CELLS` in all) and the pool holds them with
-    the prefixes they share counted apart (``fits_apart``: a moved sequence holds its
-    copy of a shared prefix in cells of its own)."""
-    if not running or n_read < COMPACT_ABOVE or idle_held or not fits_apart:
-        return ()
-    if target_held > COMPACT_MAX_CELLS or sum(c for _, c in running) > COMPACT_MAX_CELLS:
-        return ()
-    return tuple(sorted(seq for seq, _ in running))
-
-
 def usable_cached(n_match: int, exact: int, n_tokens: int, n_entries: int) -> int:
     """Entries a cached conversation can give a request: its common prefix, capped where
     it stops being exact and before the prompt's last token (sampling needs that one's

@@ -19,16 +19,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_llamacpp_local.cache.disk import PendingSave
-from langchain_llamacpp_local.cache.pool import Footprint, admits, cells_in_use
+from langchain_llamacpp_local.cache.pool import cells_in_use
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
-from langchain_llamacpp_local.cache.slot_plan import plan_compaction
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
     ImageInputError,
     InvalidRequestError,
-    KVDesyncError,
     NonFiniteOutputError,
     RequestCancelledError,
 )
@@ -317,46 +315,6 @@ class WorkerLoop:
             self.pending.remove(w)
             act.queued = w
             self.active.append(act)
-            self._compact(act)
-
-    def _compact(self, started: Active) -> None:
-        """Move the running requests' cells to the pool's first free ones before
-        ``started`` reads a long prompt beside them (:func:`plan_compaction`): in a
-        unified pool without flash attention every row attends up to the highest cell
-        in use, and they may decode above a hole a parked conversation left."""
-        eng = self.engine
-        memory = self.memory
-        assert eng is not None and memory is not None
-        running = [a for a in self.active if a is not started]
-        if (
-            not running
-            or not eng.attends_all_cells
-            or self.config.deterministic
-            or eng.memory_kind is not MemoryKind.PARTIAL
-        ):
-            return
-        held = {a.slot.seq_id for a in self.active}
-        apart = [
-            Footprint(((0, a.slot.n_past, -1 - i),), a.reserved) for i, a in enumerate(running)
-        ]
-        moves = plan_compaction(
-            [(a.slot.seq_id, a.slot.n_past) for a in running],
-            n_read=len(started.job.tokens) - started.n_keep,
-            idle_held=sum(s.n_past for s in memory.slots if s.seq_id not in held),
-            target_held=started.slot.n_past,
-            fits_apart=admits(
-                eng.n_ctx_total, apart, memory.footprint(started.slot, started.reserved)
-            ),
-        )
-        for act in running:
-            if act.slot.seq_id in moves:
-                try:
-                    memory.relocate(act.slot)
-                except KVDesyncError as exc:
-                    self._finish_error(act, exc)
-        if moves:
-            # every cell in use is now in the pool's first ones: the span is their count
-            self._span = cells_in_use(s.runs() for s in memory.slots)
 
     # ------------------------------------------------------------------ starting a request
 

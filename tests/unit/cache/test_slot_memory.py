@@ -602,21 +602,3 @@ def test_the_engine_and_the_fake_offer_what_the_protocol_asks() -> None:
     fake = FakeStore()
     for name in SequenceStore.__annotations__:
         assert hasattr(fake, name), name
-
-
-def test_a_relocated_running_conversation_keeps_its_entries_in_cells_of_its_own() -> None:
-    """``relocate`` copies a sequence out and back: the same entries, and a prefix it
-    shared through ``seq_cp`` is its own afterwards (the pool counts it apart)."""
-    store = FakeStore(n_slots=2)
-    store.kv_unified = True
-    memory = _memory(store)
-    a, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
-    _read(memory, store, a, PROMPT, len(PROMPT))
-    b = next(s for s in memory.slots if s is not a)
-    memory.copy(a, b, 20)
-    assert b.shared
-    memory.relocate(b)
-    assert _held(store, b) == PROMPT[:20] and b.shared == () and b.runs()[0][2] == b.group
-    memory.relocate(a)
-    assert _held(store, a) == PROMPT
-    memory.check()

@@ -11,15 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from langchain_llamacpp_local.cache.slot_plan import (
-    COMPACT_ABOVE,
-    COMPACT_MAX_CELLS,
     DISK_MIN_ENTRIES,
     FillPlan,
     SlotChoice,
     SlotState,
     choose_slot,
     disk_beats,
-    plan_compaction,
     plan_fill,
     plan_solo_parking,
     usable_cached,
@@ -177,18 +174,3 @@ def test_nothing_is_parked_beside_running_or_waiting_requests() -> None:
 
 def test_recurrent_memory_has_no_span_to_shorten() -> None:
     assert plan_solo_parking([slot(0, 10), slot(1, 10)], set(), 0, waiting=0, attention=False) == ()
-
-
-def test_running_conversations_move_down_only_for_a_long_prompt_in_a_pool_holding_no_more() -> None:
-    """Before a long prompt is read beside running requests, their cells move to the
-    pool's first free ones (a parked conversation may have left a hole under them):
-    only when nothing idle is left in the pool, the moves are cheap and still fit."""
-    running = [(2, 300), (0, 200)]
-    base = dict(n_read=COMPACT_ABOVE, idle_held=0, target_held=10, fits_apart=True)
-    assert plan_compaction(running, **base) == (0, 2)
-    assert plan_compaction([], **base) == ()
-    assert plan_compaction(running, **{**base, "n_read": COMPACT_ABOVE - 1}) == ()
-    assert plan_compaction(running, **{**base, "idle_held": 1}) == ()  # layout unknown
-    assert plan_compaction(running, **{**base, "fits_apart": False}) == ()
-    assert plan_compaction(running, **{**base, "target_held": COMPACT_MAX_CELLS + 1}) == ()
-    assert plan_compaction([(0, COMPACT_MAX_CELLS), (1, 1)], **base) == ()
