@@ -23,12 +23,13 @@ arrival runs, against the goal ``max(150 ms, 5 x their median gap before it)``; 
 arriving request's time against its time alone (the same kind of request, fresh, no
 stream running, sent just before it on the same model, so both meet llama.cpp's memory
 holding the same earlier conversations; goal <= 1.2x); the streams' tokens per second
-during the arrival against before it (goal >= 0.8x), and the least time over alone the
-rate goal would allow on this machine (the arrival's own work in the run divided by
-1 - 0.8: the share of each step a stream at 0.8x its rate leaves), and the least the
-gap goal would allow (``G / (G - s)``, with ``G`` the gap bound and ``s`` the streams'
-step: the share of each step they leave, were the arrival's tokens no dearer beside them
-than alone). Settings and the git commit are recorded. ``--per-slot`` runs the same with ``kv_unified=False``.
+during the arrival against before it (goal >= 0.8x). Two limits of this machine, from
+each run's own figures: the least time over alone the rate goal would allow (the
+arrival's own work in the run divided by 1 - 0.8: the share of each step a stream at
+0.8x its rate leaves), and the least the gap goal would allow (``G / (G - s)``, with
+``G`` the gap bound and ``s`` the streams' step: the share of each step they leave,
+were the arrival's tokens no dearer beside them than alone). Settings and the git
+commit are recorded. ``--per-slot`` runs the same with ``kv_unified=False``.
 
 **The heavy-template run** (``--kind template``):
 
@@ -516,7 +517,7 @@ def rate_goal_bound(run: dict[str, Any]) -> float:
     figures: with the streams at ``RATE_GOAL`` of their rate, a step may take at most
     1/RATE_GOAL of a stream step, so the arrival gets at most 1 - RATE_GOAL of each
     step and takes at least its work / (1 - RATE_GOAL). Its work is what the run's
-    steps took beyond the streams' own (smaller pieces only cost more per token)."""
+    steps took beyond the streams' own."""
     return run["arrival_work_ms"] / (1 - RATE_GOAL) / run["alone_ms"]
 
 

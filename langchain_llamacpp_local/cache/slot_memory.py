@@ -345,12 +345,15 @@ class SlotMemory:
         if room is not None:
             # the request's own kept cells in place (a prefix it shares with a running
             # slot is not counted once then); else the prefix admission counted
-            in_place = choice.in_place
-            counted = (
-                Footprint((), room.needed) if in_place else Footprint(room.share_runs, room.needed)
-            )
+            counted = Footprint((() if choice.in_place else room.share_runs), room.needed)
             # beside running requests only: one decoding alone has the idle ones parked
-            if not in_place and can_copy and busy and pick is None and room.share_from is None:
+            if (
+                not choice.in_place
+                and can_copy
+                and busy
+                and pick is None
+                and room.share_from is None
+            ):
                 copy_from = self._park_beside_copy_source(
                     states, busy, target, room, len(tokens), media, marks
                 )

@@ -88,10 +88,10 @@ def choose_slot(
     tail cut, when the tail is the shorter part; parking the conversation to make room
     and restoring it into the empty slot would copy its whole state twice to keep it.
     """
-    best = best_match(slots, busy)
+    free = [s for s in slots if s.seq_id not in busy]
+    best = best_match(free, ())
     if best is None:
         raise ValueError("no free slot: the scheduler admits a request only to a free one")
-    free = [s for s in slots if s.seq_id not in busy]
     empty = [s for s in free if s.n_past == 0]
     if can_copy and empty and 0 < best.reusable < best.n_past:
         if fork_fits or best.reusable * 2 < best.n_past:

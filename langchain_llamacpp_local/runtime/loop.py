@@ -589,9 +589,16 @@ class WorkerLoop:
         except (RequestCancelledError, DecodeError) as exc:
             self._after_failed_decode(gen, exc)
             return
-        own = sum(p + 1 for p in positions)
-        self.cost.observe(len(gen), call_attention(len(gen), own, pool), self.clock() - t0)
+        self._observe(positions, pool, t0)
         self._generated(gen)
+
+    def _observe(self, positions: Sequence[int], pool: int | None, t0: float) -> None:
+        """Give the cost fit one decode call that started at ``t0``: a row at each of
+        ``positions``, each attending its own sequence up to it or, over a ``pool``
+        every row attends, all of it (:func:`call_attention`)."""
+        rows = len(positions)
+        own = sum(p + 1 for p in positions)
+        self.cost.observe(rows, call_attention(rows, own, pool), self.clock() - t0)
 
     def _generated(self, gen: Sequence[Active]) -> None:
         """After a decode whose first rows were ``gen``'s pending tokens: record them
@@ -701,9 +708,7 @@ class WorkerLoop:
                 # the oldest prompt's cancel stops the call; the others' are seen next step
                 cancel=cancel_check(act.job) if len(tokens) - len(gen) > 1 else None,
             )
-            own = sum(p + 1 for p in positions)
-            att = call_attention(len(tokens), own, pool)
-            self.cost.observe(len(tokens), att, self.clock() - t0)
+            self._observe(positions, pool, t0)
         except NonFiniteOutputError as exc:
             self._after_non_finite([*gen, *readers], exc)
             return

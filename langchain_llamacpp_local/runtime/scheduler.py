@@ -203,8 +203,9 @@ class PromptRead:
     @property
     def long_first(self) -> bool:
         """Its next piece is a long prompt's first beside the streams: read at
-        :data:`FIRST_PIECE` at most (the fit has not yet timed a piece at this point of llama.cpp's memory;
-        the cells a fill just copied or parked change every row's cost)."""
+        :data:`FIRST_PIECE` at most (the fit has not yet timed a piece at this point of
+        llama.cpp's memory; the cells a fill just copied or parked change every row's
+        cost)."""
         return self.beside == 0 and self.n_prompt - self.n_past > FIRST_PIECE_ABOVE
 
 
