@@ -586,12 +586,22 @@ class SlotMemory:
     def _purge(self, slot: Slot) -> None:
         """Empty ``slot``'s sequence whatever positions it holds: clear the whole memory
         and put the other slots' sequences back (the engine's ``wipe_memory``)."""
-        lost = self.engine.wipe_memory({slot.seq_id})
-        for other in self.slots:
-            if other is not slot and other.seq_id in lost:  # it fitted a moment ago
-                logger.error("slot %d could not be put back after a purge", other.seq_id)
-                other.clear()
+        self._rewrite({slot.seq_id}, zero=True)
         slot.clear()
+
+    def _rewrite(self, drop: set[int], *, zero: bool) -> tuple[Slot, ...]:
+        """Clear llama.cpp's memory (``zero``: its data too) and put every sequence but
+        ``drop`` back; no cell is shared afterwards. The slots that could not be put
+        back are emptied and returned."""
+        lost = self.engine.wipe_memory(drop, zero=zero)
+        gone: list[Slot] = []
+        for other in self.slots:
+            other.share(())
+            if other.seq_id in lost and other.seq_id not in drop:  # it fitted a moment ago
+                logger.error("slot %d could not be put back into the memory", other.seq_id)
+                other.clear()
+                gone.append(other)
+        return tuple(gone)
 
     def _holds(self, seq_id: int, n: int) -> bool:
         """Whether ``seq_id`` holds what a state of ``n`` entries must: its last position
@@ -656,6 +666,15 @@ class SlotMemory:
             slot.checkpoints.add(ck)
         logger.debug("restored %d cached entries", n)
         return True
+
+    def compact(self) -> tuple[Slot, ...]:
+        """Rewrite the pool from its first cell (:func:`~.slot_plan.plan_compaction`):
+        every sequence is copied out, llama.cpp's memory cleared (its data kept: nothing
+        in it is unsound) and each put back from cell 0 on, so the cells every row of a
+        unified pool attends over are the cells held. Positions and entries stay; a
+        prefix shared through ``seq_cp`` is held in cells of each sequence's own
+        afterwards. Returns the slots that could not be put back (emptied)."""
+        return self._rewrite(set(), zero=False)
 
     def copy(self, src: Slot, dst: Slot, n: int) -> None:
         """Give ``dst`` the first ``n`` entries of ``src`` without decoding them.

@@ -122,6 +122,32 @@ def plan_solo_parking(
     return tuple(s.seq_id for s in slots if s.seq_id != target and s.n_past > 0)
 
 
+#: Prompt tokens an arriving request must read beside running ones for the pool to be
+#: rewritten from its first cell first (:func:`plan_compaction`): its attention then
+#: dominates the steps.
+COMPACT_ABOVE = 1024
+#: The most cells the pool may hold for the rewrite: each is copied out and back (about
+#: 5 ms for a few hundred cells of a small model on two CPU cores).
+COMPACT_MAX_CELLS = 1024
+
+
+def plan_compaction(*, n_read: int, copied: int, fits_apart: bool) -> bool:
+    """Whether to rewrite a unified pool from its first cell before an arriving request
+    reads ``n_read`` prompt tokens beside running ones, where every row attends up to
+    the highest cell in use (the pool holds ``copied`` cells counted per sequence).
+
+    A conversation parked to make room, or a tail cut, leaves a hole; requests decoding
+    above it keep the span, so each of the arriving prompt's rows and each of their own
+    tokens attends over the hole too (the arrival's pieces then cost their time over
+    thousands of empty cells). Where llama.cpp put each cell depends on every earlier
+    call, which its C API does not tell: rewritten, the pool spans exactly what it
+    holds, and the cost model knows it. Only for a long prompt (:data:`COMPACT_ABOVE`),
+    a cheap copy (:data:`COMPACT_MAX_CELLS`) and a pool that still holds everything with
+    shared prefixes counted apart (``fits_apart``: a sequence put back holds its copy of
+    a shared prefix in cells of its own)."""
+    return n_read >= COMPACT_ABOVE and copied <= COMPACT_MAX_CELLS and fits_apart
+
+
 def usable_cached(n_match: int, exact: int, n_tokens: int, n_entries: int) -> int:
     """Entries a cached conversation can give a request: its common prefix, capped where
     it stops being exact and before the prompt's last token (sampling needs that one's

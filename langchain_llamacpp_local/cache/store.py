@@ -72,9 +72,9 @@ class SequenceStore(Protocol):
         """Load a state into ``seq_id``; False when refused."""
         ...
 
-    def wipe_memory(self, drop: set[int]) -> frozenset[int]:
-        """Clear the whole memory keeping every sequence but ``drop``; the sequences
-        that could not be put back."""
+    def wipe_memory(self, drop: set[int], *, zero: bool = True) -> frozenset[int]:
+        """Clear the whole memory (``zero``: its data too) keeping every sequence but
+        ``drop``, put back from the first cell on; the sequences that could not be."""
         ...
 
 

@@ -373,14 +373,15 @@ class Engine(vocab.VocabMethods):
             lost,
         )
 
-    def wipe_memory(self, drop: set[int]) -> frozenset[int]:
-        """Zero every KV buffer, keeping every sequence but ``drop``: returns the
-        sequences that could not be put back (their cells are gone).
+    def wipe_memory(self, drop: set[int], *, zero: bool = True) -> frozenset[int]:
+        """Clear the memory keeping every sequence but ``drop``, put back from cell 0 on
+        (llama.cpp's search for free cells restarts there): returns the sequences that
+        could not be put back (their cells are gone).
 
         Removing a sequence's cells only marks them free; their data stays in the
-        buffers and a masked cell is still multiplied (0 * inf = NaN). So the other
-        sequences are copied out, the memory cleared with its data, and they are put back.
-        """
+        buffers and a masked cell is still multiplied (0 * inf = NaN): ``zero`` clears
+        the buffers too. So the other sequences are copied out, the memory cleared, and
+        they are put back."""
         for seq in drop:
             self.seq_rm(seq, -1, -1)
         saved = [
@@ -388,7 +389,7 @@ class Engine(vocab.VocabMethods):
             for seq in range(self.n_slots)
             if seq not in drop and self.seq_pos_max(seq) >= 0
         ]
-        self.clear()
+        self.clear(zero=zero)
         lost: set[int] = set()
         for seq, data in saved:
             if not self.state_set(data, seq, 0):
@@ -427,8 +428,9 @@ class Engine(vocab.VocabMethods):
     def seq_pos_max(self, seq_id: int) -> int:
         return int(C.llama_memory_seq_pos_max(self.mem, seq_id))
 
-    def clear(self) -> None:
-        C.llama_memory_clear(self.mem, True)
+    def clear(self, *, zero: bool = True) -> None:
+        """Empty the memory; ``zero`` also clears its buffers' data."""
+        C.llama_memory_clear(self.mem, zero)
 
     def state_size(self, seq_id: int, flags: int = 0) -> int:
         """Bytes of ``seq_id``'s state: llama.cpp counts them without copying any data."""

@@ -19,14 +19,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_llamacpp_local.cache.disk import PendingSave
-from langchain_llamacpp_local.cache.pool import cells_in_use
+from langchain_llamacpp_local.cache.pool import Footprint, cells_in_use, pool_need
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions, SlotMemory
+from langchain_llamacpp_local.cache.slot_plan import plan_compaction
 from langchain_llamacpp_local.cache.slots import Slot
 from langchain_llamacpp_local.errors import (
     ContextOverflowError,
     DecodeError,
     ImageInputError,
     InvalidRequestError,
+    KVDesyncError,
     NonFiniteOutputError,
     RequestCancelledError,
 )
@@ -315,6 +317,43 @@ class WorkerLoop:
             self.pending.remove(w)
             act.queued = w
             self.active.append(act)
+            self._compact(act)
+
+    def _compact(self, started: Active) -> None:
+        """Rewrite the pool from its first cell before ``started`` reads a long prompt
+        beside running requests (:func:`plan_compaction`): in a unified pool without
+        flash attention every row attends up to the highest cell in use, and they may
+        decode above a hole a parked conversation left."""
+        eng = self.engine
+        memory = self.memory
+        assert eng is not None and memory is not None
+        if (
+            len(self.active) < 2
+            or not eng.attends_all_cells
+            or self.config.deterministic
+            or eng.memory_kind is not MemoryKind.PARTIAL
+        ):
+            return
+        final = {a.slot.seq_id: a.reserved for a in self.active}
+        apart = [  # each sequence in cells of its own once put back
+            Footprint(((0, s.n_past, -1 - s.seq_id),), final.get(s.seq_id, 0)) for s in memory.slots
+        ]
+        if not plan_compaction(
+            n_read=len(started.job.tokens) - started.n_keep,
+            copied=sum(s.n_past for s in memory.slots),
+            fits_apart=pool_need(apart) <= eng.n_ctx_total,
+        ):
+            return
+        lost = {s.seq_id for s in memory.compact()}
+        for act in [a for a in self.active if a.slot.seq_id in lost]:
+            self._finish_error(
+                act,
+                KVDesyncError(
+                    f"slot {act.slot.seq_id}: its state did not come back after the pool was rewritten"
+                ),
+            )
+        # every cell in use is now in the pool's first ones, one sequence after another
+        self._span = cells_in_use(s.runs() for s in memory.slots)
 
     # ------------------------------------------------------------------ starting a request
 

@@ -8,7 +8,9 @@ The count itself, without a model: tests/unit/cache/test_pool.py."""
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 import threading
 from typing import Any
 
@@ -240,3 +242,92 @@ def test_the_next_question_on_an_idle_state_takes_its_slot_in_place_beside_a_str
     finally:
         llm.close()
         t.join(120)
+
+
+class _CellLog(logging.Handler):
+    """llama.cpp's own account of its cells before each decode (``LLAMA_KV_CACHE_DEBUG``):
+    its highest used cell + 1 (what every row attends over) and the cells in use."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: list[tuple[int, int]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = re.search(r"n = +(\d+), used = +(\d+)", record.getMessage())
+        if m:
+            self.seen.append((int(m.group(1)), int(m.group(2))))
+
+
+def test_the_pool_is_rewritten_from_its_first_cell_before_a_long_prompt_beside_a_stream(
+    cycle_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long prompt arrives beside a running stream in the unified pool, after an idle
+    conversation parked to make room left a hole under the stream's cells: the pool is
+    rewritten first (every sequence copied out and back, positions kept), so llama.cpp's
+    next call attends over exactly the cells in use; the stream streams on to the same
+    text it writes alone, the prompt is answered and the memory matches every slot."""
+    monkeypatch.setenv("LLAMA_KV_CACHE_DEBUG", "1")
+    cells = _CellLog()
+    native = logging.getLogger("langchain_llamacpp_local.llama_cpp")
+    level = native.level
+    native.setLevel(logging.DEBUG)
+    native.addHandler(cells)
+    llm = _llm(cycle_model, n_slots=3, n_ctx=4096)
+    worker = worker_of(llm)
+    assert worker is not None
+    rewrites: list[int] = []
+
+    def count_rewrites(st: Any) -> None:
+        compact = st.memory.compact
+
+        def counted() -> Any:
+            # the case this is for: the streams decoded above cells since freed
+            assert cells.seen[-1][0] > cells_in_use(s.runs() for s in st.memory.slots)
+            lost = compact()
+            rewrites.append(len(cells.seen))
+            return lost
+
+        st.memory.compact = counted
+
+    head = _system(60, seed=6)  # what the streams share with the idle conversation
+    asks = [[SystemMessage(head), HumanMessage(f"go on {c}")] for c in "ea"]
+    try:
+        worker.call(count_rewrites)
+        fresh = _llm(cycle_model, n_slots=3, n_ctx=4096)
+        try:
+            alone = ["".join(str(c.content) for c in fresh.stream(m, max_tokens=400)) for m in asks]
+        finally:
+            fresh.close()
+        # an idle conversation holds the pool's first cells; two streams starting together
+        # copy its first ones (so it stays) and write above it
+        llm.invoke([SystemMessage(head + _system(2500, seed=4)), HumanMessage("q b")], max_tokens=2)
+        started = [threading.Event() for _ in asks]
+        texts: list[list[str]] = [[] for _ in asks]
+
+        def stream(i: int) -> None:
+            for chunk in llm.stream(asks[i], max_tokens=400):
+                if chunk.content:
+                    texts[i].append(str(chunk.content))
+                    started[i].set()
+
+        together = threading.Thread(
+            target=ask_together,
+            args=(llm, monkeypatch, {i: (lambda i=i: stream(i)) for i in range(len(asks))}),
+        )
+        together.start()
+        assert all(e.wait(60) for e in started)
+        reply = llm.invoke(
+            [SystemMessage(_system(1500, seed=5)), HumanMessage("q a")], max_tokens=4
+        )
+        together.join(120)
+        assert not together.is_alive()
+        assert rewrites, "the pool was not rewritten before the long prompt"
+        n_kv, used = cells.seen[rewrites[0]]  # llama.cpp's first call after the rewrite
+        assert n_kv == used, "the rewritten pool still spans empty cells"
+        assert reply.content
+        worker.call(lambda st: st.memory.check())
+        assert ["".join(t) for t in texts] == alone
+    finally:
+        native.removeHandler(cells)
+        native.setLevel(level)
+        llm.close()

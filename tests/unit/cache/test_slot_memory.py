@@ -149,9 +149,14 @@ class FakeStore:
         self.events.append(("load", seq_id))
         return True
 
-    def wipe_memory(self, drop: set[int]) -> frozenset[int]:
+    def wipe_memory(self, drop: set[int], *, zero: bool = True) -> frozenset[int]:
         for seq in drop:
             self.cells[seq].clear()
+        if self.refuse_states:  # nothing could be put back
+            lost = {seq for seq, cells in enumerate(self.cells) if cells}
+            for seq in lost:
+                self.cells[seq].clear()
+            return frozenset(lost)
         return frozenset()
 
 
@@ -602,3 +607,25 @@ def test_the_engine_and_the_fake_offer_what_the_protocol_asks() -> None:
     fake = FakeStore()
     for name in SequenceStore.__annotations__:
         assert hasattr(fake, name), name
+
+
+def test_a_compacted_pool_keeps_every_entry_in_cells_of_each_sequences_own() -> None:
+    """``compact`` copies every sequence out and back: the same entries, and a prefix
+    shared through ``seq_cp`` is each one's own afterwards (the pool counts it apart);
+    a sequence that cannot be put back leaves its slot empty and is named."""
+    store = FakeStore(n_slots=2)
+    store.kv_unified = True
+    memory = _memory(store)
+    a, _ = fill(memory.acquire(PROMPT, [], set(), cache_prompt=True))
+    _read(memory, store, a, PROMPT, len(PROMPT))
+    b = next(s for s in memory.slots if s is not a)
+    memory.copy(a, b, 20)
+    assert b.shared
+    assert memory.compact() == ()
+    assert _held(store, b) == PROMPT[:20] and b.shared == () and b.runs()[0][2] == b.group
+    assert _held(store, a) == PROMPT
+    memory.check()
+    store.refuse_states = True
+    assert {s.seq_id for s in memory.compact()} == {a.seq_id, b.seq_id}
+    assert a.n_past == b.n_past == 0
+    memory.check()

@@ -11,12 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from langchain_llamacpp_local.cache.slot_plan import (
+    COMPACT_ABOVE,
+    COMPACT_MAX_CELLS,
     DISK_MIN_ENTRIES,
     FillPlan,
     SlotChoice,
     SlotState,
     choose_slot,
     disk_beats,
+    plan_compaction,
     plan_fill,
     plan_solo_parking,
     usable_cached,
@@ -174,3 +177,14 @@ def test_nothing_is_parked_beside_running_or_waiting_requests() -> None:
 
 def test_recurrent_memory_has_no_span_to_shorten() -> None:
     assert plan_solo_parking([slot(0, 10), slot(1, 10)], set(), 0, waiting=0, attention=False) == ()
+
+
+def test_the_pool_is_rewritten_only_for_a_long_prompt_a_cheap_copy_and_room() -> None:
+    """Before a long prompt is read beside running requests, the pool is rewritten from
+    its first cell (a parked conversation may have left a hole under them): only when
+    the copy is cheap and everything still fits with shared prefixes apart."""
+    base = dict(n_read=COMPACT_ABOVE, copied=COMPACT_MAX_CELLS, fits_apart=True)
+    assert plan_compaction(**base)
+    assert not plan_compaction(**{**base, "n_read": COMPACT_ABOVE - 1})
+    assert not plan_compaction(**{**base, "copied": COMPACT_MAX_CELLS + 1})
+    assert not plan_compaction(**{**base, "fits_apart": False})
