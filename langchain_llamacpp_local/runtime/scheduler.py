@@ -47,12 +47,12 @@ BACKGROUND_AGE_S = 5.0
 BACKGROUND_AGE_STEPS = 250
 PRIORITIES = ("interactive", "background")
 #: The default stall budget (``ChatLlamaCpp.stall_budget_ms``): on two CPU cores a
-#: stream's token takes 13-35 ms (more beside idle conversations) and a piece of a
-#: 4,000-token prompt a few ms per token, so 120 ms lets pieces of a few dozen tokens
-#: through; calls of one size vary by up to a fifth on a shared machine, so a stream's
-#: longest gap stays within 150 ms, what a reader sees as a hiccup. On a GPU whole
-#: pieces fit in it and nothing changes.
-DEFAULT_STALL_BUDGET_MS = 120.0
+#: stream's token takes 13-40 ms (more beside idle conversations) and a piece of a
+#: 4,000-token prompt a few ms per token, so 110 ms lets pieces of a few dozen tokens
+#: through; steps planned to it took up to a third more on a shared machine, so a
+#: stream's longest gap stays within 150 ms, what a reader sees as a hiccup. On a GPU
+#: whole pieces fit in it and nothing changes.
+DEFAULT_STALL_BUDGET_MS = 110.0
 
 
 @dataclass(frozen=True)
