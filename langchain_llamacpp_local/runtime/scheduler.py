@@ -48,11 +48,12 @@ BACKGROUND_AGE_STEPS = 250
 PRIORITIES = ("interactive", "background")
 #: The default stall budget (``ChatLlamaCpp.stall_budget_ms``): on two CPU cores a
 #: stream's token takes 13-40 ms (more beside idle conversations) and a piece of a
-#: 4,000-token prompt a few ms per token, so 110 ms lets pieces of a few dozen tokens
-#: through; steps planned to it took up to a third more on a shared machine, so a
-#: stream's longest gap stays within 150 ms, what a reader sees as a hiccup. On a GPU
-#: whole pieces fit in it and nothing changes.
-DEFAULT_STALL_BUDGET_MS = 110.0
+#: 4,000-token prompt a few ms per token, so 100 ms lets pieces of a few dozen tokens
+#: through; steps planned to a budget took up to 1.37 times it on a shared machine
+#: (another thread taking a core mid-call), so a stream's longest gap stays within
+#: 150 ms, what a reader sees as a hiccup. On a GPU whole pieces fit in it and nothing
+#: changes.
+DEFAULT_STALL_BUDGET_MS = 100.0
 
 
 @dataclass(frozen=True)
