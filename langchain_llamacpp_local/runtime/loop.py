@@ -346,12 +346,8 @@ class WorkerLoop:
             return
         lost = {s.seq_id for s in memory.compact()}
         for act in [a for a in self.active if a.slot.seq_id in lost]:
-            self._finish_error(
-                act,
-                KVDesyncError(
-                    f"slot {act.slot.seq_id}: its state did not come back after the pool was rewritten"
-                ),
-            )
+            why = f"slot {act.slot.seq_id}: its state did not come back from the pool's rewrite"
+            self._finish_error(act, KVDesyncError(why))
         # every cell in use is now in the pool's first ones, one sequence after another
         self._span = cells_in_use(s.runs() for s in memory.slots)
 
