@@ -20,11 +20,13 @@ Two jobs, both about what the tokenizer must never be asked to do:
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import re
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -79,6 +81,21 @@ def vocab_info(eng: Engine) -> VocabInfo:
         with _cache_lock:
             _cache[eng] = info
     return info
+
+
+def _join_scans_at_exit(timeout: float = 10.0) -> None:
+    """Wait for the vocabulary scans still running (within ``timeout`` in all): one that
+    holds the last reference to its model frees it on its thread, and llama.cpp logs
+    through a Python callback there, which a daemon thread must not do once the
+    interpreter finalizes (``pthread_exit`` unwinding through C++ aborts the process)."""
+    deadline = time.monotonic() + timeout
+    with _cache_lock:
+        threads = list(_scans.values())
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_join_scans_at_exit)
 
 
 def scan_in_background(eng: Engine) -> None:

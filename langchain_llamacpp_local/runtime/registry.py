@@ -37,7 +37,7 @@ from typing import Any
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
 from langchain_llamacpp_local.errors import RequestTimeoutError
-from langchain_llamacpp_local.runtime.worker import ModelWorker
+from langchain_llamacpp_local.runtime.worker import ModelWorker, join_workers
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,8 @@ _events: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _WAKE = ("wake",)
 _n_loads = 0  # models loaded successfully (guarded by _lock)
 _reaper: threading.Thread | None = None
+#: Set at interpreter exit (:func:`shutdown_all`): the reaper ends its loop.
+_closing = threading.Event()
 #: the parent's models in a forked child: kept referenced (never stopped or freed there)
 _forked_away: list[_LoadedWorker] = []
 
@@ -243,7 +245,7 @@ _MAX_WAIT_S = 3600.0
 def _reaper_main() -> None:
     """Free idle models when their keep-alive runs out. Nothing may end this loop: an
     error in one round is logged and the next round runs."""
-    while True:
+    while not _closing.is_set():
         try:
             _reap_once()
         except Exception:  # noqa: BLE001 - the reaper outlives any bad value
@@ -446,15 +448,34 @@ def unload(config: Any = None, cache: CacheOptions | None = None) -> int:
 def shutdown_all(timeout: float = 10.0) -> None:
     """Stop every worker (at interpreter exit): running requests are cancelled. Other
     loaded things (embedding contexts) are left to their own finalizers: closing one
-    waits for a call that may still run on a daemon thread."""
+    waits for a call that may still run on a daemon thread.
+
+    Nothing of llama.cpp may still run on a daemon thread once the interpreter
+    finalizes: llama.cpp logs (and reports load progress) through Python callbacks, and
+    a daemon thread entering Python then is ended with ``pthread_exit``, whose unwinding
+    through llama.cpp's C++ frames aborts the process ("terminate called without an
+    active exception"). So the reaper ends after the model it may be freeing, a load in
+    flight finishes and its worker is stopped, and every worker thread is waited for,
+    those of models freed just before as well (all within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    _closing.set()
+    _events.put(_WAKE)
+    reaper = _reaper
+    if reaper is not None and reaper is not threading.current_thread():
+        reaper.join(left())
     with _cond:
         entries = list(_table.values())
         _table.clear()
-    workers = [e.worker for e in entries if isinstance(e.worker, ModelWorker)]
-    for w in workers:
-        w._finalizer()
-    for w in workers:
-        w._thread.join(timeout)
+    for e in entries:
+        e.loaded.wait(left())
+    for e in entries:
+        if isinstance(e.worker, ModelWorker):
+            e.worker._finalizer()
+    join_workers(left())
 
 
 atexit.register(shutdown_all)

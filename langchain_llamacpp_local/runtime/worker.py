@@ -20,6 +20,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +35,23 @@ from langchain_llamacpp_local.runtime.requests import EngineRequest, Failed
 from langchain_llamacpp_local.runtime.stats import ModelInfo, WorkerStats
 
 logger = logging.getLogger(__name__)
+
+#: Worker threads not yet ended (loading, serving or freeing their model): waited for
+#: at interpreter exit (:func:`join_workers`).
+_running: set[threading.Thread] = set()
+_running_lock = threading.Lock()
+
+
+def join_workers(timeout: float) -> None:
+    """Wait up to ``timeout`` seconds in all for every worker thread to end (each told
+    to stop before): one may still be loading or freeing its model, and llama.cpp calls
+    into Python from there (its log), which a daemon thread must not do once the
+    interpreter finalizes (see :func:`~.registry.shutdown_all`)."""
+    deadline = time.monotonic() + timeout
+    with _running_lock:
+        threads = [t for t in _running if t is not threading.current_thread()]
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 class ModelWorker:
@@ -61,6 +79,8 @@ class ModelWorker:
             name=f"llamacpp-worker:{config.model_path}",
             daemon=True,
         )
+        with _running_lock:
+            _running.add(self._thread)
         self._thread.start()
         self._ready.wait()
         if state.load_error is not None:
@@ -146,6 +166,19 @@ class ModelWorker:
 
 
 def _thread_main(
+    state: WorkerLoop,
+    q: queue.SimpleQueue[Any],
+    ready: threading.Event,
+    owner: weakref.ref[ModelWorker],
+) -> None:
+    try:
+        _serve(state, q, ready, owner)
+    finally:
+        with _running_lock:
+            _running.discard(threading.current_thread())
+
+
+def _serve(
     state: WorkerLoop,
     q: queue.SimpleQueue[Any],
     ready: threading.Event,

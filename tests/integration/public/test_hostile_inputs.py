@@ -414,6 +414,42 @@ def test_image_decoding_does_not_block_the_event_loop(
     assert worst < took / 2, (worst, took)
 
 
+def test_nothing_of_llama_cpp_runs_on_a_daemon_thread_after_the_exit_hook(
+    tiny_llama: str,
+) -> None:
+    """The exit hook (``shutdown_all``) returns only once no load, worker or reaper
+    thread is left: llama.cpp calls into Python (its log) from them, and a daemon thread
+    entering Python while the interpreter finalizes is ended with ``pthread_exit``, whose
+    unwinding through llama.cpp's C++ aborts the process. Here a load is in flight and a
+    model freed just before is still being torn down when the hook runs."""
+    proc = _run_isolated(
+        f"""
+        import threading, time
+        from langchain_llamacpp_local import ChatLlamaCpp
+        from langchain_llamacpp_local.runtime import registry
+
+        def ours():
+            return [
+                t.name for t in threading.enumerate()
+                if t.name.startswith(("llamacpp-load:", "llamacpp-worker:", "llamacpp-registry"))
+            ]
+
+        freed = ChatLlamaCpp(model_path={tiny_llama!r}, max_tokens=2, n_ctx=256).load()
+        freed.invoke("hi")
+        loading = ChatLlamaCpp(model_path={tiny_llama!r}, max_tokens=2, n_ctx=512)
+        threading.Thread(target=loading.invoke, args=("hi",), daemon=True).start()
+        while not any(n.startswith("llamacpp-load:") for n in ours()):
+            time.sleep(0.0005)
+        threading.Thread(target=freed.close, daemon=True).start()
+        registry.shutdown_all()
+        print("LEFT", ours())
+        """,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LEFT []" in proc.stdout, proc.stdout
+
+
 def test_close_during_embed_rerank_and_chat_never_kills_the_process(
     tmp_path: Path, tiny_llama: str
 ) -> None:
