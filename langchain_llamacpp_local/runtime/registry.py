@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
-from langchain_llamacpp_local.errors import RequestTimeoutError
+from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
 from langchain_llamacpp_local.runtime.worker import ModelWorker, join_workers
 
 logger = logging.getLogger(__name__)
@@ -302,7 +302,12 @@ def acquire(
     ``factory`` loads something other than a chat :class:`ModelWorker` for ``config``
     (an embedding context, keyed by its config and ``cache=None``): an object with
     ``alive`` and ``stop()``, shared, kept alive and evicted like a chat model.
+
+    Once the exit hook ran (:func:`shutdown_all`) nothing is loaded any more: a call
+    from a thread still running then gets :class:`RequestCancelledError`.
     """
+    if _closing.is_set():
+        raise RequestCancelledError("the interpreter is exiting: no model is loaded any more")
     _ensure_reaper()
     key = (config, cache)
     budget = max_loaded_models or default_max_loaded_models()
@@ -470,7 +475,7 @@ def shutdown_all(timeout: float = 10.0) -> None:
     with _cond:
         entries = list(_table.values())
         _table.clear()
-    for e in entries:
+    for e in entries:  # a load in flight: it finishes, then its worker is stopped
         e.loaded.wait(left())
     for e in entries:
         if isinstance(e.worker, ModelWorker):

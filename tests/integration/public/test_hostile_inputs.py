@@ -438,16 +438,24 @@ def test_nothing_of_llama_cpp_runs_on_a_daemon_thread_after_the_exit_hook(
         freed.invoke("hi")
         loading = ChatLlamaCpp(model_path={tiny_llama!r}, max_tokens=2, n_ctx=512)
         threading.Thread(target=loading.invoke, args=("hi",), daemon=True).start()
-        while not any(n.startswith("llamacpp-load:") for n in ours()):
+        until = time.monotonic() + 5
+        while not any(n.startswith("llamacpp-load:") for n in ours()) and time.monotonic() < until:
             time.sleep(0.0005)
         threading.Thread(target=freed.close, daemon=True).start()
         registry.shutdown_all()
         print("LEFT", ours())
+        try:
+            ChatLlamaCpp(model_path={tiny_llama!r}, n_ctx=768).invoke("hi")
+        except Exception as exc:
+            print("AFTER", type(exc).__name__)
+        print("STILL", ours())
         """,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "LEFT []" in proc.stdout, proc.stdout
+    # no load after the hook: a call then is cancelled, and starts no thread
+    assert "AFTER RequestCancelledError" in proc.stdout and "STILL []" in proc.stdout
 
 
 def test_close_during_embed_rerank_and_chat_never_kills_the_process(
