@@ -26,13 +26,13 @@ import logging
 import os
 import re
 import threading
-import time
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_llamacpp_local.errors import ContextOverflowError
 from langchain_llamacpp_local.llama.vocab import SpecialToken, VocabInfo, longest_piece, scan_vocab
+from langchain_llamacpp_local.runtime.worker import join_all
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +88,9 @@ def _join_scans_at_exit(timeout: float = 10.0) -> None:
     holds the last reference to its model frees it on its thread, and llama.cpp logs
     through a Python callback there, which a daemon thread must not do once the
     interpreter finalizes (``pthread_exit`` unwinding through C++ aborts the process)."""
-    deadline = time.monotonic() + timeout
     with _cache_lock:
         threads = list(_scans.values())
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+    join_all(threads, timeout)
 
 
 atexit.register(_join_scans_at_exit)

@@ -37,7 +37,7 @@ from typing import Any
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
 from langchain_llamacpp_local.errors import RequestCancelledError, RequestTimeoutError
-from langchain_llamacpp_local.runtime.worker import ModelWorker, join_workers
+from langchain_llamacpp_local.runtime.worker import ModelWorker, join_all, join_workers
 
 logger = logging.getLogger(__name__)
 
@@ -243,8 +243,8 @@ _MAX_WAIT_S = 3600.0
 
 
 def _reaper_main() -> None:
-    """Free idle models when their keep-alive runs out. Nothing may end this loop: an
-    error in one round is logged and the next round runs."""
+    """Free idle models when their keep-alive runs out, until the exit hook. No error
+    ends this loop: one in a round is logged and the next round runs."""
     while not _closing.is_set():
         try:
             _reap_once()
@@ -469,9 +469,8 @@ def shutdown_all(timeout: float = 10.0) -> None:
 
     _closing.set()
     _events.put(_WAKE)
-    reaper = _reaper
-    if reaper is not None and reaper is not threading.current_thread():
-        reaper.join(left())
+    if _reaper is not None:
+        join_all([_reaper], left())
     with _cond:
         entries = list(_table.values())
         _table.clear()

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from langchain_llamacpp_local.cache.slot_memory import CacheOptions
@@ -42,16 +42,23 @@ _running: set[threading.Thread] = set()
 _running_lock = threading.Lock()
 
 
+def join_all(threads: Iterable[threading.Thread], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds in all for ``threads`` to end (never the calling
+    one): the exit hooks' wait for threads that may still run llama.cpp."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        if t is not threading.current_thread():
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
 def join_workers(timeout: float) -> None:
     """Wait up to ``timeout`` seconds in all for every worker thread to end (each told
     to stop before): one may still be loading or freeing its model, and llama.cpp calls
     into Python from there (its log), which a daemon thread must not do once the
     interpreter finalizes (see :func:`~.registry.shutdown_all`)."""
-    deadline = time.monotonic() + timeout
     with _running_lock:
-        threads = [t for t in _running if t is not threading.current_thread()]
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+        threads = list(_running)
+    join_all(threads, timeout)
 
 
 class ModelWorker:
